@@ -1,0 +1,26 @@
+"""torchbkb: scalable, provably no-regret Gaussian-process optimization in PyTorch.
+
+Core modules (device- and dtype-agnostic ``nn.Module``s):
+
+* :class:`NystromEmbedding` -- ``z(x) = K_S^{+1/2} k_S(x)``;
+* :class:`DTCPosterior` -- the DTC/BKB posterior on a Nyström embedding, with rank-one updates;
+* :class:`ExactPosterior` -- the exact GP posterior with incremental Cholesky growth;
+* :class:`RLSDictionary` -- ridge-leverage-score (posterior-variance) resampling of the dictionary.
+"""
+
+from torchbkb.errors import InputDataError, NumericsError, NumericsWarning, TorchBKBError
+from torchbkb.kernels import GaussianKernel, KernelAdapter, as_kernel
+from torchbkb.nystrom import NystromEmbedding
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "TorchBKBError",
+    "InputDataError",
+    "NumericsError",
+    "NumericsWarning",
+    "GaussianKernel",
+    "KernelAdapter",
+    "as_kernel",
+    "NystromEmbedding",
+]

@@ -1,0 +1,104 @@
+"""The one small error hierarchy of torchbkb.
+
+Every error raised on purpose by torchbkb is a :class:`TorchBKBError`; bad user input is an
+:class:`InputDataError` (also a ``ValueError``, so generic handlers keep working); a factorization
+that fails even after jitter escalation is a :class:`NumericsError`. Recoverable numerical trouble
+(jitter had to be added, eigenvalues were dropped) is reported with a :class:`NumericsWarning`.
+
+Messages follow one pattern: what was expected, and what came.
+
+Example:
+    >>> import torch
+    >>> from torchbkb.errors import InputDataError, check_finite
+    >>> try:
+    ...     check_finite(torch.tensor([1.0, float("nan")]), "y")
+    ... except InputDataError as e:
+    ...     print(e)
+    y: expected finite values, got 1 NaN/inf entries out of 2
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = [
+    "TorchBKBError",
+    "InputDataError",
+    "NumericsError",
+    "NumericsWarning",
+    "check_finite",
+    "check_matrix",
+    "check_same_device_dtype",
+    "check_positive",
+]
+
+
+class TorchBKBError(Exception):
+    """Base class of every error torchbkb raises on purpose."""
+
+
+class InputDataError(TorchBKBError, ValueError):
+    """The input has the wrong shape, dtype, device or values (NaN/inf, negative noise...)."""
+
+
+class NumericsError(TorchBKBError, RuntimeError):
+    """A factorization failed even after escalating the jitter."""
+
+
+class NumericsWarning(UserWarning):
+    """Numerical trouble that torchbkb recovered from (jitter added, directions dropped)."""
+
+
+def check_finite(t: torch.Tensor, name: str) -> None:
+    """Raise :class:`InputDataError` if ``t`` holds NaN or inf."""
+    bad = ~torch.isfinite(t)
+    if bool(bad.any()):
+        raise InputDataError(
+            f"{name}: expected finite values, got {int(bad.sum())} NaN/inf entries out of {t.numel()}"
+        )
+
+
+def check_matrix(t: object, name: str, *, d: int | None = None, min_rows: int = 0) -> torch.Tensor:
+    """Check that ``t`` is a floating tensor of shape ``(*batch, n, d)`` with finite values.
+
+    Args:
+        t: the candidate tensor.
+        name: its name in error messages.
+        d: the expected trailing dimension, if known.
+        min_rows: the least number of rows ``n``.
+
+    Returns:
+        ``t`` itself.
+    """
+    if not isinstance(t, torch.Tensor):
+        raise InputDataError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+    if t.dim() < 2:
+        raise InputDataError(f"{name}: expected shape (*batch, n, d), got shape {tuple(t.shape)}")
+    if not t.is_floating_point():
+        raise InputDataError(f"{name}: expected a floating dtype, got {t.dtype}")
+    if d is not None and t.shape[-1] != d:
+        raise InputDataError(f"{name}: expected trailing dimension d={d}, got shape {tuple(t.shape)}")
+    if t.shape[-2] < min_rows:
+        raise InputDataError(f"{name}: expected at least {min_rows} rows, got shape {tuple(t.shape)}")
+    check_finite(t, name)
+    return t
+
+
+def check_same_device_dtype(ref: torch.Tensor, t: torch.Tensor, name: str, ref_name: str) -> None:
+    """Raise :class:`InputDataError` if ``t`` and ``ref`` differ in dtype or device."""
+    if t.dtype != ref.dtype or t.device != ref.device:
+        raise InputDataError(
+            f"{name}: expected dtype {ref.dtype} on {ref.device} (like {ref_name}), "
+            f"got dtype {t.dtype} on {t.device}"
+        )
+
+
+def check_positive(value: float, name: str) -> float:
+    """Return ``float(value)`` if it is a finite number > 0, else raise :class:`InputDataError`."""
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        raise InputDataError(f"{name}: expected a positive number, got {value!r}") from None
+    if not (v > 0.0) or v == float("inf"):
+        raise InputDataError(f"{name}: expected a finite number > 0, got {value!r}")
+    return v

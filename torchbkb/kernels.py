@@ -1,0 +1,165 @@
+"""Kernel adapter: any ``gpytorch.kernels.Kernel`` or a plain callable ``k(X1, X2) -> Tensor``.
+
+torchbkb only ever needs two things from a kernel: dense cross-covariances ``k(X1, X2)`` of shape
+`(*batch, n1, n2)` and the diagonal ``k(x, x)`` of shape `(*batch, n)` -- the latter without forming
+an ``n x n`` matrix. :func:`as_kernel` wraps whatever the user has into a :class:`KernelAdapter` that
+offers exactly these two calls (and is an ``nn.Module``, so ``.to()`` moves a wrapped GPyTorch kernel).
+
+:class:`GaussianKernel` is a small, fast built-in ``s · exp(-‖x - x'‖² / (2ℓ²))`` (the papers' Gaussian
+kernel of "width σ²" is ``lengthscale = sqrt(σ²)``).
+
+Example:
+    >>> import torch, gpytorch
+    >>> from torchbkb.kernels import as_kernel, GaussianKernel
+    >>> X = torch.rand(5, 2, dtype=torch.float64)
+    >>> k = as_kernel(gpytorch.kernels.RBFKernel())
+    >>> k(X, X[:3]).shape, k.diag(X).shape
+    (torch.Size([5, 3]), torch.Size([5]))
+    >>> g = as_kernel(GaussianKernel(lengthscale=1.0))
+    >>> bool(torch.allclose(g.diag(X), torch.ones(5, dtype=torch.float64)))
+    True
+    >>> f = as_kernel(lambda A, B: (A @ B.transpose(-1, -2) + 1.0) ** 2)   # any callable works
+    >>> bool(torch.allclose(f.diag(X), torch.diagonal(f(X, X))))
+    True
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import torch
+from torch import nn
+
+from torchbkb.errors import InputDataError, check_positive
+
+__all__ = ["KernelAdapter", "GaussianKernel", "as_kernel"]
+
+
+class GaussianKernel(nn.Module):
+    """Gaussian (RBF) kernel ``outputscale · exp(-‖x - x'‖² / (2 · lengthscale²))``.
+
+    Args:
+        lengthscale: ``ℓ > 0``; the papers' "width σ²" is ``ℓ = sqrt(σ²)`` (see :meth:`from_width`).
+        outputscale: ``s > 0``, the prior variance ``k(x, x)``.
+
+    Both are buffers, so ``.to()`` and ``state_dict()`` carry them.
+
+    Example:
+        >>> import torch
+        >>> k = GaussianKernel.from_width(5.0)        # BBKB paper: σ² = 5
+        >>> float(k(torch.zeros(1, 2), torch.ones(1, 2)))  # exp(-2 / 10)
+        0.818...
+    """
+
+    def __init__(self, lengthscale: float = 1.0, outputscale: float = 1.0):
+        super().__init__()
+        self.register_buffer("lengthscale", torch.tensor(check_positive(lengthscale, "lengthscale")))
+        self.register_buffer("outputscale", torch.tensor(check_positive(outputscale, "outputscale")))
+
+    @classmethod
+    def from_width(cls, sigma2: float, outputscale: float = 1.0) -> "GaussianKernel":
+        """The kernel ``exp(-‖x - x'‖² / (2σ²))`` of the BKB/BBKB papers."""
+        return cls(lengthscale=math.sqrt(check_positive(sigma2, "sigma2")), outputscale=outputscale)
+
+    def forward(self, X1: torch.Tensor, X2: torch.Tensor) -> torch.Tensor:
+        """Args: X1 `(*b, n1, d)`, X2 `(*b, n2, d)`. Returns: `(*b, n1, n2)`."""
+        ls = self.lengthscale.to(X1.dtype)
+        A, B = X1 / ls, X2 / ls
+        sq = (A * A).sum(-1).unsqueeze(-1) + (B * B).sum(-1).unsqueeze(-2) - 2.0 * (A @ B.transpose(-1, -2))
+        return self.outputscale.to(X1.dtype) * torch.exp(-0.5 * sq.clamp_min(0.0))
+
+    def diag(self, X: torch.Tensor) -> torch.Tensor:
+        """Args: X `(*b, n, d)`. Returns: `(*b, n)` constant ``outputscale``."""
+        return self.outputscale.to(X.dtype).expand(X.shape[:-1]).clone()
+
+
+class KernelAdapter(nn.Module):
+    """Uniform view of a kernel: ``adapter(X1, X2)`` dense and ``adapter.diag(X)``.
+
+    Args:
+        kernel: a ``gpytorch.kernels.Kernel``, an ``nn.Module`` with ``forward(X1, X2)`` (and optionally
+            ``diag(X)``), or any callable ``(X1, X2) -> Tensor`` that broadcasts leading batch dims.
+        diag: optional callable ``X -> (*b, n)``; if absent the diagonal is computed without forming
+            ``n x n`` by evaluating the kernel on `(*b, n, 1, d)` pairs.
+    """
+
+    def __init__(self, kernel: Callable, diag: Callable | None = None):
+        super().__init__()
+        if isinstance(kernel, KernelAdapter):
+            diag = diag or kernel._diag_fn
+            kernel = kernel.kernel
+        if not callable(kernel):
+            raise InputDataError(f"kernel: expected a gpytorch Kernel or a callable (X1, X2) -> Tensor, got {type(kernel).__name__}")
+        self.kernel = kernel if isinstance(kernel, nn.Module) else _CallableModule(kernel)
+        self._diag_fn = diag
+        self._is_gpytorch = _is_gpytorch_kernel(kernel)
+
+    def forward(self, X1: torch.Tensor, X2: torch.Tensor) -> torch.Tensor:
+        """Dense cross-covariance.
+
+        Args:
+            X1: `(*b, n1, d)`.
+            X2: `(*b, n2, d)`.
+
+        Returns:
+            `(*b, n1, n2)` tensor ``k(X1, X2)``.
+        """
+        out = self.kernel(X1, X2)
+        if hasattr(out, "to_dense"):
+            out = out.to_dense()
+        return out
+
+    def diag(self, X: torch.Tensor) -> torch.Tensor:
+        """Diagonal ``k(x_i, x_i)`` without forming ``n x n``.
+
+        Args:
+            X: `(*b, n, d)`.
+
+        Returns:
+            `(*b, n)`.
+        """
+        if self._diag_fn is not None:
+            return self._diag_fn(X)
+        if self._is_gpytorch:
+            out = self.kernel(X, X, diag=True)
+            return out.to_dense() if hasattr(out, "to_dense") else out
+        inner = self.kernel
+        if isinstance(inner, _CallableModule):
+            inner = inner.fn
+        if hasattr(inner, "diag") and callable(inner.diag):
+            return inner.diag(X)
+        Xp = X.unsqueeze(-2)  # (*b, n, 1, d): n independent 1x1 kernel evaluations
+        out = self.forward(Xp, Xp)
+        if out.shape[-2:] != (1, 1) or out.shape[:-2] != X.shape[:-1]:
+            raise InputDataError(
+                f"kernel: expected k((*b, n, 1, d), (*b, n, 1, d)) to have shape (*b, n, 1, 1), got "
+                f"{tuple(out.shape)}; pass diag=... to as_kernel"
+            )
+        return out[..., 0, 0]
+
+
+def as_kernel(kernel: Callable, diag: Callable | None = None) -> KernelAdapter:
+    """Wrap ``kernel`` in a :class:`KernelAdapter` (returned as is if it already is one)."""
+    if isinstance(kernel, KernelAdapter) and diag is None:
+        return kernel
+    return KernelAdapter(kernel, diag=diag)
+
+
+class _CallableModule(nn.Module):
+    """Holds a plain callable so the adapter can always treat its kernel as a module."""
+
+    def __init__(self, fn: Callable):
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, X1: torch.Tensor, X2: torch.Tensor) -> torch.Tensor:
+        return self.fn(X1, X2)
+
+
+def _is_gpytorch_kernel(kernel: object) -> bool:
+    try:
+        from gpytorch.kernels import Kernel
+    except ImportError:  # pragma: no cover - gpytorch is a dependency
+        return False
+    return isinstance(kernel, Kernel)

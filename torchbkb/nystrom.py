@@ -1,0 +1,174 @@
+"""Nyström embedding ``z(x) = K_S^{+1/2} k_S(x)`` (BKB paper 000, Sec. 3.1).
+
+With ``K_S = U diag(s) Uᵀ`` (``eigh``), eigenvalues below ``rtol · max(s)`` are dropped and
+``z(x) = diag(s)^(-1/2) Uᵀ k_S(x)``, so ``z(x)ᵀ z(x') = k_S(x)ᵀ K_S⁺ k_S(x')`` -- the Nyström kernel.
+The output dimension is the numerical rank ``r <= m`` of ``K_S``: a duplicated or collinear inducing
+point adds nothing and changes no inner product.
+
+Example:
+    >>> import torch
+    >>> from torchbkb import NystromEmbedding
+    >>> from torchbkb.kernels import GaussianKernel
+    >>> S = torch.rand(8, 2, dtype=torch.float64)
+    >>> emb = NystromEmbedding(GaussianKernel(0.5), S)
+    >>> Z = emb(torch.rand(100, 2, dtype=torch.float64))
+    >>> tuple(Z.shape)
+    (100, 8)
+    >>> ZS = emb(S)                                  # on the dictionary itself z reproduces k exactly
+    >>> bool(torch.allclose(ZS @ ZS.T, emb.kernel(S, S)))
+    True
+    >>> emb.set_inducing_points(torch.cat([S, S[:1]]))   # a duplicate: same rank, same Gram
+    >>> emb.num_inducing, emb.rank
+    (9, 8)
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+from torch import nn
+
+from torchbkb.errors import InputDataError, check_matrix, check_same_device_dtype
+from torchbkb.kernels import KernelAdapter, as_kernel
+from torchbkb.utils.linalg import psd_inv_sqrt
+
+__all__ = ["NystromEmbedding", "chunked_rows"]
+
+DEFAULT_CHUNK = 16384
+
+
+class NystromEmbedding(nn.Module):
+    """Nyström feature map of a kernel restricted to a dictionary of inducing points.
+
+    Args:
+        kernel: a ``gpytorch.kernels.Kernel`` or a callable ``(X1, X2) -> Tensor`` (see :mod:`torchbkb.kernels`).
+        inducing_points: `(m, d)` dictionary ``S``, ``m >= 1``, finite.
+        rtol: relative eigenvalue threshold of the pseudo-inverse; default ``m · eps(dtype of S)``.
+        chunk_size: rows embedded at once; embedding ``n`` points never materializes more than
+            ``chunk_size × m`` kernel values besides the `(n, r)` output.
+
+    Attributes:
+        inducing_points: `(m, d)` buffer.
+        projection: `(r, m)` buffer ``W = diag(s)^(-1/2) Uᵀ`` (float64 unless ``m`` is huge).
+        version: incremented each time the dictionary changes (posteriors use it to detect staleness).
+
+    Example:
+        >>> import torch
+        >>> from torchbkb.kernels import GaussianKernel
+        >>> emb = NystromEmbedding(GaussianKernel(1.0), torch.zeros(1, 3))
+        >>> emb(torch.zeros(4, 5, 3)).shape       # leading batch dims are kept
+        torch.Size([4, 5, 1])
+    """
+
+    def __init__(
+        self,
+        kernel: Callable,
+        inducing_points: torch.Tensor,
+        *,
+        rtol: float | None = None,
+        chunk_size: int = DEFAULT_CHUNK,
+    ):
+        super().__init__()
+        if int(chunk_size) < 1:
+            raise InputDataError(f"chunk_size: expected an integer >= 1, got {chunk_size!r}")
+        if rtol is not None and not (0.0 <= float(rtol) < 1.0):
+            raise InputDataError(f"rtol: expected a number in [0, 1), got {rtol!r}")
+        self.kernel: KernelAdapter = as_kernel(kernel)
+        self.rtol = None if rtol is None else float(rtol)
+        self.chunk_size = int(chunk_size)
+        self.version = 0
+        S, W = self._factorize(inducing_points)
+        self.register_buffer("inducing_points", S)
+        self.register_buffer("projection", W)
+
+    # ------------------------------------------------------------------ dictionary
+    @property
+    def num_inducing(self) -> int:
+        """``m``, the number of inducing points (duplicates included)."""
+        return int(self.inducing_points.shape[0])
+
+    @property
+    def rank(self) -> int:
+        """``r``, the embedding dimension (numerical rank of ``K_S``)."""
+        return int(self.projection.shape[0])
+
+    @property
+    def dim(self) -> int:
+        """``d``, the input dimension."""
+        return int(self.inducing_points.shape[-1])
+
+    def set_inducing_points(self, inducing_points: torch.Tensor) -> None:
+        """Replace the dictionary (one ``m × m`` eigendecomposition). On error nothing changes.
+
+        Args:
+            inducing_points: `(m', d)` new dictionary.
+        """
+        S, W = self._factorize(inducing_points, ref=self.inducing_points)
+        self.inducing_points = S
+        self.projection = W
+        self.version += 1
+
+    def _factorize(self, S: torch.Tensor, ref: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        check_matrix(S, "inducing_points", min_rows=1, d=None if ref is None else ref.shape[-1])
+        if S.dim() != 2:
+            raise InputDataError(f"inducing_points: expected shape (m, d), got shape {tuple(S.shape)}")
+        if ref is not None:
+            check_same_device_dtype(ref, S, "inducing_points", "the current inducing points")
+        S = S.detach()
+        with torch.no_grad():
+            K = self.kernel(S, S)  # (m, m)
+            W = psd_inv_sqrt(K, self.rtol, name="K_S")  # (r, m)
+        return S, W
+
+    # ------------------------------------------------------------------ embedding
+    def forward(self, X: torch.Tensor) -> torch.Tensor:
+        """Embed points.
+
+        Args:
+            X: `(*b, n, d)` with the dtype and device of the inducing points.
+
+        Returns:
+            `(*b, n, r)` features ``z(X)``; differentiable w.r.t. ``X``.
+        """
+        self.check_input(X)
+        batch, d = X.shape[:-1], X.shape[-1]
+        flat = X.reshape(-1, d)  # (B*n, d): rows are independent
+        W_T = self.projection.to(X.dtype).T  # (m, r)
+        S = self.inducing_points
+        Z = chunked_rows(lambda Xc: self.kernel(Xc, S) @ W_T, flat, self.chunk_size)
+        return Z.reshape(*batch, self.rank)  # (*b, n, r)
+
+    def kernel_diag(self, X: torch.Tensor) -> torch.Tensor:
+        """``k(x, x)`` for `(*b, n, d)` inputs, returned as `(*b, n)`."""
+        return self.kernel.diag(X)
+
+    def check_input(self, X: torch.Tensor, name: str = "X") -> None:
+        """Raise :class:`~torchbkb.errors.InputDataError` unless ``X`` is a finite `(*b, n, d)` tensor
+        with this embedding's ``d``, dtype and device."""
+        check_matrix(X, name, d=self.dim)
+        check_same_device_dtype(self.inducing_points, X, name, "the inducing points")
+
+
+def chunked_rows(fn: Callable[[torch.Tensor], torch.Tensor], X: torch.Tensor, chunk: int) -> torch.Tensor:
+    """Apply a row-wise ``fn`` to `(n, d)` ``X`` in chunks of ``chunk`` rows.
+
+    Args:
+        fn: maps `(c, d)` to `(c, *w)`.
+        X: `(n, d)`.
+        chunk: rows per call.
+
+    Returns:
+        `(n, *w)` concatenation; a preallocated buffer when no gradient is needed.
+    """
+    n = X.shape[0]
+    if n <= chunk:
+        return fn(X)
+    if torch.is_grad_enabled() and X.requires_grad:
+        return torch.cat([fn(X[i : i + chunk]) for i in range(0, n, chunk)], dim=0)
+    first = fn(X[:chunk])
+    out = first.new_empty((n, *first.shape[1:]))
+    out[:chunk] = first
+    for i in range(chunk, n, chunk):
+        out[i : i + chunk] = fn(X[i : i + chunk])
+    return out

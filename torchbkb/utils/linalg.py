@@ -1,0 +1,137 @@
+"""The one numerics helper module: safe Cholesky, PSD inverse square roots, SPD inverses.
+
+Rules (DESIGN.md §5.5):
+
+* small matrices (``n <= UPCAST_MAX``) coming in as float32/float16/bfloat16 are factorized in
+  float64 and the result is returned in float64 -- callers cast back for the big products;
+* jitter is dtype-aware: it starts at ``eps(dtype) * mean(diag)`` and grows tenfold per retry;
+* every retry past the first emits a :class:`~torchbkb.errors.NumericsWarning`;
+* if nothing works, a :class:`~torchbkb.errors.NumericsError` says what was tried.
+
+All factorizations call ``torch.linalg`` functions through the module attribute at call time, so
+tests can patch ``torch.linalg.cholesky_ex`` / ``torch.linalg.eigh`` to check complexity contracts.
+
+Example:
+    >>> import torch
+    >>> from torchbkb.utils.linalg import safe_cholesky, psd_inv_sqrt
+    >>> A = torch.tensor([[2.0, 1.0], [1.0, 2.0]])
+    >>> L = safe_cholesky(A)
+    >>> L.dtype, torch.allclose(L @ L.T, A.double())
+    (torch.float64, True)
+    >>> W = psd_inv_sqrt(torch.ones(2, 2, dtype=torch.float64))  # rank one: one direction kept
+    >>> tuple(W.shape)
+    (1, 2)
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+
+from torchbkb.errors import NumericsError, NumericsWarning
+
+__all__ = ["UPCAST_MAX", "compute_dtype", "safe_cholesky", "spd_inverse", "psd_inv_sqrt", "default_rtol"]
+
+#: Matrices up to this size are factorized in float64 whatever their input dtype.
+UPCAST_MAX = 16384
+
+
+def compute_dtype(dtype: torch.dtype, n: int) -> torch.dtype:
+    """The dtype in which an ``n x n`` matrix of ``dtype`` is factorized."""
+    if dtype == torch.float64 or n > UPCAST_MAX:
+        return dtype
+    return torch.float64
+
+
+def default_rtol(m: int, dtype: torch.dtype) -> float:
+    """Relative eigenvalue threshold of a pseudo-inverse, ``m * eps(dtype)`` like ``numpy.linalg.pinv``.
+
+    ``dtype`` is the dtype the matrix was *computed* in (its entries carry that precision).
+    """
+    return max(m, 1) * torch.finfo(dtype).eps
+
+
+def safe_cholesky(A: torch.Tensor, *, max_tries: int = 6, name: str = "matrix") -> torch.Tensor:
+    """Lower Cholesky factor of the SPD matrix ``A``, escalating diagonal jitter if needed.
+
+    Args:
+        A: `(*batch, n, n)` symmetric positive (semi)definite matrix.
+        max_tries: jitter escalations before giving up.
+        name: the matrix's name in warnings and errors.
+
+    Returns:
+        `(*batch, n, n)` lower-triangular ``L`` with ``L Lᵀ = A + jitter·I``, in :func:`compute_dtype`.
+
+    Raises:
+        NumericsError: if ``A`` is not positive definite even with the largest jitter.
+    """
+    n = A.shape[-1]
+    dtype = compute_dtype(A.dtype, n)
+    A = A.to(dtype)
+    L, info = torch.linalg.cholesky_ex(A)
+    if not bool((info != 0).any()):
+        return L
+    diag_mean = A.diagonal(dim1=-2, dim2=-1).abs().mean().clamp_min(torch.finfo(dtype).tiny)
+    jitter = float(torch.finfo(dtype).eps * diag_mean) * 10.0
+    eye = torch.eye(n, dtype=dtype, device=A.device)
+    for _ in range(max_tries):
+        L, info = torch.linalg.cholesky_ex(A + jitter * eye)
+        if not bool((info != 0).any()):
+            warnings.warn(
+                f"{name} ({n}x{n}, {dtype}) was not numerically positive definite; added jitter {jitter:.2e}",
+                NumericsWarning,
+                stacklevel=2,
+            )
+            return L
+        jitter *= 100.0
+    raise NumericsError(
+        f"{name}: expected a positive definite {n}x{n} matrix, got one whose Cholesky factorization "
+        f"failed even with jitter {jitter / 100.0:.2e} (dtype {dtype}); check for NaN/inf or a negative noise"
+    )
+
+
+def spd_inverse(A: torch.Tensor, *, name: str = "matrix") -> torch.Tensor:
+    """Inverse of the SPD matrix ``A`` through :func:`safe_cholesky`, symmetrized.
+
+    Args:
+        A: `(*batch, n, n)` symmetric positive definite.
+
+    Returns:
+        `(*batch, n, n)` ``A⁻¹`` in :func:`compute_dtype`.
+    """
+    L = safe_cholesky(A, name=name)
+    Ainv = torch.cholesky_inverse(L)
+    return 0.5 * (Ainv + Ainv.transpose(-1, -2))
+
+
+def psd_inv_sqrt(K: torch.Tensor, rtol: float | None = None, *, name: str = "K_S") -> torch.Tensor:
+    """Reduced pseudo-inverse square root ``W = diag(s)^(-1/2) Uᵀ`` of a PSD matrix ``K = U diag(s) Uᵀ``.
+
+    Eigenvalues below ``rtol * max(s)`` are dropped, so duplicate or collinear points do not break it:
+    ``Wᵀ W = K⁺`` and ``(W k)ᵀ (W k') = kᵀ K⁺ k'``.
+
+    Args:
+        K: `(m, m)` symmetric positive semidefinite (e.g. a kernel matrix of inducing points).
+        rtol: relative eigenvalue threshold; default :func:`default_rtol` of ``K``'s input dtype.
+        name: the matrix's name in errors.
+
+    Returns:
+        `(r, m)` matrix ``W`` in float64 (or ``K``'s dtype if it is large), ``r`` the numerical rank.
+
+    Raises:
+        NumericsError: if no eigenvalue is positive (e.g. a zero kernel).
+    """
+    m = K.shape[-1]
+    if rtol is None:
+        rtol = default_rtol(m, K.dtype)
+    dtype = compute_dtype(K.dtype, m)
+    Kd = K.to(dtype)
+    Kd = 0.5 * (Kd + Kd.transpose(-1, -2))
+    s, U = torch.linalg.eigh(Kd)
+    smax = s.max()
+    if not bool(smax > 0):
+        raise NumericsError(f"{name}: expected a PSD matrix with a positive eigenvalue, got max eigenvalue {float(smax):.3e}")
+    keep = s > rtol * smax
+    s, U = s[keep], U[:, keep]  # (r,), (m, r)
+    return U.T / s.sqrt().unsqueeze(-1)  # (r, m)
