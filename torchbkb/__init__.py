@@ -11,6 +11,10 @@ Core modules (device- and dtype-agnostic ``nn.Module``s):
 from torchbkb.errors import InputDataError, NumericsError, NumericsWarning, TorchBKBError
 from torchbkb.kernels import GaussianKernel, KernelAdapter, as_kernel
 from torchbkb.nystrom import NystromEmbedding
+from torchbkb.dtc_posterior import DTCPosterior
+from torchbkb.exact_posterior import ExactPosterior
+from torchbkb.rls_dictionary import RLSDictionary
+from torchbkb import confidence
 
 __version__ = "0.1.0"
 
@@ -23,4 +27,8 @@ __all__ = [
     "KernelAdapter",
     "as_kernel",
     "NystromEmbedding",
+    "DTCPosterior",
+    "ExactPosterior",
+    "RLSDictionary",
+    "confidence",
 ]

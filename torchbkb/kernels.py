@@ -54,8 +54,8 @@ class GaussianKernel(nn.Module):
 
     def __init__(self, lengthscale: float = 1.0, outputscale: float = 1.0):
         super().__init__()
-        self.register_buffer("lengthscale", torch.tensor(check_positive(lengthscale, "lengthscale")))
-        self.register_buffer("outputscale", torch.tensor(check_positive(outputscale, "outputscale")))
+        self.register_buffer("lengthscale", torch.tensor(check_positive(lengthscale, "lengthscale"), dtype=torch.float64))
+        self.register_buffer("outputscale", torch.tensor(check_positive(outputscale, "outputscale"), dtype=torch.float64))
 
     @classmethod
     def from_width(cls, sigma2: float, outputscale: float = 1.0) -> "GaussianKernel":

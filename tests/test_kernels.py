@@ -1,0 +1,68 @@
+import gpytorch
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+
+from helpers import rbf
+from torchbkb.errors import InputDataError
+from torchbkb.kernels import GaussianKernel, KernelAdapter, as_kernel
+
+
+def _gpytorch_kernels():
+    return [
+        gpytorch.kernels.RBFKernel(),
+        gpytorch.kernels.ScaleKernel(gpytorch.kernels.MaternKernel(nu=2.5)),
+        gpytorch.kernels.ScaleKernel(gpytorch.kernels.MaternKernel(nu=0.5)),
+    ]
+
+
+@pytest.mark.parametrize("kernel", _gpytorch_kernels(), ids=["rbf", "scale-matern52", "scale-matern12"])
+def test_gpytorch_adapter_dense_and_diag(kernel, dtype, device):
+    X = torch.rand(3, 7, 2, dtype=dtype, device=device)
+    k = as_kernel(kernel).to(device)
+    K = k(X, X)
+    assert K.shape == (3, 7, 7) and isinstance(K, torch.Tensor)
+    assert torch.allclose(k.diag(X), torch.diagonal(K, dim1=-2, dim2=-1), atol=1e-5)
+
+
+def test_gaussian_kernel_formula(dtype, device):
+    X, Y = torch.rand(6, 3, dtype=dtype, device=device), torch.rand(4, 3, dtype=dtype, device=device)
+    k = GaussianKernel(lengthscale=0.7, outputscale=2.0).to(device)
+    ref = 2.0 * rbf(X.double().cpu(), Y.double().cpu(), 0.7)
+    assert torch.allclose(k(X, Y).double().cpu(), ref, atol=1e-6)
+    assert torch.allclose(k.diag(X).double().cpu(), torch.full((6,), 2.0, dtype=torch.float64))
+    assert GaussianKernel.from_width(5.0).lengthscale.item() == pytest.approx(5.0**0.5)
+
+
+def test_callable_diag_without_n_by_n():
+    calls = []
+
+    def poly(A, B):
+        calls.append((A.shape, B.shape))
+        return (A @ B.transpose(-1, -2) + 1.0) ** 2
+
+    X = torch.rand(50, 3, dtype=torch.float64)
+    k = as_kernel(poly)
+    d = k.diag(X)
+    assert torch.allclose(d, (1.0 + (X * X).sum(-1)) ** 2)
+    assert all(a[-2] == 1 and b[-2] == 1 for a, b in calls)  # never (n, n)
+
+
+def test_callable_with_explicit_diag_and_batch():
+    k = as_kernel(lambda A, B: A @ B.transpose(-1, -2), diag=lambda X: (X * X).sum(-1))
+    X = torch.rand(2, 5, 3)
+    assert k(X, X).shape == (2, 5, 5)
+    assert torch.allclose(k.diag(X), torch.diagonal(k(X, X), dim1=-2, dim2=-1))
+    assert as_kernel(k) is k and isinstance(k, KernelAdapter)
+
+
+def test_not_a_kernel():
+    with pytest.raises(InputDataError, match="expected a gpytorch Kernel or a callable"):
+        as_kernel(3.0)
+
+
+@settings(max_examples=20, deadline=None)
+@given(st.one_of(st.just(0.0), st.just(-1.0), st.just(float("nan")), st.just(float("inf"))))
+def test_gaussian_kernel_bad_hyperparameters(v):
+    with pytest.raises(InputDataError, match="expected a finite number > 0"):
+        GaussianKernel(lengthscale=v)

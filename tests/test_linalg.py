@@ -1,0 +1,51 @@
+import warnings
+
+import pytest
+import torch
+
+from torchbkb.errors import NumericsError, NumericsWarning
+from torchbkb.utils.linalg import compute_dtype, psd_inv_sqrt, safe_cholesky, spd_inverse
+
+
+def test_cholesky_upcasts_small_float32():
+    A = torch.tensor([[4.0, 2.0], [2.0, 3.0]])
+    L = safe_cholesky(A)
+    assert L.dtype == torch.float64
+    assert torch.allclose(L @ L.T, A.double())
+    assert compute_dtype(torch.float32, 10**6) == torch.float32
+
+
+def test_cholesky_jitter_escalates_with_warning():
+    v = torch.rand(5, 1, dtype=torch.float64)
+    A = v @ v.T  # rank one: not positive definite
+    with pytest.warns(NumericsWarning, match="added jitter"):
+        L = safe_cholesky(A, name="rank-one")
+    assert torch.allclose(L @ L.T, A, atol=1e-10)
+
+
+def test_cholesky_typed_error_on_indefinite():
+    with pytest.raises(NumericsError, match="expected a positive definite 2x2 matrix"):
+        safe_cholesky(torch.tensor([[1.0, 0.0], [0.0, -1.0]], dtype=torch.float64))
+
+
+def test_spd_inverse_is_symmetric_inverse():
+    B = torch.rand(6, 6, dtype=torch.float64)
+    A = B @ B.T + 0.1 * torch.eye(6, dtype=torch.float64)
+    Ainv = spd_inverse(A)
+    assert torch.allclose(Ainv, Ainv.T) and torch.allclose(Ainv @ A, torch.eye(6, dtype=torch.float64), atol=1e-9)
+
+
+def test_psd_inv_sqrt_drops_null_space():
+    v = torch.rand(4, 2, dtype=torch.float64)
+    K = v @ v.T  # rank 2
+    W = psd_inv_sqrt(K)
+    assert W.shape == (2, 4)
+    assert torch.allclose(W.T @ W, torch.linalg.pinv(K, hermitian=True), atol=1e-8)
+    with pytest.raises(NumericsError, match="positive eigenvalue"):
+        psd_inv_sqrt(torch.zeros(3, 3, dtype=torch.float64))
+
+
+def test_no_warning_when_well_conditioned():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        safe_cholesky(torch.eye(3))

@@ -1,0 +1,408 @@
+"""The DTC (deterministic training conditional) posterior on a Nyström embedding -- BKB's posterior.
+
+With ``z = NystromEmbedding(S)``, pulled points ``X`` weighted by pull counts ``c`` and rewards ``y``
+(``y_i`` the mean of the ``c_i`` rewards observed at ``x_i``)::
+
+    V      = Zᵀ C Z + λ I                                   (r × r, r = rank of K_S)
+    μ̃(x)   = z(x)ᵀ V⁻¹ Zᵀ C y
+    σ̃²(x)  = (k(x, x) - ‖z(x)‖²) / λ + z(x)ᵀ V⁻¹ z(x)      RLS scale (000 Eq. 4, 001 Eq. 2)
+    var(x) = λ · σ̃²(x)                                      GP scale (003 Eq. 4, the DTC variance)
+    cov(x, x') = k(x, x') - z(x)ᵀ z(x') + λ z(x)ᵀ V⁻¹ z(x')   GP scale, joint
+
+With ``S`` equal to the pulled points, ``var`` is the exact GP posterior variance.
+
+Only ``r × r`` matrices are ever factorized (in float64 for float32 inputs); scoring ``n`` points
+costs one `(n × r)·(r × r)` product plus ``O(n·r)``, chunked over ``n``.
+
+Example:
+    >>> import torch
+    >>> from torchbkb import DTCPosterior, ExactPosterior, NystromEmbedding
+    >>> from torchbkb.kernels import GaussianKernel
+    >>> X = torch.rand(20, 2, dtype=torch.float64); y = torch.sin(6 * X[:, 0])
+    >>> k = GaussianKernel(0.3)
+    >>> post = DTCPosterior(NystromEmbedding(k, X), noise=0.1).fit(X, y)   # S = X: exact GP
+    >>> mean, var = post(torch.rand(5, 2, dtype=torch.float64))
+    >>> exact = ExactPosterior(k, noise=0.1).fit(X, y)
+    >>> Xq = torch.rand(5, 2, dtype=torch.float64)
+    >>> all(torch.allclose(a, b) for a, b in zip(post(Xq), exact(Xq)))
+    True
+    >>> bool(torch.allclose(post.rls(Xq), post(Xq)[1] / 0.1))
+    True
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+from torch import nn
+
+from torchbkb.errors import InputDataError, TorchBKBError, check_finite, check_positive
+from torchbkb.nystrom import NystromEmbedding
+from torchbkb.utils.linalg import compute_dtype, spd_inverse
+
+__all__ = ["DTCPosterior", "RankOneDowndate"]
+
+
+class RankOneDowndate(NamedTuple):
+    """What a rank-one update ``V ← V + c·z zᵀ`` does to every quadratic form ``aᵀ V⁻¹ a``.
+
+    ``aᵀ V_new⁻¹ a = aᵀ V_old⁻¹ a - coef · (aᵀ direction)²``, so cached RLS variances of embedded arms
+    ``Z_A`` are downdated in ``O(A·r)`` by ``rls -= coef * (Z_A @ direction) ** 2``.
+
+    Attributes:
+        direction: `(*b, r)` ``u = V_old⁻¹ z`` (compute dtype).
+        coef: `(*b,)` ``c / (1 + c · zᵀ u)``.
+    """
+
+    direction: torch.Tensor
+    coef: torch.Tensor
+
+
+class DTCPosterior(nn.Module):
+    """DTC posterior of a zero-mean GP with Gaussian noise ``λ`` on a :class:`NystromEmbedding`.
+
+    The training set may carry leading batch dimensions (`(*b, n, d)`, independent posteriors, as
+    BoTorch's fantasies need); queries `(*b', q, d)` broadcast against them.
+
+    Args:
+        embedding: the Nyström embedding (its dictionary can be replaced with :meth:`set_inducing_points`).
+        noise: ``λ > 0``, the regularization (= noise variance in the GP reading).
+        refactor_every: rank-one updates between two exact refactorizations of ``V``.
+        chunk_size: query points scored at once (default: the embedding's ``chunk_size``).
+
+    Example:
+        >>> import torch
+        >>> from torchbkb.kernels import GaussianKernel
+        >>> X = torch.rand(30, 1, dtype=torch.float64); y = X[:, 0] ** 2
+        >>> post = DTCPosterior(NystromEmbedding(GaussianKernel(0.2), X[:5]), noise=0.01).fit(X, y)
+        >>> refit = DTCPosterior(NystromEmbedding(GaussianKernel(0.2), X[:5]), noise=0.01).fit(X[:29], y[:29])
+        >>> _ = refit.update(X[29:], y[29:])               # rank-one update == refit
+        >>> Xq = torch.linspace(0, 1, 7, dtype=torch.float64)[:, None]
+        >>> bool(torch.allclose(post(Xq)[1], refit(Xq)[1]))
+        True
+    """
+
+    def __init__(
+        self,
+        embedding: NystromEmbedding,
+        noise: float,
+        *,
+        refactor_every: int = 64,
+        chunk_size: int | None = None,
+    ):
+        super().__init__()
+        if not isinstance(embedding, NystromEmbedding):
+            raise InputDataError(f"embedding: expected a NystromEmbedding, got {type(embedding).__name__}")
+        if int(refactor_every) < 1:
+            raise InputDataError(f"refactor_every: expected an integer >= 1, got {refactor_every!r}")
+        self.embedding = embedding
+        self.register_buffer("noise", torch.tensor(check_positive(noise, "noise"), dtype=torch.float64))
+        self.refactor_every = int(refactor_every)
+        self.chunk_size = int(chunk_size or embedding.chunk_size)
+        S = embedding.inducing_points
+        empty_X = S.new_empty((0, embedding.dim))
+        self._set_state(self._build(empty_X, S.new_empty((0,)), S.new_empty((0,))), empty_X, S.new_empty((0,)), S.new_empty((0,)), empty_X, S.new_empty((0,)))
+
+    # ------------------------------------------------------------------ properties
+    @property
+    def lam(self) -> float:
+        """``λ`` as a Python float."""
+        return float(self.noise)
+
+    @property
+    def num_train(self) -> int:
+        """Number of observed rows (pending, hallucinated rows not included)."""
+        return int(self.train_X.shape[-2])
+
+    @property
+    def batch_shape(self) -> torch.Size:
+        """Leading batch shape of the training data."""
+        return self.train_X.shape[:-2]
+
+    # ------------------------------------------------------------------ fitting
+    def fit(self, X: torch.Tensor, y: torch.Tensor, counts: torch.Tensor | None = None) -> "DTCPosterior":
+        """Condition on observed data (replacing any previous data and pending points).
+
+        Args:
+            X: `(*b, n, d)` pulled points (``n`` may be 0).
+            y: `(*b, n)` rewards; with ``counts``, ``y_i`` is the **mean** of the ``counts_i`` rewards at ``x_i``.
+            counts: `(*b, n)` positive pull counts (weights); default all ones.
+
+        Returns:
+            ``self``.
+        """
+        X, y, counts = self._check_data(X, y, counts, "X", "y")
+        state = self._build(X, y, counts)
+        self._set_state(state, X, y, counts, X.new_empty((*X.shape[:-2], 0, X.shape[-1])), X.new_empty((*X.shape[:-2], 0)))
+        return self
+
+    def refit(self) -> "DTCPosterior":
+        """Re-embed the stored data (observed and pending) with the embedding's current dictionary."""
+        X_all = torch.cat([self.train_X, self.pending_X], dim=-2)
+        w_all = torch.cat([self.train_counts, self.pending_counts], dim=-1)
+        y_all = torch.cat([self.train_y, self.train_y.new_zeros(self.pending_counts.shape)], dim=-1)
+        n_obs = self.num_train
+        # pending rows are hallucinated: they enter V but their pseudo-reward is the posterior mean
+        state = self._build(X_all, y_all, w_all, n_observed=n_obs)
+        self._set_state(state, self.train_X, self.train_y, self.train_counts, self.pending_X, self.pending_counts)
+        return self
+
+    def set_inducing_points(self, inducing_points: torch.Tensor) -> "DTCPosterior":
+        """Replace the dictionary and refit on the stored data. On error nothing changes."""
+        old = (self.embedding.inducing_points, self.embedding.projection, self.embedding.version)
+        self.embedding.set_inducing_points(inducing_points)
+        try:
+            return self.refit()
+        except Exception:
+            self.embedding.inducing_points, self.embedding.projection, self.embedding.version = old
+            raise
+
+    # ------------------------------------------------------------------ updates
+    def update(self, x: torch.Tensor, y: torch.Tensor | None = None, counts: torch.Tensor | None = None) -> RankOneDowndate | None:
+        """Add points by rank-one updates of ``V⁻¹`` (periodically refactorized exactly).
+
+        With ``y=None`` the points are *hallucinated* (BBKB/GP-BUCB): they are conditioned on with a
+        pseudo-reward equal to the current posterior mean, which leaves ``μ̃`` exactly unchanged and makes
+        the variance exact for the enlarged design.
+
+        Args:
+            x: `(*b, k, d)` or `(d,)` new points.
+            y: `(*b, k)` rewards (means over ``counts``), or ``None`` to hallucinate.
+            counts: `(*b, k)` positive weights; default ones.
+
+        Returns:
+            For a single point, the :class:`RankOneDowndate` that maps old quadratic forms to new ones
+            (``None`` when several points were added).
+        """
+        if isinstance(x, torch.Tensor) and x.dim() == 1:
+            x = x.unsqueeze(0)  # (1, d)
+            if y is not None and isinstance(y, torch.Tensor) and y.dim() == 0:
+                y = y.reshape(1)
+            if counts is not None and isinstance(counts, torch.Tensor) and counts.dim() == 0:
+                counts = counts.reshape(1)
+        self._check_fresh()
+        x, y_chk, counts = self._check_data(x, y, counts, "x", "y", allow_none_y=True)
+        with torch.no_grad():
+            Z = self.embedding(x)  # (*b, k, r)
+        result = self.update_features(Z, y_chk, counts)
+        if y_chk is None:
+            self.pending_X = torch.cat([self.pending_X.expand(*x.shape[:-2], *self.pending_X.shape[-2:]), x], dim=-2)
+            self.pending_counts = torch.cat([self.pending_counts.expand(*x.shape[:-2], self.pending_counts.shape[-1]), counts], dim=-1)
+        else:
+            self.train_X = torch.cat([self.train_X.expand(*x.shape[:-2], *self.train_X.shape[-2:]), x], dim=-2)
+            self.train_y = torch.cat([self.train_y.expand(*x.shape[:-2], self.train_y.shape[-1]), y_chk], dim=-1)
+            self.train_counts = torch.cat([self.train_counts.expand(*x.shape[:-2], self.train_counts.shape[-1]), counts], dim=-1)
+        return result
+
+    def update_features(self, Z: torch.Tensor, y: torch.Tensor | None = None, counts: torch.Tensor | None = None) -> RankOneDowndate | None:
+        """:meth:`update` on already-embedded points (no stored data is appended; used by bandits that
+        keep their own record and embed their arms once).
+
+        Args:
+            Z: `(*b, k, r)` features in the compute dtype (see :attr:`ZtZ`).
+            y: `(*b, k)` or ``None`` (hallucinated).
+            counts: `(*b, k)` positive weights; default ones.
+
+        Returns:
+            The :class:`RankOneDowndate` of the last point when ``k == 1``, else ``None``.
+        """
+        if Z.dim() == 1:
+            Z = Z.unsqueeze(0)
+        Z = Z.to(self.ZtZ.dtype)
+        k = Z.shape[-2]
+        c = torch.ones(Z.shape[:-1], dtype=Z.dtype, device=Z.device) if counts is None else counts.to(Z.dtype)
+        ZtZ = self.ZtZ + (Z.transpose(-1, -2) * c.unsqueeze(-2)) @ Z  # (*b, r, r)
+        if y is None:
+            y_eff = (Z @ self.weights.unsqueeze(-1)).squeeze(-1)  # (*b, k): pseudo-reward = current mean
+        else:
+            y_eff = y.to(Z.dtype)
+        Zty = self.Zty + ((c * y_eff).unsqueeze(-2) @ Z).squeeze(-2)  # (*b, r)
+        self._since_refactor += k
+        result = None
+        if self._since_refactor >= self.refactor_every or k > 4:
+            V_inv = spd_inverse(_add_diag(ZtZ, self.lam), name="V")
+            self._since_refactor = 0
+            if k == 1:
+                u = (self.V_inv @ Z[..., 0, :].unsqueeze(-1)).squeeze(-1)
+                result = RankOneDowndate(u, c[..., 0] / (1.0 + c[..., 0] * (Z[..., 0, :] * u).sum(-1)))
+        else:
+            V_inv = self.V_inv
+            for j in range(k):  # k <= 4 Sherman-Morrison steps, O(r²) each
+                z, cj = Z[..., j, :], c[..., j]
+                u = (V_inv @ z.unsqueeze(-1)).squeeze(-1)  # (*b, r)
+                coef = cj / (1.0 + cj * (z * u).sum(-1))  # (*b,)
+                V_inv = V_inv - coef[..., None, None] * (u.unsqueeze(-1) * u.unsqueeze(-2))
+                result = RankOneDowndate(u, coef)
+            if k != 1:
+                result = None
+        self.ZtZ, self.Zty, self.V_inv = ZtZ, Zty, V_inv
+        if y is not None:
+            self.weights = (V_inv @ Zty.unsqueeze(-1)).squeeze(-1)  # (*b, r)
+        return result
+
+    # ------------------------------------------------------------------ prediction
+    def forward(self, Xq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Posterior mean and **GP-scale** variance ``λ·σ̃²``.
+
+        Args:
+            Xq: `(*b, q, d)` query points (dtype/device of the inducing points).
+
+        Returns:
+            ``(mean, var)``, each `(*b, q)` in ``Xq``'s dtype; differentiable w.r.t. ``Xq``.
+        """
+        mean, rls = self._mean_rls(Xq)
+        return mean, rls * self.lam
+
+    def rls(self, Xq: torch.Tensor) -> torch.Tensor:
+        """The papers' ``σ̃²`` (RLS scale) = GP-scale variance / λ, shape `(*b, q)`."""
+        return self._mean_rls(Xq)[1]
+
+    def mean(self, Xq: torch.Tensor) -> torch.Tensor:
+        """Posterior mean ``μ̃``, shape `(*b, q)`."""
+        return self._mean_rls(Xq)[0]
+
+    def score_embedded(self, Z: torch.Tensor, kdiag: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Mean and **RLS-scale** variance of already-embedded points (BKB caches the arms' embedding).
+
+        Args:
+            Z: `(*b, n, r)` features ``z(x)`` from this posterior's embedding.
+            kdiag: `(*b, n)` prior variances ``k(x, x)``.
+
+        Returns:
+            ``(mean, rls)``, each `(*b, n)` in ``Z``'s dtype.
+        """
+        n = Z.shape[-2]
+        c = self.chunk_size
+        if n <= c:
+            return self._score_chunk(Z, kdiag)
+        parts = [self._score_chunk(Z[..., i : i + c, :], kdiag[..., i : i + c]) for i in range(0, n, c)]
+        return torch.cat([p[0] for p in parts], dim=-1), torch.cat([p[1] for p in parts], dim=-1)
+
+    def joint(self, Xq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Joint DTC posterior over a small set of points, GP scale.
+
+        Args:
+            Xq: `(*b, q, d)`.
+
+        Returns:
+            ``(mean, cov)`` of shapes `(*b, q)` and `(*b, q, q)`:
+            ``cov = K_qq - Z Zᵀ + λ Z V⁻¹ Zᵀ``.
+        """
+        self._check_fresh()
+        self.embedding.check_input(Xq, "Xq")
+        Z = self.embedding(Xq)  # (*b, q, r)
+        V_inv = self.V_inv.to(Z.dtype)
+        mean = (Z @ self.weights.to(Z.dtype).unsqueeze(-1)).squeeze(-1)
+        Kqq = self.embedding.kernel(Xq, Xq)  # (*b, q, q)
+        ZT = Z.transpose(-1, -2)
+        cov = Kqq - Z @ ZT + self.lam * (Z @ V_inv @ ZT)
+        return mean, 0.5 * (cov + cov.transpose(-1, -2))
+
+    def effective_dimension(self) -> torch.Tensor:
+        """``Σ_i c_i σ̃²(x_i)`` over the observed rows (RLS scale) -- the estimate of ``d_eff`` of 000 Eq. 5."""
+        if self.num_train == 0:
+            return torch.zeros(self.batch_shape, dtype=self.ZtZ.dtype, device=self.ZtZ.device)
+        return (self.rls(self.train_X) * self.train_counts).sum(-1)
+
+    # ------------------------------------------------------------------ internals
+    def _mean_rls(self, Xq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        self._check_fresh()
+        self.embedding.check_input(Xq, "Xq")
+        n = Xq.shape[-2]
+        c = self.chunk_size
+        if n <= c:
+            return self._score_points(Xq)
+        parts = [self._score_points(Xq[..., i : i + c, :]) for i in range(0, n, c)]
+        return torch.cat([p[0] for p in parts], dim=-1), torch.cat([p[1] for p in parts], dim=-1)
+
+    def _score_points(self, Xq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        Z = self.embedding(Xq)  # (*b, c, r)
+        return self._score_chunk(Z, self.embedding.kernel_diag(Xq))
+
+    def _score_chunk(self, Z: torch.Tensor, kdiag: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        V_inv = self.V_inv.to(Z.dtype)  # (*b, r, r)
+        mean = (Z @ self.weights.to(Z.dtype).unsqueeze(-1)).squeeze(-1)  # (*b, c)
+        sq = (Z * Z).sum(-1)  # ‖z‖², (*b, c)
+        quad = ((Z @ V_inv) * Z).sum(-1)  # zᵀ V⁻¹ z: the one (c×r)(r×r) product
+        rls = (kdiag - sq).clamp_min(0.0) / self.lam + quad.clamp_min(0.0)
+        return mean, rls
+
+    def _build(self, X, y, counts, n_observed: int | None = None) -> dict:
+        """ZtZ, Zty, V⁻¹ and weights from scratch (rows past ``n_observed`` are hallucinated)."""
+        emb = self.embedding
+        r = emb.rank
+        dtype = compute_dtype(emb.inducing_points.dtype, r)
+        batch = X.shape[:-2]
+        with torch.no_grad():
+            Z = emb(X).to(dtype) if X.shape[-2] > 0 else X.new_zeros((*batch, 0, r), dtype=dtype)  # (*b, n, r)
+        c = counts.to(dtype)
+        n_obs = X.shape[-2] if n_observed is None else n_observed
+        Zo, co, yo = Z[..., :n_obs, :], c[..., :n_obs], y[..., :n_obs].to(dtype)
+        ZtZ_obs = (Zo.transpose(-1, -2) * co.unsqueeze(-2)) @ Zo  # (*b, r, r)
+        Zty = ((co * yo).unsqueeze(-2) @ Zo).squeeze(-2)  # (*b, r)
+        weights = (spd_inverse(_add_diag(ZtZ_obs, self.lam), name="V") @ Zty.unsqueeze(-1)).squeeze(-1)
+        Zp, cp = Z[..., n_obs:, :], c[..., n_obs:]
+        ZtZ = ZtZ_obs + (Zp.transpose(-1, -2) * cp.unsqueeze(-2)) @ Zp
+        if Zp.shape[-2] > 0:
+            yp = (Zp @ weights.unsqueeze(-1)).squeeze(-1)  # hallucinated rewards: the mean
+            Zty = Zty + ((cp * yp).unsqueeze(-2) @ Zp).squeeze(-2)
+            V_inv = spd_inverse(_add_diag(ZtZ, self.lam), name="V")
+        else:
+            V_inv = spd_inverse(_add_diag(ZtZ, self.lam), name="V")
+        return {"ZtZ": ZtZ, "Zty": Zty, "V_inv": V_inv, "weights": weights}
+
+    def _set_state(self, state, X, y, counts, pending_X, pending_counts) -> None:
+        for name, value in state.items():
+            setattr(self, name, value) if name in self._buffers else self.register_buffer(name, value)
+        for name, value in (("train_X", X), ("train_y", y), ("train_counts", counts), ("pending_X", pending_X), ("pending_counts", pending_counts)):
+            setattr(self, name, value) if name in self._buffers else self.register_buffer(name, value)
+        self._since_refactor = 0
+        self._emb_version = self.embedding.version
+
+    def _check_fresh(self) -> None:
+        if self._emb_version != self.embedding.version:
+            raise TorchBKBError(
+                "DTCPosterior: expected the embedding's dictionary it was fitted with, got a changed one "
+                "(call refit() or set_inducing_points() on the posterior)"
+            )
+
+    def _check_data(self, X, y, counts, xname, yname, allow_none_y: bool = False):
+        emb = self.embedding
+        emb.check_input(X, xname)
+        shape = X.shape[:-1]
+        if y is None and not allow_none_y:
+            raise InputDataError(f"{yname}: expected a tensor of shape {tuple(shape)}, got None")
+        if y is not None:
+            if not isinstance(y, torch.Tensor):
+                raise InputDataError(f"{yname}: expected a torch.Tensor of shape {tuple(shape)}, got {type(y).__name__}")
+            if y.shape != shape:
+                raise InputDataError(f"{yname}: expected shape {tuple(shape)} (matching {xname}), got {tuple(y.shape)}")
+            if y.dtype != X.dtype or y.device != X.device:
+                raise InputDataError(f"{yname}: expected dtype {X.dtype} on {X.device}, got {y.dtype} on {y.device}")
+            check_finite(y, yname)
+        if counts is None:
+            counts = torch.ones(shape, dtype=X.dtype, device=X.device)
+        else:
+            if not isinstance(counts, torch.Tensor) or counts.shape != shape:
+                got = tuple(counts.shape) if isinstance(counts, torch.Tensor) else type(counts).__name__
+                raise InputDataError(f"counts: expected shape {tuple(shape)}, got {got}")
+            if counts.device != X.device:
+                raise InputDataError(f"counts: expected device {X.device}, got {counts.device}")
+            counts = counts.to(X.dtype)
+            check_finite(counts, "counts")
+            if bool((counts <= 0).any()):
+                raise InputDataError(f"counts: expected positive weights, got min {float(counts.min())}")
+        if self.train_X.shape[:-2] != torch.Size() and X.shape[:-2] != self.train_X.shape[:-2] and xname == "x":
+            try:
+                torch.broadcast_shapes(X.shape[:-2], self.train_X.shape[:-2])
+            except RuntimeError:
+                raise InputDataError(
+                    f"{xname}: expected batch shape broadcastable with {tuple(self.train_X.shape[:-2])}, got {tuple(X.shape[:-2])}"
+                ) from None
+        return X.detach(), (None if y is None else y.detach()), counts.detach()
+
+
+def _add_diag(A: torch.Tensor, value: float) -> torch.Tensor:
+    """``A + value·I`` for `(*b, n, n)` ``A``."""
+    return A + value * torch.eye(A.shape[-1], dtype=A.dtype, device=A.device)

@@ -1,0 +1,288 @@
+"""The exact GP posterior with incremental Cholesky growth -- the reference and GP-UCB's engine.
+
+For pulled points ``X`` (``n`` rows, row ``i`` standing for ``c_i`` pulls with mean reward ``y_i``)::
+
+    K̂ = K_XX + λ C⁻¹ = L Lᵀ,        μ(x) = k_X(x)ᵀ K̂⁻¹ y,        var(x) = k(x, x) - ‖L⁻¹ k_X(x)‖²
+
+(GP scale; ``rls = var / λ`` is the papers' ``σ²``). :meth:`ExactPosterior.update` appends rows to
+``L`` in ``O(n²)`` each, never refactorizing. :meth:`ExactPosterior.watch` keeps the mean and variance of
+a fixed point set (GP-UCB's arms) current by rank-one updates of ``Q = L⁻¹ K_{X,A}`` -- ``O(A·n)`` per
+new point instead of a refit.
+
+Example:
+    >>> import torch
+    >>> from torchbkb import ExactPosterior
+    >>> from torchbkb.kernels import GaussianKernel
+    >>> X = torch.rand(10, 2, dtype=torch.float64); y = X.sum(-1)
+    >>> post = ExactPosterior(GaussianKernel(0.5), noise=0.01).fit(X[:6], y[:6])
+    >>> arms = torch.rand(50, 2, dtype=torch.float64)
+    >>> post.watch(arms)
+    >>> post.update(X[6:], y[6:])                       # Cholesky growth, watched set updated too
+    >>> ref = ExactPosterior(GaussianKernel(0.5), noise=0.01).fit(X, y)
+    >>> all(torch.allclose(a, b) for a, b in zip(post.watched(), ref(arms)))
+    True
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from torchbkb.errors import InputDataError, NumericsError, check_finite, check_matrix, check_positive, check_same_device_dtype
+from torchbkb.kernels import as_kernel
+from torchbkb.utils.linalg import compute_dtype, safe_cholesky
+
+__all__ = ["ExactPosterior"]
+
+
+class ExactPosterior(nn.Module):
+    """Exact zero-mean GP posterior with noise ``λ``, grown one row at a time.
+
+    Training data are unbatched `(n, d)`; queries may carry batch dimensions `(*b, q, d)`.
+
+    Args:
+        kernel: a ``gpytorch.kernels.Kernel`` or a callable ``(X1, X2) -> Tensor``.
+        noise: ``λ > 0``.
+
+    Example:
+        >>> import torch
+        >>> from torchbkb.kernels import GaussianKernel
+        >>> post = ExactPosterior(GaussianKernel(1.0), noise=0.1)
+        >>> post.fit(torch.zeros(1, 1), torch.ones(1)).mean(torch.zeros(1, 1))   # 1 / (1 + 0.1)
+        tensor([0.9091])
+    """
+
+    def __init__(self, kernel, noise: float):
+        super().__init__()
+        self.kernel = as_kernel(kernel)
+        self.register_buffer("noise", torch.tensor(check_positive(noise, "noise"), dtype=torch.float64))
+        self._n = 0
+        self._X = None  # (cap, d) in the input dtype
+        self._dtype = None  # the input dtype of the training data
+        self._watch = None  # dict: X (A, d), Q (cap, A), mean (A,), var (A,)
+
+    # ------------------------------------------------------------------ properties
+    @property
+    def lam(self) -> float:
+        """``λ`` as a Python float."""
+        return float(self.noise)
+
+    @property
+    def num_train(self) -> int:
+        """Number of rows ``n`` (observed and hallucinated)."""
+        return self._n
+
+    @property
+    def train_X(self) -> torch.Tensor:
+        """`(n, d)` the rows conditioned on."""
+        return self._X[: self._n]
+
+    @property
+    def L(self) -> torch.Tensor:
+        """`(n, n)` lower Cholesky factor of ``K_XX + λ C⁻¹`` (compute dtype)."""
+        return self._L[: self._n, : self._n]
+
+    @property
+    def Liy(self) -> torch.Tensor:
+        """`(n,)` ``L⁻¹ y`` (hallucinated rows contribute 0)."""
+        return self._Liy[: self._n]
+
+    # ------------------------------------------------------------------ fitting
+    def fit(self, X: torch.Tensor, y: torch.Tensor, counts: torch.Tensor | None = None) -> "ExactPosterior":
+        """Condition on ``(X, y)`` from scratch (one ``n × n`` Cholesky).
+
+        Args:
+            X: `(n, d)`.
+            y: `(n,)`, with ``counts`` the mean reward of each row.
+            counts: `(n,)` positive pull counts; default ones.
+
+        Returns:
+            ``self``.
+        """
+        X, y, counts = self._check(X, y, counts, "X", "y", fitting=True)
+        n, d = X.shape
+        dtype = compute_dtype(X.dtype, max(n, 1))
+        K = self.kernel(X, X).to(dtype) if n else X.new_zeros((0, 0), dtype=dtype)
+        K = K + torch.diag(self.lam / counts.to(dtype))
+        L = safe_cholesky(K, name="K_XX + λI") if n else K
+        cap = max(16, n * 2)
+        self._X = X.new_zeros((cap, d))
+        self._X[:n] = X
+        self._L = X.new_zeros((cap, cap), dtype=dtype)
+        self._L[:n, :n] = L
+        self._Liy = X.new_zeros((cap,), dtype=dtype)
+        if n:
+            self._Liy[:n] = torch.linalg.solve_triangular(L, y.to(dtype).unsqueeze(-1), upper=False).squeeze(-1)
+        self._n, self._dtype, self._watch = n, X.dtype, None
+        return self
+
+    def watch(self, X: torch.Tensor) -> None:
+        """Track the posterior mean and variance of the fixed points ``X`` through every later update.
+
+        Costs one ``O(A·n²)`` solve now and ``O(A·n)`` memory; each added row then costs ``O(A·n)``.
+
+        Args:
+            X: `(A, d)` points to watch (e.g. a bandit's arms).
+        """
+        self._require_fit()
+        check_matrix(X, "X", d=self._X.shape[-1])
+        if X.dim() != 2:
+            raise InputDataError(f"X: expected shape (A, d), got {tuple(X.shape)}")
+        check_same_device_dtype(self._X, X, "X", "the training data")
+        dtype, n, cap = self._L.dtype, self._n, self._L.shape[0]
+        Q = X.new_zeros((cap, X.shape[0]), dtype=dtype)  # rows of L⁻¹ K_{X_train, A}
+        if n:
+            Q[:n] = torch.linalg.solve_triangular(self.L, self.kernel(self.train_X, X).to(dtype), upper=False)
+        kdiag = self.kernel.diag(X).to(dtype)
+        self._watch = {
+            "X": X,
+            "Q": Q,
+            "mean": Q[:n].T @ self.Liy,
+            "var": kdiag - (Q[:n] ** 2).sum(0),
+        }
+
+    def watched(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(mean, var)`` of the watched points, GP scale, `(A,)` each in the compute dtype."""
+        if self._watch is None:
+            raise InputDataError("watched: expected watch(X) to have been called, got no watched points")
+        return self._watch["mean"], self._watch["var"].clamp_min(0.0)
+
+    def update(self, x: torch.Tensor, y: torch.Tensor | None = None, counts: torch.Tensor | None = None) -> None:
+        """Append rows by Cholesky growth (``O(n²)`` per row, plus ``O(A·n)`` per row for watched points).
+
+        With ``y=None`` the rows are hallucinated (GP-BUCB): conditioned on their current posterior mean,
+        so the mean stays exactly as it was and the variance shrinks as for a real observation.
+
+        Args:
+            x: `(k, d)` or `(d,)`.
+            y: `(k,)` mean rewards, or ``None``.
+            counts: `(k,)` positive counts; default ones.
+        """
+        self._require_fit()
+        if isinstance(x, torch.Tensor) and x.dim() == 1:
+            x = x.unsqueeze(0)
+            y = y.reshape(1) if isinstance(y, torch.Tensor) and y.dim() == 0 else y
+            counts = counts.reshape(1) if isinstance(counts, torch.Tensor) and counts.dim() == 0 else counts
+        x, y, counts = self._check(x, y, counts, "x", "y", fitting=False)
+        for j in range(x.shape[0]):
+            self._grow(x[j], None if y is None else y[j], counts[j])
+
+    # ------------------------------------------------------------------ prediction
+    def forward(self, Xq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Posterior mean and GP-scale variance.
+
+        Args:
+            Xq: `(*b, q, d)`.
+
+        Returns:
+            ``(mean, var)``, each `(*b, q)` in ``Xq``'s dtype.
+        """
+        A = self._solve_cross(Xq)  # (*b, n, q)
+        mean = (A * self.Liy.unsqueeze(-1)).sum(-2)
+        var = self.kernel.diag(Xq).to(A.dtype) - (A * A).sum(-2)
+        return mean.to(Xq.dtype), var.clamp_min(0.0).to(Xq.dtype)
+
+    def rls(self, Xq: torch.Tensor) -> torch.Tensor:
+        """RLS-scale variance ``σ² = var / λ``, `(*b, q)`."""
+        return self.forward(Xq)[1] / self.lam
+
+    def mean(self, Xq: torch.Tensor) -> torch.Tensor:
+        """Posterior mean, `(*b, q)`."""
+        return self.forward(Xq)[0]
+
+    def joint(self, Xq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Joint posterior over `(*b, q, d)` points: ``(mean (*b, q), cov (*b, q, q))``, GP scale."""
+        A = self._solve_cross(Xq)  # (*b, n, q)
+        mean = (A * self.Liy.unsqueeze(-1)).sum(-2)
+        cov = self.kernel(Xq, Xq).to(A.dtype) - A.transpose(-1, -2) @ A
+        return mean.to(Xq.dtype), (0.5 * (cov + cov.transpose(-1, -2))).to(Xq.dtype)
+
+    def log_det(self) -> torch.Tensor:
+        """``log det(I + K_XX / λ)`` for unit counts (the information gain ×2 of GP-UCB)."""
+        n = self._n
+        return 2.0 * torch.log(self.L.diagonal()).sum() - n * torch.log(self.noise.to(self._L.dtype))
+
+    # ------------------------------------------------------------------ internals
+    def _solve_cross(self, Xq: torch.Tensor) -> torch.Tensor:
+        self._require_fit()
+        check_matrix(Xq, "Xq", d=self._X.shape[-1])
+        check_same_device_dtype(self._X, Xq, "Xq", "the training data")
+        dtype = self._L.dtype
+        n = self._n
+        if n == 0:
+            return Xq.new_zeros((*Xq.shape[:-2], 0, Xq.shape[-2]), dtype=dtype)
+        Kxq = self.kernel(self.train_X, Xq).to(dtype)  # (*b, n, q)
+        L = self.L.expand(*Kxq.shape[:-2], n, n)
+        return torch.linalg.solve_triangular(L, Kxq, upper=False)  # (*b, n, q)
+
+    def _grow(self, x: torch.Tensor, y: torch.Tensor | None, count: torch.Tensor) -> None:
+        n, dtype = self._n, self._L.dtype
+        if n + 1 > self._L.shape[0]:
+            self._reserve(2 * (n + 1))
+        x2 = x.unsqueeze(0)  # (1, d)
+        kx = self.kernel(self.train_X, x2).to(dtype)[:, 0] if n else x.new_zeros((0,), dtype=dtype)  # (n,)
+        l = torch.linalg.solve_triangular(self.L, kx.unsqueeze(-1), upper=False).squeeze(-1) if n else kx
+        d2 = self.kernel.diag(x2).to(dtype)[0] + self.lam / count.to(dtype) - (l * l).sum()
+        if not bool(d2 > 0):
+            raise NumericsError(f"ExactPosterior.update: expected a positive Schur complement, got {float(d2):.3e}")
+        dnew = d2.sqrt()
+        mean_x = (l * self.Liy).sum()
+        liy = torch.zeros((), dtype=dtype, device=x.device) if y is None else (y.to(dtype) - mean_x) / dnew
+        self._X[n] = x
+        self._L[n, :n] = l
+        self._L[n, n] = dnew
+        self._Liy[n] = liy
+        if self._watch is not None:
+            w = self._watch
+            kA = self.kernel(x2, w["X"]).to(dtype)[0]  # (A,)
+            q = (kA - l @ w["Q"][:n]) / dnew  # (A,): O(A·n)
+            w["Q"][n] = q
+            w["mean"] += q * liy
+            w["var"] -= q * q
+        self._n = n + 1
+
+    def _reserve(self, cap: int) -> None:
+        n = self._n
+        X = self._X.new_zeros((cap, self._X.shape[1]))
+        X[:n] = self._X[:n]
+        L = self._L.new_zeros((cap, cap))
+        L[:n, :n] = self.L
+        Liy = self._Liy.new_zeros((cap,))
+        Liy[:n] = self.Liy
+        self._X, self._L, self._Liy = X, L, Liy
+        if self._watch is not None:
+            Q = self._watch["Q"].new_zeros((cap, self._watch["Q"].shape[1]))
+            Q[:n] = self._watch["Q"][:n]
+            self._watch["Q"] = Q
+
+    def _require_fit(self) -> None:
+        if self._X is None:
+            raise InputDataError("ExactPosterior: expected fit(X, y) to have been called, got an unfitted posterior")
+
+    def _check(self, X, y, counts, xname, yname, fitting: bool):
+        check_matrix(X, xname, d=None if fitting else self._X.shape[-1])
+        if X.dim() != 2:
+            raise InputDataError(f"{xname}: expected shape (n, d), got {tuple(X.shape)}")
+        if not fitting:
+            check_same_device_dtype(self._X, X, xname, "the training data")
+        n = X.shape[0]
+        if y is None and fitting:
+            raise InputDataError(f"{yname}: expected a tensor of shape ({n},), got None")
+        if y is not None:
+            if not isinstance(y, torch.Tensor) or y.shape != (n,):
+                got = tuple(y.shape) if isinstance(y, torch.Tensor) else type(y).__name__
+                raise InputDataError(f"{yname}: expected shape ({n},), got {got}")
+            if y.dtype != X.dtype or y.device != X.device:
+                raise InputDataError(f"{yname}: expected dtype {X.dtype} on {X.device}, got {y.dtype} on {y.device}")
+            check_finite(y, yname)
+        if counts is None:
+            counts = torch.ones(n, dtype=X.dtype, device=X.device)
+        else:
+            if not isinstance(counts, torch.Tensor) or counts.shape != (n,):
+                got = tuple(counts.shape) if isinstance(counts, torch.Tensor) else type(counts).__name__
+                raise InputDataError(f"counts: expected shape ({n},), got {got}")
+            counts = counts.to(device=X.device, dtype=X.dtype)
+            check_finite(counts, "counts")
+            if bool((counts <= 0).any()):
+                raise InputDataError(f"counts: expected positive counts, got min {float(counts.min())}")
+        return X.detach(), None if y is None else y.detach(), counts
