@@ -1,0 +1,53 @@
+"""``python -m benchmarks``: run the benchmark suite (see :mod:`benchmarks`)."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+import time
+
+from benchmarks import BENCHMARKS
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    p = argparse.ArgumentParser(prog="python -m benchmarks", description="torchbkb benchmark suite")
+    size = p.add_mutually_exclusive_group()
+    size.add_argument("--quick", action="store_true", help="smoke-test sizes")
+    size.add_argument("--full", action="store_true", help="the papers' sizes (hours)")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", default=None, choices=["float32", "float64"], help="default float64 (core_throughput: both)")
+    p.add_argument("--only", default=None, help=f"comma-separated subset of {', '.join(BENCHMARKS)}")
+    p.add_argument("--out", default="results")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--list", action="store_true", help="list the benchmarks and exit")
+    args = p.parse_args(argv)
+    if args.list:
+        for name, mod in BENCHMARKS.items():
+            doc = (importlib.import_module(mod).__doc__ or "").strip().splitlines()[0]
+            print(f"{name:22s} {doc}")
+        return 0
+    names = list(BENCHMARKS) if not args.only else [n.strip() for n in args.only.split(",") if n.strip()]
+    unknown = [n for n in names if n not in BENCHMARKS]
+    if unknown:
+        p.error(f"--only: expected names from {list(BENCHMARKS)}, got {unknown}")
+    common = ["--device", args.device, "--out", args.out, "--seed", str(args.seed)]
+    common += ["--quick"] if args.quick else ["--full"] if args.full else []
+    common += ["--dtype", args.dtype] if args.dtype else []
+    common += ["--threads", str(args.threads)] if args.threads else []
+    common += ["--no-progress"] if args.no_progress else []
+    times = {}
+    for name in names:
+        print(f"\n=== {name} ===", flush=True)
+        t0 = time.perf_counter()
+        importlib.import_module(BENCHMARKS[name]).main(common)
+        times[name] = time.perf_counter() - t0
+    print("\n" + "  ".join(f"{n}: {t:.0f}s" for n, t in times.items()) + f"  (total {sum(times.values()):.0f}s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

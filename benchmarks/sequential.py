@@ -1,0 +1,224 @@
+"""Issue 3: sequential BKB against exact GP-UCB -- per-step time against t and A, and the DESIGN §6 anchor.
+
+Part 1 (scan). Arms uniform in ``[0, 1]²``, f a GP sample (RBF, lengthscale 0.2, standardized; exact
+for A <= 4,000, random Fourier features beyond), rewards ``f + N(0, 0.1²)``, ``λ = 0.01``, ``q̄ = 2``,
+constant ``β``. For each A, BKB and GPUCB run T steps (capped by wall time); the per-step algorithm
+time (``ask`` + ``tell``) is binned over log-spaced windows of t (median per window).
+
+Part 2 (anchor). :func:`torchbkb.datasets.anchor_problem` (A = 1,000 arms, T = 1,000, λ = 0.01, q̄ = 2)
+with BKB (theory β: F = 1, δ = 1/T; constant β), GPUCB (same two widths) and the BoTorch peer
+(SingleTaskGP + UpperConfidenceBound(beta = β²/λ) + optimize_acqf_discrete, fixed hyperparameters),
+next to the anchors of DESIGN §6 measured for the authors' NumPy BKB (19 s theory / 1.2 s constant,
+dictionary ≈ 57 / ≈ 21) and BoTorch (39 s). Targets: BKB < 1 s in both settings, GPUCB < 5 s, regret
+as the exact method's.
+
+The constant width is ``β = 0.5`` on the RLS scale (``μ + 0.5 σ̃ = μ + 5 σ_GP`` at λ = 0.01; BoTorch's
+``beta = 25``): among 0.1, 0.2, 0.5, 1 it gave BKB the lowest regret on the anchor.
+
+Sizes: ``--quick`` scan A ∈ {500, 2,000}, T = 60; anchor T = 60, 1 repetition. Default: scan
+A ∈ {10³, 10⁴, 10⁵}, T = 1,000, cap 60 s per run; anchor T = 1,000, 3 repetitions (BoTorch 1).
+``--full``: scan A up to 10⁵ with T = 3,000 and a 10 min cap, anchor 10 repetitions.
+"""
+
+from __future__ import annotations
+
+if __package__ in (None, ""):  # `python benchmarks/sequential.py`
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import math
+import statistics
+import time
+
+import torch
+
+import benchmarks.algorithms  # noqa: F401 - fills the registry
+from benchmarks.common import (
+    BANDIT_COLUMNS,
+    BanditSettings,
+    bandit_table_rows,
+    base_parser,
+    fit_loglog_slope,
+    new_figure,
+    plot_bandit_runs,
+    print_table,
+    setup,
+    run_bandit,
+    save_figure,
+    size_of,
+    summarize_runs,
+    write_json,
+)
+from torchbkb.datasets import anchor_problem, gp_sample, random_arms
+
+NAME = "sequential"
+BETA = 0.5
+SIZES = {
+    "quick": {"scan_A": [500, 2000], "scan_T": 60, "scan_cap": 20.0, "anchor_T": 60, "anchor_reps": 1, "peer_reps": 1, "anchor_cap": 30.0},
+    "default": {"scan_A": [1000, 10_000, 100_000], "scan_T": 1000, "scan_cap": 60.0, "anchor_T": 1000, "anchor_reps": 3, "peer_reps": 1, "anchor_cap": 120.0},
+    "full": {"scan_A": [1000, 10_000, 100_000], "scan_T": 3000, "scan_cap": 600.0, "anchor_T": 1000, "anchor_reps": 10, "peer_reps": 3, "anchor_cap": 600.0},
+}
+ANCHORS = {
+    "BKB-theory": {"time": 19.0, "dictionary_size": 57},
+    "BKB": {"time": 1.2, "dictionary_size": 21},
+    "BoTorch-UCB": {"time": 39.0},
+}
+TARGETS = {"BKB-theory": 1.0, "BKB": 1.0, "GPUCB": 5.0, "GPUCB-theory": 5.0}
+ANCHOR_ALGORITHMS = ["BKB-theory", "BKB", "GPUCB-theory", "GPUCB", "BoTorch-UCB"]
+
+
+def per_step_profile(run: dict, bins: int = 16) -> tuple[list[float], list[float]]:
+    """Median per-step algorithm time in log-spaced windows of t, from a run's algo-time curve.
+
+    The curve is subsampled, so increments are averaged over the gaps between samples first.
+    """
+    t, a = run["curves"]["t"], run["curves"]["algo_time"]
+    steps = [(t[i], (a[i] - a[i - 1]) / (t[i] - t[i - 1])) for i in range(1, len(t)) if t[i] > t[i - 1]]
+    if not steps:
+        return [], []
+    edges = [math.exp(x) for x in _linspace(math.log(max(steps[0][0], 1)), math.log(steps[-1][0] + 1), bins + 1)]
+    xs, ys = [], []
+    for lo, hi in zip(edges[:-1], edges[1:]):
+        vals = [v for s, v in steps if lo <= s < hi]
+        if vals:
+            xs.append(math.sqrt(lo * hi))
+            ys.append(statistics.median(vals))
+    return xs, ys
+
+
+def _linspace(a: float, b: float, n: int) -> list[float]:
+    return [a + (b - a) * i / (n - 1) for i in range(n)] if n > 1 else [a]
+
+
+def scan(cfg: dict, device, dtype, seed: int, progress: bool) -> dict:
+    """Part 1: per-step time against t for each A, BKB and GPUCB (constant β)."""
+    settings = BanditSettings(lengthscale=0.2, lam=0.01, q_bar=2.0, F=1.0, delta=1.0 / cfg["scan_T"], beta=BETA)
+    out = {}
+    for A in cfg["scan_A"]:
+        arms = random_arms(A, 2, seed=seed, dtype=dtype, device=device)
+        f = gp_sample(arms, kernel="rbf", lengthscale=0.2, seed=seed)
+        f = (f - f.mean()) / f.std()
+        obj = _objective(f, seed)
+        for alg in ("BKB", "GPUCB"):
+            run = run_bandit(alg, arms, obj, f, settings, cfg["scan_T"], seed, time_limit=cfg["scan_cap"], progress=progress)
+            xs, ys = per_step_profile(run)
+            late = [y for x, y in zip(xs, ys) if x >= xs[-1] / 4] if xs else []
+            out[f"{alg}@{A}"] = {
+                "algorithm": alg,
+                "A": A,
+                "T": run["T"],
+                "capped": run["capped"],
+                "time": run["time"],
+                "algo_time": run["algo_time"],
+                "normalized_regret": run["normalized_regret"],
+                "dictionary_size": run["dictionary_size"],
+                "per_step_t": xs,
+                "per_step_s": ys,
+                "late_per_step_s": statistics.median(late) if late else float("nan"),
+                "slope_vs_t": fit_loglog_slope([x for x in xs if x >= xs[-1] / 8], [y for x, y in zip(xs, ys) if x >= xs[-1] / 8]) if xs else float("nan"),
+            }
+            r = out[f"{alg}@{A}"]
+            print(f"  scan {alg:>5} A={A:>7}: T={r['T']} time {r['time']:.2f}s, late per-step {1e3 * r['late_per_step_s']:.2f} ms, slope vs t {r['slope_vs_t']:.2f}, m={r['dictionary_size']}", flush=True)
+    return out
+
+
+def _objective(f: torch.Tensor, seed: int):
+    from torchbkb import ArmObjective
+
+    return ArmObjective(f, noise_std=0.1, seed=seed)
+
+
+def anchor(cfg: dict, device, dtype, seed: int, progress: bool) -> dict:
+    """Part 2: the anchor problem, all algorithms, repetitions over seeds (first arm and noise)."""
+    prob = anchor_problem(dtype=dtype, device=device)
+    T = cfg["anchor_T"]
+    settings = BanditSettings(lengthscale=0.2, lam=0.01, q_bar=2.0, F=1.0, delta=1.0 / T, beta=BETA)
+    results = {}
+    for alg in ANCHOR_ALGORITHMS:
+        reps = cfg["peer_reps"] if alg.startswith("BoTorch") else cfg["anchor_reps"]
+        results[alg] = [
+            run_bandit(alg, prob.arms, prob.objective(seed + r), prob.values, settings, T, seed + r, time_limit=cfg["anchor_cap"], progress=progress)
+            for r in range(reps)
+        ]
+    return {"settings": settings.to_dict(), "runs": results, "summaries": [summarize_runs(r) for r in results.values()]}
+
+
+def plot_scan(res: dict, out_dir) -> str:
+    fig, axes = new_figure(ncols=2, width=5.2)
+    ax = axes[0][0]
+    for key, r in res.items():
+        if r["per_step_t"]:
+            ax.loglog(r["per_step_t"], [1e3 * y for y in r["per_step_s"]], marker=".", ls="-" if r["algorithm"] == "BKB" else "--", label=f"{r['algorithm']} A={r['A']:.0e} (slope {r['slope_vs_t']:.2f})")
+    ax.set_xlabel("t")
+    ax.set_ylabel("per-step time [ms] (median in window)")
+    ax.legend(fontsize=6)
+    ax.grid(alpha=0.3, which="both")
+    ax = axes[0][1]
+    for alg in ("BKB", "GPUCB"):
+        pts = sorted((r["A"], r["late_per_step_s"]) for r in res.values() if r["algorithm"] == alg)
+        As, ys = [p[0] for p in pts], [1e3 * p[1] for p in pts]
+        ax.loglog(As, ys, marker="o", label=f"{alg} (slope {fit_loglog_slope(As, ys):.2f})")
+    ax.set_xlabel("A (arms)")
+    ax.set_ylabel("per-step time at late t [ms]")
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3, which="both")
+    return str(save_figure(fig, out_dir, f"{NAME}_scan"))
+
+
+def main(argv: list[str] | None = None) -> dict:
+    p = base_parser(__doc__.splitlines()[0])
+    p.add_argument("--skip-scan", action="store_true")
+    p.add_argument("--skip-anchor", action="store_true")
+    args = p.parse_args(argv)
+    cfg = dict(SIZES[size_of(args)])
+    device, dtype = setup(args)
+    progress = not args.no_progress
+    t0 = time.perf_counter()
+    payload = {"size": size_of(args), "config": cfg, "beta": BETA}
+    if not args.skip_scan:
+        res = scan(cfg, device, dtype, args.seed, progress)
+        rows = [
+            {
+                "algorithm": r["algorithm"],
+                "A": r["A"],
+                "T": r["T"],
+                "time [s]": r["time"],
+                "late ms/step": 1e3 * r["late_per_step_s"],
+                "slope vs t": r["slope_vs_t"],
+                "R_T/R_unif": r["normalized_regret"],
+                "dict. size": r["dictionary_size"] if r["dictionary_size"] >= 0 else None,
+                "note": "capped by time" if r["capped"] else "",
+            }
+            for r in res.values()
+        ]
+        print_table(rows, list(rows[0]), f"per-step time vs t and A (d=2, ℓ=0.2, λ=0.01, q̄=2, β={BETA}; {device}, {args.dtype})")
+        payload["scan"] = res
+        payload["scan_plot"] = plot_scan(res, args.out)
+    if not args.skip_anchor:
+        anc = anchor(cfg, device, dtype, args.seed, progress)
+        rows = bandit_table_rows(anc["summaries"])
+        for row, s in zip(rows, anc["summaries"]):
+            a = ANCHORS.get(s["algorithm"], {})
+            row["anchor time [s]"] = a.get("time")
+            row["time / anchor"] = s["time_median"] / a["time"] if "time" in a else None
+            row["anchor dict."] = a.get("dictionary_size")
+            row["target [s]"] = TARGETS.get(s["algorithm"])
+            row["time / target"] = s["time_median"] / TARGETS[s["algorithm"]] if s["algorithm"] in TARGETS else None
+        cols = BANDIT_COLUMNS[:-1] + ["anchor time [s]", "time / anchor", "anchor dict.", "target [s]", "time / target", "note"]
+        title = f"anchor: A=1,000 in [0,1]², GP ℓ=0.2, noise 0.1, T={cfg['anchor_T']}, λ=0.01, q̄=2, β={BETA} | theory (F=1, δ=1/T); {device}, {args.dtype}"
+        print_table(rows, cols, title)
+        payload["anchor"] = anc
+        payload["anchor_table"] = rows
+        payload["anchor_plot"] = str(plot_bandit_runs(anc["runs"], args.out, f"{NAME}_anchor", title))
+    payload["anchors_design"] = ANCHORS
+    payload["targets"] = TARGETS
+    payload["total_time"] = time.perf_counter() - t0
+    path = write_json(args.out, NAME, payload, device)
+    print(f"wrote {path}")
+    return payload
+
+
+if __name__ == "__main__":
+    main()
