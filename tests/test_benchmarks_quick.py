@@ -1,0 +1,106 @@
+"""Smoke tests of the benchmark suite at ``--quick`` size, plus the checks its numbers depend on.
+
+These never assert on wall time; they check that every benchmark runs end to end, writes its JSON and
+PNG, and that the quantities the reports rely on mean what they claim (the BoTorch peer makes GP-UCB's
+choices, SoR starves where DTC does not, the memory probe sees an allocation).
+"""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from benchmarks import BENCHMARKS  # noqa: E402
+from benchmarks.common import BanditSettings, fit_loglog_slope, format_table, make_bandit, run_bandit, time_call  # noqa: E402
+
+
+def _run(name, tmp_path, *extra):
+    import importlib
+
+    payload = importlib.import_module(BENCHMARKS[name]).main(["--quick", "--out", str(tmp_path), "--no-progress", *extra])
+    doc = json.loads((tmp_path / f"{name}.json").read_text())
+    assert doc["benchmark"] == name and doc["machine"]["torch"] == torch.__version__
+    assert doc["size"] == "quick"
+    return payload, doc
+
+
+def test_variance_starvation_quick(tmp_path):
+    _, doc = _run("variance_starvation", tmp_path)
+    assert (tmp_path / "variance_starvation.png").stat().st_size > 10_000
+    for row in doc["mean_over_seeds"]:
+        # far from every evaluation SoR's σ collapses while DTC keeps the exact (≈ prior) one
+        assert row["sor_sigma_right"] < 0.5 * row["exact_sigma_right"]
+        assert abs(row["dtc_sigma_right"] - row["exact_sigma_right"]) < 0.1 * row["exact_sigma_right"]
+        assert row["m"] <= row["t"]
+
+
+def test_core_throughput_quick(tmp_path):
+    _, doc = _run("core_throughput", tmp_path)
+    assert (tmp_path / "core_throughput.png").exists()
+    assert {r["dtype"] for r in doc["rows"]} == {"float32", "float64"}
+    for r in doc["rows"]:
+        assert r["gemm"]["min"] > 0 and r["embed"]["min"] > 0 and r["score"]["min"] > 0
+        assert r["rank"] <= r["m"]
+        if r["score_peak_extra_bytes"] is not None:  # the probe sees at least the two (A,) outputs
+            assert r["score_peak_extra_bytes"] >= 2 * r["A"] * (4 if r["dtype"] == "float32" else 8) * 0.9
+
+
+def test_scaling_quick(tmp_path):
+    _, doc = _run("scaling", tmp_path)
+    assert [r["A"] for r in doc["vs_A"]] == [1000, 10_000]
+    assert doc["vs_t"]["T"] == 300 or doc["vs_t"]["capped"]
+    assert (tmp_path / "scaling.png").exists()
+
+
+def test_sequential_quick(tmp_path):
+    _, doc = _run("sequential", tmp_path)
+    assert (tmp_path / "sequential_scan.png").exists() and (tmp_path / "sequential_anchor.png").exists()
+    algos = [s["algorithm"] for s in doc["anchor"]["summaries"]]
+    assert algos == ["BKB-theory", "BKB", "GPUCB-theory", "GPUCB", "BoTorch-UCB"]
+    runs = doc["anchor"]["runs"]
+    # same UCB, same posterior: the BoTorch peer and exact GP-UCB pick the same arms, hence same regret
+    assert runs["BoTorch-UCB"][0]["regret"] == pytest.approx(runs["GPUCB"][0]["regret"], rel=1e-9)
+
+
+def test_regret_quick(tmp_path):
+    _, doc = _run("regret", tmp_path, "--algorithms", "BKB,GPUCB,Random")
+    s = {x["algorithm"]: x for x in doc["datasets"]["cadata"]["summaries"]}
+    assert set(s) == {"BKB", "GPUCB", "Random"}
+    assert all(0 <= x["normalized_regret"] for x in s.values())
+    assert (tmp_path / "regret_cadata.png").exists()
+
+
+def test_cli_lists_and_rejects(tmp_path):
+    env_cmd = [sys.executable, "-m", "benchmarks"]
+    out = subprocess.run(env_cmd + ["--list"], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and all(n in out.stdout for n in BENCHMARKS)
+    bad = subprocess.run(env_cmd + ["--only", "nope"], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert bad.returncode != 0 and "nope" in bad.stderr
+
+
+def test_botorch_peer_matches_gpucb_choices():
+    from torchbkb.datasets import anchor_problem
+
+    p = anchor_problem()
+    s = BanditSettings(lengthscale=0.2, lam=0.01, beta=0.5)
+    runs = {a: run_bandit(a, p.arms, p.objective(3), p.values, s, 25, seed=3, progress=False) for a in ("GPUCB", "BoTorch-UCB", "BoTorch-UCB-cond")}
+    assert runs["GPUCB"]["curves"]["cumulative_regret"] == pytest.approx(runs["BoTorch-UCB"]["curves"]["cumulative_regret"], rel=1e-9)
+    assert runs["GPUCB"]["curves"]["cumulative_regret"] == pytest.approx(runs["BoTorch-UCB-cond"]["curves"]["cumulative_regret"], rel=1e-9)
+
+
+def test_registry_and_helpers():
+    with pytest.raises(KeyError, match="BKB"):
+        make_bandit("NoSuchAlgorithm", torch.rand(5, 2, dtype=torch.float64), BanditSettings(), 0)
+    assert fit_loglog_slope([1, 10, 100], [2, 20, 200]) == pytest.approx(1.0)
+    assert fit_loglog_slope([1, 10, 100], [3, 3, 3]) == pytest.approx(0.0)
+    calls = []
+    t = time_call(lambda: calls.append(1), repeats=3, warmup=2)
+    assert len(calls) == 5 and len(t.values) == 3 and t.min <= t.median
+    table = format_table([{"a": 1.23456, "b": None}], ["a", "b"])
+    assert "1.23" in table and "| -" in table
