@@ -15,6 +15,8 @@ from torchbkb.dtc_posterior import DTCPosterior
 from torchbkb.exact_posterior import ExactPosterior
 from torchbkb.rls_dictionary import RLSDictionary
 from torchbkb import confidence
+from torchbkb.bandits import BKB, GPUCB, Bandit, EpsGreedy, Random
+from torchbkb.loop import ArmObjective, History, ObjectiveError, run
 
 __version__ = "0.1.0"
 
@@ -31,4 +33,13 @@ __all__ = [
     "ExactPosterior",
     "RLSDictionary",
     "confidence",
+    "Bandit",
+    "BKB",
+    "GPUCB",
+    "EpsGreedy",
+    "Random",
+    "run",
+    "History",
+    "ArmObjective",
+    "ObjectiveError",
 ]

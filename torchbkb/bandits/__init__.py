@@ -1,0 +1,8 @@
+"""Finite-arm bandit algorithms with an ask/tell protocol (see :mod:`torchbkb.bandits.base`)."""
+
+from torchbkb.bandits.base import Bandit, KernelBandit
+from torchbkb.bandits.baselines import EpsGreedy, Random
+from torchbkb.bandits.bkb import BKB
+from torchbkb.bandits.gpucb import GPUCB
+
+__all__ = ["Bandit", "KernelBandit", "Random", "EpsGreedy", "GPUCB", "BKB"]

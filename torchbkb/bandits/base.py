@@ -1,0 +1,304 @@
+"""The ask/tell protocol over a finite arm set, shared by every bandit in torchbkb.
+
+A :class:`Bandit` owns the arms `(A, d)`, the pull counts and reward sums per arm, the record of what
+was asked and told, and the pending set (asked, not yet told). Subclasses implement two hooks:
+
+* ``_select() -> LongTensor`` -- the next arm(s) to ask (one for sequential algorithms, a batch for
+  batched ones); called only when nothing is pending, so ``ask()`` is idempotent;
+* ``_update()`` -- called once the pending set is resolved (every asked arm told or discarded), with
+  :attr:`Bandit.last_told` holding the indices and rewards told since the previous ``_update``.
+
+Every ``tell`` is validated completely before anything changes: an unknown or out-of-range index,
+an index that was not asked, a reward count that does not match, NaN/inf rewards raise
+:class:`~torchbkb.errors.InputDataError` and leave the bandit exactly as it was.
+
+Ties in argmax selections are broken by the lowest arm index (``torch.argmax`` returns the first).
+
+Example:
+    >>> import torch
+    >>> from torchbkb.bandits.baselines import Random
+    >>> bandit = Random(torch.rand(10, 2), seed=0)
+    >>> idx = bandit.ask()
+    >>> bool((bandit.ask() == idx).all())     # asking again before telling gives the same answer
+    True
+    >>> bandit.tell(idx, torch.tensor([0.5]))
+    >>> int(bandit.counts.sum()), bandit.t
+    (1, 1)
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from torchbkb.errors import InputDataError, check_finite, check_matrix, check_positive
+from torchbkb.kernels import KernelAdapter, as_kernel
+
+__all__ = ["Bandit", "KernelBandit", "check_beta"]
+
+
+class Bandit:
+    """Base class of the finite-arm bandits (ask/tell, counts, history, checkpoints).
+
+    Args:
+        arms: `(A, d)` floating tensor of arms (finite). Its dtype and device are those of the run.
+        seed: seed of the bandit's own ``torch.Generator`` (random first arm, dictionary draws...).
+
+    Attributes:
+        arms: `(A, d)`.
+        counts: `(A,)` long, pulls per arm.
+        reward_sums: `(A,)` float64, sum of the rewards told per arm.
+        t: number of rewards told so far.
+        history: dict of lists ``index``, ``reward``, ``batch`` (one entry per told reward).
+        batch_id: number of batches asked so far (the current batch's id is ``batch_id - 1``).
+    """
+
+    def __init__(self, arms: torch.Tensor, *, seed: int | None = None):
+        check_matrix(arms, "arms", min_rows=1)
+        if arms.dim() != 2:
+            raise InputDataError(f"arms: expected shape (A, d), got {tuple(arms.shape)}")
+        self.arms = arms.detach()
+        self.seed = seed
+        self.generator = torch.Generator()
+        if seed is None:
+            self.generator.seed()
+        else:
+            self.generator.manual_seed(int(seed))
+        A = arms.shape[0]
+        self.counts = torch.zeros(A, dtype=torch.long, device=arms.device)
+        self.reward_sums = torch.zeros(A, dtype=torch.float64, device=arms.device)
+        self.t = 0
+        self.batch_id = 0
+        self.history: dict[str, list] = {"index": [], "reward": [], "batch": []}
+        self._pending: list[int] = []
+        self.last_told: tuple[torch.Tensor, torch.Tensor] = (self._long([]), torch.zeros(0, dtype=torch.float64, device=arms.device))
+        self._told_idx: list[int] = []
+        self._told_y: list[float] = []
+
+    # ------------------------------------------------------------------ protocol
+    @property
+    def num_arms(self) -> int:
+        """``A``."""
+        return int(self.arms.shape[0])
+
+    @property
+    def pending(self) -> torch.Tensor:
+        """`(k,)` long, the arms asked and not yet told or discarded (in ask order)."""
+        return self._long(self._pending)
+
+    def ask(self) -> torch.Tensor:
+        """The arm(s) to evaluate next.
+
+        Returns:
+            `(k,)` LongTensor of arm indices (``k = 1`` for sequential algorithms, a whole batch for
+            batched ones). While some asked arms are not told yet, the same pending arms are returned.
+        """
+        if not self._pending:
+            idx = self._select()
+            self._pending = [int(i) for i in idx.tolist()]
+            self.batch_id += 1
+        return self.pending
+
+    def tell(self, indices: torch.Tensor, y: torch.Tensor) -> None:
+        """Report rewards for asked arms.
+
+        Args:
+            indices: `(k,)` integer tensor (or list), each an arm that was asked and is still pending
+                (an arm asked twice in a batch may be told twice).
+            y: `(k,)` finite rewards, in the same order.
+        """
+        idx, y = self._check_tell(indices, y)
+        for i in idx.tolist():
+            self._pending.remove(i)
+        self._record(idx, y)
+        if not self._pending:
+            self._finish_batch()
+
+    def discard(self, indices: torch.Tensor) -> None:
+        """Drop pending arms that will never be told (e.g. evaluations that kept failing).
+
+        Args:
+            indices: `(k,)` pending arm indices.
+        """
+        idx = self._check_indices(indices, "indices")
+        self._check_pending(idx)
+        for i in idx.tolist():
+            self._pending.remove(i)
+        if not self._pending:
+            self._finish_batch()
+
+    # ------------------------------------------------------------------ hooks
+    def _select(self) -> torch.Tensor:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def _update(self) -> None:
+        """Incorporate :attr:`last_told` (default: nothing beyond counts and history)."""
+
+    # ------------------------------------------------------------------ diagnostics
+    @property
+    def dictionary_size(self) -> int | None:
+        """Size of the sparse dictionary, for the algorithms that have one."""
+        return None
+
+    # ------------------------------------------------------------------ checkpoints
+    def state_dict(self) -> dict[str, Any]:
+        """Everything needed to resume with an identical continuation (plain Python + tensors)."""
+        return {
+            "class": type(self).__name__,
+            "num_arms": self.num_arms,
+            "generator": self.generator.get_state(),
+            "counts": self.counts.cpu().clone(),
+            "reward_sums": self.reward_sums.cpu().clone(),
+            "t": self.t,
+            "batch_id": self.batch_id,
+            "history": copy.deepcopy(self.history),
+            "pending": list(self._pending),
+            "told": (list(self._told_idx), list(self._told_y)),
+            "algorithm": self._algorithm_state(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore a :meth:`state_dict` taken from a bandit built with the same arguments."""
+        if state.get("class") != type(self).__name__ or state.get("num_arms") != self.num_arms:
+            raise InputDataError(
+                f"state: expected a {type(self).__name__} checkpoint over {self.num_arms} arms, got "
+                f"{state.get('class')} over {state.get('num_arms')} arms"
+            )
+        self.generator.set_state(state["generator"])
+        self.counts = state["counts"].to(self.arms.device)
+        self.reward_sums = state["reward_sums"].to(self.arms.device)
+        self.t = int(state["t"])
+        self.batch_id = int(state["batch_id"])
+        self.history = copy.deepcopy(state["history"])
+        self._pending = list(state["pending"])
+        self._told_idx, self._told_y = list(state["told"][0]), list(state["told"][1])
+        self._load_algorithm_state(state["algorithm"])
+
+    def _algorithm_state(self) -> dict[str, Any]:
+        return {}
+
+    def _load_algorithm_state(self, state: dict[str, Any]) -> None:
+        pass
+
+    # ------------------------------------------------------------------ internals
+    def _record(self, idx: torch.Tensor, y: torch.Tensor) -> None:
+        y64 = y.to(torch.float64)
+        self.counts.index_add_(0, idx, torch.ones_like(idx))
+        self.reward_sums.index_add_(0, idx, y64)
+        self.t += int(idx.numel())
+        self.history["index"].extend(int(i) for i in idx.tolist())
+        self.history["reward"].extend(float(v) for v in y64.tolist())
+        self.history["batch"].extend([self.batch_id - 1] * int(idx.numel()))
+        self._told_idx.extend(int(i) for i in idx.tolist())
+        self._told_y.extend(float(v) for v in y64.tolist())
+
+    def _finish_batch(self) -> None:
+        self.last_told = (self._long(self._told_idx), torch.tensor(self._told_y, dtype=torch.float64, device=self.arms.device))
+        self._told_idx, self._told_y = [], []
+        self._update()
+
+    def _long(self, values) -> torch.Tensor:
+        return torch.as_tensor(values, dtype=torch.long, device=self.arms.device).reshape(-1)
+
+    def _check_indices(self, indices, name: str) -> torch.Tensor:
+        if isinstance(indices, (list, tuple, int)):
+            indices = torch.as_tensor(indices)
+        if not isinstance(indices, torch.Tensor):
+            raise InputDataError(f"{name}: expected a LongTensor of arm indices, got {type(indices).__name__}")
+        if indices.is_floating_point() or indices.is_complex() or indices.dtype == torch.bool:
+            raise InputDataError(f"{name}: expected an integer tensor of arm indices, got dtype {indices.dtype}")
+        idx = indices.reshape(-1).to(device=self.arms.device, dtype=torch.long)
+        if idx.numel() and (int(idx.min()) < 0 or int(idx.max()) >= self.num_arms):
+            raise InputDataError(f"{name}: expected arm indices in [0, {self.num_arms}), got {idx.tolist()}")
+        return idx
+
+    def _check_pending(self, idx: torch.Tensor) -> None:
+        pool = list(self._pending)
+        for i in idx.tolist():
+            if i not in pool:
+                raise InputDataError(
+                    f"indices: expected arms that were asked and not yet told (pending {self._pending}), got arm {i}"
+                )
+            pool.remove(i)
+
+    def _check_tell(self, indices, y) -> tuple[torch.Tensor, torch.Tensor]:
+        idx = self._check_indices(indices, "indices")
+        if isinstance(y, (list, tuple, float, int)):
+            y = torch.as_tensor(y, dtype=torch.float64)
+        if not isinstance(y, torch.Tensor) or not (y.is_floating_point() or y.dtype in (torch.int32, torch.int64)):
+            raise InputDataError(f"y: expected a floating tensor of rewards, got {type(y).__name__ if not isinstance(y, torch.Tensor) else y.dtype}")
+        y = y.reshape(-1) if y.dim() <= 1 or (y.dim() == 2 and y.shape[-1] == 1) else y
+        if y.dim() != 1 or y.shape[0] != idx.shape[0]:
+            raise InputDataError(f"y: expected {idx.shape[0]} rewards (one per index), got shape {tuple(y.shape)}")
+        check_finite(y, "y")
+        if idx.numel() == 0:
+            raise InputDataError("indices: expected at least one arm index, got none")
+        self._check_pending(idx)
+        return idx, y.to(device=self.arms.device)
+
+
+class KernelBandit(Bandit):
+    """A :class:`Bandit` with a kernel, a regularization ``λ`` and a confidence width ``β``.
+
+    Args:
+        arms: `(A, d)`.
+        kernel: a ``gpytorch.kernels.Kernel`` or a callable ``(X1, X2) -> Tensor``.
+        noise: ``λ > 0`` (the GP noise variance).
+        beta: a float ``>= 0`` (a constant width, RLS scale) or ``"theory"``.
+        seed: see :class:`Bandit`.
+        noise_std: ``ξ`` of the theory's β (default ``√λ``, the GP reading).
+        F: bound on ``‖f‖_H`` for the theory's β.
+        delta: failure probability of the theory's β.
+    """
+
+    def __init__(
+        self,
+        arms: torch.Tensor,
+        kernel: Callable,
+        *,
+        noise: float,
+        beta: float | str = "theory",
+        seed: int | None = None,
+        noise_std: float | None = None,
+        F: float = 1.0,
+        delta: float = 0.01,
+    ):
+        super().__init__(arms, seed=seed)
+        self.kernel: KernelAdapter = as_kernel(kernel)
+        if isinstance(self.kernel, nn.Module):
+            self.kernel.to(arms.device)
+        self.lam = check_positive(noise, "noise")
+        self.beta_mode = check_beta(beta)
+        self.noise_std = (self.lam**0.5) if noise_std is None else float(noise_std)
+        if not self.noise_std >= 0:
+            raise InputDataError(f"noise_std: expected noise_std >= 0, got {noise_std!r}")
+        self.F = float(F)
+        if not self.F >= 0:
+            raise InputDataError(f"F: expected F >= 0, got {F!r}")
+        self.delta = float(delta)
+        if not 0.0 < self.delta < 1.0:
+            raise InputDataError(f"delta: expected 0 < delta < 1, got {delta!r}")
+        with torch.no_grad():
+            self.kdiag = self.kernel.diag(self.arms)  # (A,) prior variances k(a, a)
+        self.kappa2 = float(self.kdiag.max())
+
+    def _random_arm(self) -> torch.Tensor:
+        return torch.randint(0, self.num_arms, (1,), generator=self.generator).to(self.arms.device)
+
+
+def check_beta(beta) -> float | str:
+    """``"theory"`` or a float ``>= 0``; anything else is an :class:`~torchbkb.errors.InputDataError`."""
+    if isinstance(beta, str):
+        if beta != "theory":
+            raise InputDataError(f"beta: expected 'theory' or a float >= 0, got {beta!r}")
+        return beta
+    try:
+        b = float(beta)
+    except (TypeError, ValueError):
+        raise InputDataError(f"beta: expected 'theory' or a float >= 0, got {beta!r}") from None
+    if not (b >= 0.0) or b == float("inf"):
+        raise InputDataError(f"beta: expected 'theory' or a finite float >= 0, got {beta!r}")
+    return b

@@ -1,0 +1,179 @@
+"""BKB -- budgeted kernel bandit (000, Algorithm 1): GP-UCB on a DTC posterior with adaptive sketching.
+
+One step, after the reward of ``x_t`` arrives:
+
+1. resample the dictionary ``S_t`` from the pulled arms, each arm ``i`` independently with probability
+   ``1 - (1 - min(1, q̄ σ̃²_{t-1}(x_i)))^{n_i}`` (``n_i`` its pull count, ``σ̃²_{t-1}`` the RLS variance of
+   the previous posterior, already computed for the previous selection); at ``t = 1``, ``S_1 = {x_1}``;
+2. if ``S_t`` changed, re-embed all arms ``Z_A = z_t(X_A)`` (otherwise reuse the cached embedding);
+3. rebuild ``V_t`` from the pulled arms and their counts (000 Sec. 3.2), score every arm:
+   ``μ̃_t``, ``σ̃²_t`` (RLS scale) in one `(A × m)·(m × m)` product;
+4. ``x_{t+1} = argmax μ̃_t + β̃_t σ̃_t`` (lowest index on ties), with ``β̃_t`` of 000 Theorem 2 for
+   ``beta="theory"``, or a constant.
+
+The first arm is uniform. With ``q̄`` so large that every pulled arm stays in the dictionary, BKB makes
+exactly GP-UCB's choices ("BKB transforms back into exact GP-UCB").
+
+Example:
+    >>> import torch
+    >>> from torchbkb.bandits import BKB
+    >>> from torchbkb.kernels import GaussianKernel
+    >>> arms = torch.rand(200, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    >>> f = 1 - ((arms - 0.3) ** 2).sum(-1)
+    >>> bandit = BKB(arms, GaussianKernel(0.3), noise=0.01, q_bar=1.0, beta=0.05, seed=0)
+    >>> for _ in range(40):
+    ...     i = bandit.ask(); bandit.tell(i, f[i])
+    >>> bandit.dictionary_size < 20, float(f.max() - f[bandit.ask()]) < 0.05
+    (True, True)
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+
+from torchbkb.bandits.base import KernelBandit
+from torchbkb.confidence import alpha_from_epsilon, bkb_beta
+from torchbkb.dtc_posterior import DTCPosterior
+from torchbkb.errors import InputDataError, check_positive
+from torchbkb.nystrom import DEFAULT_CHUNK, NystromEmbedding
+from torchbkb.rls_dictionary import RLSDictionary
+
+__all__ = ["BKB"]
+
+
+class BKB(KernelBandit):
+    """Budgeted kernel bandit.
+
+    Args:
+        arms: `(A, d)` arm set (A up to 10⁶; only `(A, m)` features are kept).
+        kernel: a ``gpytorch.kernels.Kernel`` or callable ``(X1, X2) -> Tensor``.
+        noise: ``λ > 0``.
+        q_bar: oversampling ``q̄`` of the dictionary resampling.
+        beta: ``"theory"`` (β̃ₜ of 000 Theorem 2) or a constant width (RLS scale).
+        seed: generator seed (first arm, dictionary draws).
+        F: bound on ``‖f‖_H`` (theory β).
+        delta: failure probability (theory β).
+        epsilon: dictionary accuracy ``ε`` (theory β, ``α = (1+ε)/(1-ε)``); or give ``alpha`` instead.
+        alpha: ``α > 1``, overrides ``epsilon``.
+        noise_std: ``ξ`` of the theory β (default ``√λ``).
+        chunk_size: arms embedded/scored at once.
+
+    Attributes:
+        dictionary: `(m,)` long, arm indices of the current dictionary.
+        beta: the width used for the last selection.
+        deff: ``Σ_i n_i σ̃²_t(x_i)``, the estimate of ``d_eff`` used by the theory β.
+        embeddings_computed: how many times the arms were (re-)embedded.
+    """
+
+    def __init__(
+        self,
+        arms: torch.Tensor,
+        kernel: Callable,
+        *,
+        noise: float,
+        q_bar: float = 2.0,
+        beta: float | str = "theory",
+        seed: int | None = None,
+        F: float = 1.0,
+        delta: float = 0.01,
+        epsilon: float = 0.5,
+        alpha: float | None = None,
+        noise_std: float | None = None,
+        chunk_size: int = DEFAULT_CHUNK,
+    ):
+        super().__init__(arms, kernel, noise=noise, beta=beta, seed=seed, noise_std=noise_std, F=F, delta=delta)
+        if alpha is not None:
+            a = check_positive(alpha, "alpha")
+            if a <= 1.0:
+                raise InputDataError(f"alpha: expected alpha > 1, got {alpha!r}")
+            epsilon = (a - 1.0) / (a + 1.0)
+        alpha_from_epsilon(epsilon)  # validates 0 < ε < 1
+        self.epsilon = float(epsilon)
+        self.q_bar = check_positive(q_bar, "q_bar")
+        self.chunk_size = int(chunk_size)
+        self.sampler = RLSDictionary(self.q_bar, generator=self.generator)
+        self.dictionary = self._long([])
+        self.beta = float("nan")
+        self.deff = 0.0
+        self.embeddings_computed = 0
+        self._posterior: DTCPosterior | None = None
+        self._Z: torch.Tensor | None = None  # (A, r) cached embedding of all arms
+        self._mean = torch.zeros(self.num_arms, dtype=arms.dtype, device=arms.device)
+        self._rls = self.kdiag / self.lam  # prior σ̃² (RLS scale)
+
+    # ------------------------------------------------------------------ diagnostics
+    @property
+    def dictionary_size(self) -> int:
+        """``m = |S_t|``."""
+        return int(self.dictionary.numel())
+
+    @property
+    def posterior(self) -> DTCPosterior | None:
+        """The current :class:`~torchbkb.DTCPosterior` (``None`` before the first reward)."""
+        return self._posterior
+
+    def scores(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(μ̃_t, σ̃²_t)`` of all arms, `(A,)` each (RLS-scale variance)."""
+        return self._mean, self._rls
+
+    # ------------------------------------------------------------------ algorithm
+    def _select(self) -> torch.Tensor:
+        if self.t == 0:
+            self.beta = self.current_beta()
+            return self._random_arm()
+        self.beta = self.current_beta()
+        ucb = self._mean + self.beta * self._rls.sqrt()
+        return torch.argmax(ucb).reshape(1)
+
+    def current_beta(self) -> float:
+        """β̃ₜ for the next selection."""
+        if self.beta_mode != "theory":
+            return float(self.beta_mode)
+        return bkb_beta(self.deff, max(self.t, 1), noise_std=self.noise_std, lam=self.lam, F=self.F, delta=self.delta, epsilon=self.epsilon, kappa2=self.kappa2)
+
+    def _update(self) -> None:
+        pulled = (self.counts > 0).nonzero().squeeze(1)  # unique pulled arms
+        if self.dictionary.numel() == 0 and self.t <= self.last_told[0].numel():
+            new_dict = self.last_told[0][:1]  # S_1 = {x_1}
+        else:
+            keep = self.sampler.resample(self._rls[pulled].to(torch.float64), self.counts[pulled])
+            new_dict = pulled[keep]
+        self._rebuild(new_dict)
+
+    def _rebuild(self, new_dict: torch.Tensor) -> None:
+        """Set the dictionary, re-embed if it changed, refit V from all pulls, rescore all arms."""
+        new_dict = torch.sort(new_dict).values
+        pulled = (self.counts > 0).nonzero().squeeze(1)
+        with torch.no_grad():
+            if new_dict.numel() == 0:  # S = ∅: z ≡ 0, the DTC posterior is the prior
+                self._posterior, self._Z = None, None
+                self._mean = torch.zeros_like(self._mean)
+                self._rls = self.kdiag / self.lam
+            else:
+                changed = self._posterior is None or not torch.equal(new_dict, self.dictionary)
+                if changed:
+                    emb = NystromEmbedding(self.kernel, self.arms[new_dict], chunk_size=self.chunk_size)
+                    self._Z = emb(self.arms)  # (A, r): the A·m² part, only when S changed
+                    self.embeddings_computed += 1
+                    self._posterior = DTCPosterior(emb, noise=self.lam, chunk_size=self.chunk_size)
+                n = self.counts[pulled].to(self.arms.dtype)
+                y_mean = (self.reward_sums[pulled] / self.counts[pulled]).to(self.arms.dtype)
+                self._posterior.fit(self.arms[pulled], y_mean, n)  # V from the counts: O(min(t, A)·m²)
+                self._mean, self._rls = self._posterior.score_embedded(self._Z, self.kdiag)
+        self.dictionary = new_dict
+        self.deff = float((self.counts[pulled].to(torch.float64) * self._rls[pulled].to(torch.float64)).sum())
+
+    # ------------------------------------------------------------------ checkpoints
+    def _algorithm_state(self) -> dict[str, Any]:
+        return {"dictionary": self.dictionary.cpu().clone(), "beta": self.beta, "rls": self._rls.cpu().clone(), "embeddings_computed": self.embeddings_computed}
+
+    def _load_algorithm_state(self, state: dict[str, Any]) -> None:
+        self._posterior = None
+        self.dictionary = self._long([])
+        if self.t > 0:
+            self._rebuild(state["dictionary"].to(self.arms.device))
+        self._rls = state["rls"].to(self.arms.device)
+        self.beta = float(state["beta"])
+        self.embeddings_computed = int(state["embeddings_computed"])
