@@ -13,11 +13,13 @@ The subpackage is named ``botorch`` but imports the real BoTorch with absolute i
 
 from torchbkb.botorch.model import BKBModel, sample_dictionary, default_kernel
 from torchbkb.botorch.acquisition import BKBUpperConfidenceBound, BBKBUpperConfidenceBound, theory_beta
+from torchbkb.botorch.batch import optimize_acqf_bbkb
 
 __all__ = [
     "BKBModel",
     "BKBUpperConfidenceBound",
     "BBKBUpperConfidenceBound",
+    "optimize_acqf_bbkb",
     "sample_dictionary",
     "default_kernel",
     "theory_beta",

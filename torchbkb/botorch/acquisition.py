@@ -91,7 +91,7 @@ def _noise_of(model: Model) -> float:
         raise InputDataError(
             f"model: expected a BKBModel or a model with a homoskedastic likelihood.noise, got {type(model).__name__}"
         )
-    return float(noise)
+    return float(noise.detach())
 
 
 def _beta_rls(model, beta, F, delta, epsilon, noise_std) -> Tensor:
@@ -149,6 +149,8 @@ class BKBUpperConfidenceBound(UpperConfidenceBound):
     ) -> None:
         lam = _noise_of(model)
         beta_rls = _beta_rls(model, beta, F, delta, epsilon, noise_std)
+        if beta_rls.dim() > 0:  # one β̃ per model batch: (*batch, 1) broadcasts against the (*batch, 1) mean
+            beta_rls = beta_rls.unsqueeze(-1)
         super().__init__(model=model, beta=beta_rls**2 / lam, posterior_transform=posterior_transform, maximize=maximize)
         self.register_buffer("beta_rls", beta_rls)
 
