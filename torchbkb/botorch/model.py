@@ -574,22 +574,24 @@ def sample_dictionary(
 
 def _sample_one(kernel, X: Tensor, lam: float, dic: RLSDictionary) -> Tensor:
     n = X.shape[0]
-    idx = torch.zeros(1, dtype=torch.long, device=X.device)  # S_1 = {x_1}
-    post = DTCPosterior(NystromEmbedding(kernel, X[idx]), noise=lam)
+    emb = NystromEmbedding(kernel, X[:1])  # S_1 = {x_1}
+    post = DTCPosterior(emb, noise=lam)
     end = 1
     with torch.no_grad():
         while True:
             final = end == n
             new_end = n if final else min(n, 2 * end)
-            post.fit(X[:end], X.new_zeros(end))  # σ̃² does not depend on y
-            rls = post.rls(X[:new_end])  # (new_end,)
+            Z = emb(X[:new_end])  # (new_end, r): embedded once per round
+            post.fit(X[:0], X.new_zeros(0))  # empty posterior on the current dictionary
+            post.update_features(Z[:end], X.new_zeros(end))  # condition on the prefix (σ̃² ignores y)
+            _, rls = post.score_embedded(Z, emb.kernel_diag(X[:new_end]))  # (new_end,)
             keep = dic.resample(rls.clamp_min(0.0))
             if not bool(keep.any()):
                 keep[int(rls.argmax())] = True
             idx = keep.nonzero().squeeze(-1)
             if final:
                 return X[idx]
-            post.embedding.set_inducing_points(X[idx])
+            emb.set_inducing_points(X[idx])
             end = new_end
 
 
