@@ -109,6 +109,18 @@ def test_gradcheck_mean_and_variance():
     assert torch.autograd.gradcheck(f, (Xq,), eps=1e-6, atol=1e-6)
 
 
+def test_q1_fast_path_equals_the_joint_diagonal_and_is_differentiable():
+    X, Y, Xq = _data(n=15)
+    model = _model(X, Y, X[::2])
+    joint = model.posterior(Xq)  # q = 7: joint covariance
+    single = model.posterior(Xq.unsqueeze(-2))  # 7 batches of q = 1: the variance path
+    assert single.distribution.covariance_matrix.shape == (7, 1, 1)
+    assert close(single.mean.reshape(-1), joint.mean.reshape(-1), atol=1e-12)
+    assert close(single.variance.reshape(-1), joint.variance.reshape(-1), atol=1e-12)
+    x = torch.rand(4, 1, 2, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda z: (model.posterior(z).mean, model.posterior(z).variance), (x,), eps=1e-6, atol=1e-6)
+
+
 def test_batched_training_data_are_independent_posteriors():
     X, Y, Xq = _data()
     X2, Y2, _ = _data(seed=1)
@@ -385,3 +397,17 @@ def test_bad_conditioning_and_batches():
         fant.posterior(torch.rand(5, 4, 2, dtype=torch.float64))
     with pytest.raises(InputDataError, match="output_indices"):
         model.posterior(Xq, output_indices=[1])
+
+
+def test_likelihood_and_hallucinating_on_a_fantasy_model():
+    X, Y, Xq = _data()
+    model = _model(X, Y, X[::3])
+    assert model.likelihood.noise.item() == pytest.approx(LAM, rel=1e-12)
+    fant = model.condition_on_observations(Xq[:2], torch.zeros(3, 2, 1, dtype=torch.float64))
+    hal = fant.hallucinate(Xq[2:4])
+    assert hal.batch_shape == torch.Size([3])
+    p0, p1 = fant.posterior(Xq), hal.posterior(Xq)
+    assert close(p1.mean, p0.mean, atol=1e-10)
+    assert bool((p1.variance <= p0.variance + 1e-12).all()) and bool((p1.variance < p0.variance).any())
+    with pytest.raises(InputDataError, match="X_pending"):
+        model.hallucinate(Xq.unsqueeze(0))

@@ -345,8 +345,9 @@ class BKBModel(Model, FantasizeMixin):
     def likelihood(self) -> GaussianLikelihood:
         """A (new, detached) ``GaussianLikelihood`` with noise ``λ``; for BoTorch code that inspects it."""
         lik = GaussianLikelihood(noise_constraint=GreaterThan(0.0))
-        lik.noise = torch.tensor(self.noise)
-        return lik.to(self.mean_constant)
+        lik = lik.to(self.mean_constant)
+        lik.noise = torch.tensor(self.noise, dtype=self.mean_constant.dtype, device=self.mean_constant.device)
+        return lik
 
     def subset_output(self, idcs: list[int]) -> "BKBModel":
         """Single output: ``idcs`` must be ``[0]``."""
@@ -387,7 +388,11 @@ class BKBModel(Model, FantasizeMixin):
                 f"got X of shape {tuple(X.shape)}"
             ) from None
         X_tf = self.transform_inputs(X)
-        mean, cov = self.dtc_posterior.joint(X_tf)  # (*b, q), (*b, q, q)
+        if X_tf.shape[-2] == 1:  # q = 1 (analytic acquisitions): the variance needs only k(x, x)
+            mean, var = self.dtc_posterior(X_tf)  # (*b, 1), (*b, 1)
+            cov = var.unsqueeze(-1)  # (*b, 1, 1)
+        else:
+            mean, cov = self.dtc_posterior.joint(X_tf)  # (*b, q), (*b, q, q)
         mean = mean + self.mean_constant.to(mean)
         if observation_noise is not False:
             if isinstance(observation_noise, Tensor):
@@ -484,7 +489,8 @@ class BKBModel(Model, FantasizeMixin):
         new = self._clone()
         if X.shape[0] > 0:
             with torch.no_grad():
-                new.dtc_posterior.update(self.transform_inputs(X).detach(), None)
+                X_tf = self.transform_inputs(X).detach()
+                new.dtc_posterior.update(X_tf.expand(*self.batch_shape, *X_tf.shape), None)  # (*batch, n', d)
         return new
 
     # ------------------------------------------------------------------ internals
@@ -636,7 +642,6 @@ def _condition(post: DTCPosterior, X_tf: Tensor, y: Tensor, counts: Tensor | Non
     """
     with torch.no_grad():
         Z = post.embedding(X_tf)  # (*bx, k, r): shared by every fantasy sample
-    k = X_tf.shape[-2]
     if counts is None:
         counts = torch.ones(X_tf.shape[:-1], dtype=X_tf.dtype, device=X_tf.device)
     post.update_features(Z, y, counts)  # ZtZ/V⁻¹ keep batch (*bx, *old); Zty/weights get the fantasy dims
@@ -650,7 +655,6 @@ def _condition(post: DTCPosterior, X_tf: Tensor, y: Tensor, counts: Tensor | Non
     post.train_counts = grow(post.train_counts, counts.to(post.train_counts), (None,))
     post.pending_X = post.pending_X.expand(*batch, *post.pending_X.shape[-2:])
     post.pending_counts = post.pending_counts.expand(*batch, post.pending_counts.shape[-1])
-    del k
 
 
 def _shallow_module_copy(module: nn.Module) -> nn.Module:
