@@ -190,7 +190,7 @@ def main(argv=None):
     for n in sizes:
         idx = torch.randperm(A, generator=torch.Generator().manual_seed(n))[:n].to(device)
         X, Y = choices[idx], rewards[idx].unsqueeze(-1)
-        gp_rep = 1 if (args.quick or n >= 2000) else 2
+        gp_rep = 1 if (args.quick or n >= 5000) else 2
         bkb_rep = 3 if args.quick else 5
         _, cand_gp = one_iteration(make_gp, X, Y, choices)
         model, cand_bkb = one_iteration(make_bkb, X, Y, choices)

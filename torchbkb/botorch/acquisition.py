@@ -60,6 +60,14 @@ def theory_beta(model, *, F: float = 1.0, delta: float = 0.01, epsilon: float = 
 
     Returns:
         `(*batch_shape)` tensor of ``β̃ₜ`` (one per model batch).
+
+    Example:
+        >>> import torch
+        >>> from torchbkb.botorch import BKBModel
+        >>> X = torch.rand(20, 1, dtype=torch.float64)
+        >>> b = theory_beta(BKBModel(X, X ** 2, seed=0), F=2.0)
+        >>> b.shape, bool(b > 0)
+        (torch.Size([]), True)
     """
     from torchbkb.botorch.model import BKBModel
 

@@ -169,7 +169,16 @@ class DTCApproximateGP(ApproximateGP):
 
 class TitsiasVariationalDistribution(_VariationalDistribution):
     """``q*(u)`` in closed form; it has no free parameters (it is recomputed from the data and the
-    current hyperparameters each time it is read)."""
+    current hyperparameters each time it is read).
+
+    Example:
+        >>> import torch
+        >>> x = torch.rand(50, 1, dtype=torch.float64); y = torch.sin(6 * x[:, 0])
+        >>> model = DTCApproximateGP(x[:8], x, y, noise=0.01)
+        >>> q = model.variational_strategy._variational_distribution()     # N(m*, S*) over the 8 inducing values
+        >>> q.mean.shape, q.covariance_matrix.shape
+        (torch.Size([8]), torch.Size([8, 8]))
+    """
 
     def __init__(self, strategy: "DTCVariationalStrategy", num_inducing_points: int):
         super().__init__(num_inducing_points=num_inducing_points)
@@ -189,6 +198,15 @@ class DTCVariationalStrategy(_VariationalStrategy):
         model: the :class:`DTCApproximateGP` (it provides the data, kernel, mean and likelihood).
         inducing_points: `(m, d)`.
         learn_inducing_locations: register ``inducing_points`` as a parameter.
+
+    Example:
+        >>> import torch
+        >>> x = torch.rand(50, 1, dtype=torch.float64); y = torch.sin(6 * x[:, 0])
+        >>> model = DTCApproximateGP(x[:8], x, y, noise=0.01)
+        >>> strategy = model.variational_strategy
+        >>> prior, post = strategy(x[:3], prior=True), strategy(x[:3])      # p(f) and the DTC q(f)
+        >>> bool((post.variance < prior.variance).all())
+        True
     """
 
     def __init__(self, model: DTCApproximateGP, inducing_points: Tensor, learn_inducing_locations: bool = False):
