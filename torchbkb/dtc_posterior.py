@@ -145,6 +145,10 @@ class DTCPosterior(nn.Module):
         if features is not None and (not isinstance(features, torch.Tensor) or features.shape != (*X.shape[:-1], self.embedding.rank)):
             got = tuple(features.shape) if isinstance(features, torch.Tensor) else type(features).__name__
             raise InputDataError(f"features: expected shape {(*X.shape[:-1], self.embedding.rank)}, got {got}")
+        return self._fit_validated(X, y, counts, features)
+
+    def _fit_validated(self, X, y, counts, features=None) -> "DTCPosterior":
+        """:meth:`fit` without input checks, for callers that validated their data once (the bandits)."""
         state = self._build(X, y, counts, features=features)
         self._set_state(state, X, y, counts, X.new_empty((*X.shape[:-2], 0, X.shape[-1])), X.new_empty((*X.shape[:-2], 0)))
         return self
