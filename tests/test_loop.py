@@ -65,7 +65,7 @@ def test_objective_that_raises_names_the_arm():
 def test_retries_and_skip_with_an_executor():
     # force arm 3 into the first ask by making it the only arm of a Random bandit over 1 arm
     arms = ARMS[:5]
-    with cf.ThreadPoolExecutor(2) as ex:
+    with cf.ThreadPoolExecutor(2) as ex, pytest.warns(RuntimeWarning, match="arm 3 failed 2 time"):
         hist = run(Random(arms, seed=0), Flaky(), budget=8, executor=ex, progress=False, max_retries=1, values=F[:5])
     assert all(i != 3 for i in hist.index)
     assert len(hist) == 8 or len(hist.failures) > 0
