@@ -273,3 +273,29 @@ def test_device_mismatch_raises():
     f = PKAWV(embedding=TaylorEmbedding(2, 2), lam=1.0).update(X, y)
     with pytest.raises(InputDataError, match="expected"):
         f.update(X.cuda(), y.cuda())
+
+
+def test_complexity_contract_only_small_matrices_are_factorized(monkeypatch):
+    """Fixed embedding: only the (b, b) Woodbury blocks are factorized, never a D×D or t×t matrix;
+    KORS: nothing is factorized at all (the subspace grows by triangular appends)."""
+    shapes = []
+    real_chol = torch.linalg.cholesky_ex
+
+    def spy_chol(A, *a, **k):
+        shapes.append(tuple(A.shape))
+        return real_chol(A, *a, **k)
+
+    def forbidden(*a, **k):
+        raise AssertionError("unexpected factorization")
+
+    monkeypatch.setattr(torch.linalg, "cholesky_ex", spy_chol)
+    for name in ("cholesky", "eigh", "inv", "solve", "lstsq", "svd"):
+        monkeypatch.setattr(torch.linalg, name, forbidden)
+    X, y = _stream(700, 2, seed=13)
+    f = PKAWV(embedding=TaylorEmbedding(2, 5), lam=1.0)  # D = 21
+    f.fit_stream(X, y, chunk_size=256)
+    assert shapes and max(s[0] for s in shapes) <= 64 and f.precision.shape == (21, 21)
+    shapes.clear()
+    g = PKAWV(kernel=_kernel, lam=1.0, dictionary="kors", mu=0.1, seed=0)
+    g.fit_stream(X[:300], y[:300])
+    assert shapes == [] and g.num_features > 5

@@ -115,6 +115,11 @@ class FOGD(OnlineLearner):
     def _stream_block(self, X: torch.Tensor, y: torch.Tensor, deadline: float | None) -> torch.Tensor:
         if X.shape[0] < 8:  # short chunks: plain rounds
             return super()._stream_block(X, y, deadline)
+        # blocks of 32 rounds: the (B, B) Gram costs 2D·B flops per round, the features 2D·d
+        return torch.cat([self._block(X[i : i + 32], y[i : i + 32]) for i in range(0, X.shape[0], 32)])
+
+    def _block(self, X: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """Consecutive rounds at once (exact): `(B, d)`, `(B,)` -> `(B,)` forecasts."""
         lr = float(self.lr)
         Z = self.features(X)  # (B, 2D)
         yy = y.to(torch.float64)

@@ -53,7 +53,7 @@ class _ExactKernelForecaster(OnlineLearner):
         self.kernel: KernelAdapter = as_kernel(kernel)
         self.register_buffer("lam", torch.tensor(check_positive(lam, "lam"), dtype=torch.float64))
         self._X: GrowableRows | None = None  # (t, d) past inputs
-        self._L: torch.Tensor | None = None  # (cap, cap) float64 storage, L = _L[:t, :t]
+        self._L: torch.Tensor | None = None  # (cap, cap) float64, L = _L[:t, :t], identity beyond t
         self._z: torch.Tensor | None = None  # (cap,) float64 storage, z = L⁻¹ Y
         self._t = 0
 
@@ -64,13 +64,20 @@ class _ExactKernelForecaster(OnlineLearner):
 
     def _init_state(self, X: torch.Tensor) -> None:
         self._X = GrowableRows((X.shape[-1],), X.dtype, X.device)
-        self._L = torch.zeros((256, 256), dtype=torch.float64, device=X.device)
+        self._L = torch.eye(256, dtype=torch.float64, device=X.device)
         self._z = torch.zeros(256, dtype=torch.float64, device=X.device)
 
     def _solve(self, k: torch.Tensor) -> torch.Tensor:
-        """`(t, n)` -> `(t, n)` ``L⁻¹ k``."""
-        t = self._t
-        return torch.linalg.solve_triangular(self._L[:t, :t], k, upper=False)
+        """`(t, n)` -> `(t, n)` ``L⁻¹ k``.
+
+        Solved against the whole contiguous `(cap, cap)` storage (identity beyond ``t``, right-hand side
+        padded with zeros): the first ``t`` entries are ``L_t⁻¹ k``, and no ``t × t`` copy is made (a
+        triangular solve on the strided view ``_L[:t, :t]`` would copy it every round).
+        """
+        t, cap = self._t, self._L.shape[0]
+        rhs = k.new_zeros((cap, k.shape[1]))  # (cap, n)
+        rhs[:t] = k
+        return torch.linalg.solve_triangular(self._L, rhs, upper=False)[:t]
 
     def _forecast(self, X: torch.Tensor):
         """``(ŷ, l, δ²)`` for `(n, d)` ``X``: `(n,)`, `(t, n)`, `(n,)`."""
@@ -101,8 +108,8 @@ class _ExactKernelForecaster(OnlineLearner):
         return yhat
 
     def _reserve(self, need: int) -> None:
-        cap = max(need, int(self._L.shape[0] * 1.25) + 256)  # 1.25x growth: O(t²) memory stays ~1.6 t²
-        L = torch.zeros((cap, cap), dtype=self._L.dtype, device=self._L.device)
+        cap = max(need, int(self._L.shape[0] * 1.25) + 256)  # 1.25x growth: memory and solves stay <= ~1.6 t²
+        L = torch.eye(cap, dtype=self._L.dtype, device=self._L.device)
         t = self._t
         L[:t, :t] = self._L[:t, :t]
         z = torch.zeros(cap, dtype=self._z.dtype, device=self._z.device)

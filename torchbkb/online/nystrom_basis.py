@@ -140,15 +140,13 @@ class IncrementalNystromBasis(nn.Module):
             return g, 0.0, 0.0
         alpha = self._T.T @ l if m else l  # (m,): K_I⁻¹ k_I(x)
         Xh, yh = self._X.data, self._y.data
+        cols = torch.cat([self.points, x]) if m else x  # (m + 1, d): one kernel call per chunk
         for i in range(0, Xh.shape[0], self.chunk_size):
-            Xc = Xh[i : i + self.chunk_size]  # (c, d)
-            kc = self.kernel(Xc, x).to(torch.float64)[:, 0]  # (c,)
+            Kc = self.kernel(Xh[i : i + self.chunk_size], cols).to(torch.float64)  # (c, m + 1)
+            KcI, kc = Kc[:, :m], Kc[:, m]
+            e = (kc - KcI @ alpha) / delta if m else kc / delta  # (c,) new coordinate of each past input
             if m:
-                KcI = self.kernel(Xc, self.points).to(torch.float64)  # (c, m)
-                e = (kc - KcI @ alpha) / delta  # (c,)
                 g += KcI.T @ e
-            else:
-                e = kc / delta
             ee += e @ e
             ye += yh[i : i + self.chunk_size] @ e
         c = self._T @ g if m else g  # (m,): L⁻¹ Σ k_I(x_s) e_s = Σ φ̃(x_s) e_s
