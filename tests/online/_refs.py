@@ -74,3 +74,13 @@ def nystrom_pkawv_paper(K, y, lam, dict_at, awv=True):
 
 def close(a, b, atol):
     return bool(torch.allclose(a.double().cpu(), b.double().cpu(), rtol=0.0, atol=atol))
+
+
+@pytest.fixture(autouse=True, scope="module")
+def single_thread():
+    """Online learners run many tiny ops; intra-op threads only add synchronization (pathologically so on an
+    oversubscribed machine: 10x slower on a shared 2-core VM). Imported by each test module."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)

@@ -5,7 +5,7 @@ from hypothesis import given, settings, strategies as st
 from torchbkb.errors import InputDataError
 from torchbkb.online import FOGD
 
-from ._refs import DEVICES, DTYPES, close, rbf, tol
+from ._refs import DEVICES, DTYPES, close, rbf, tol, single_thread  # noqa: F401 (autouse fixture)
 
 
 def _stream(n, d=2, seed=0):

@@ -5,7 +5,7 @@ from hypothesis import given, settings, strategies as st
 from torchbkb.errors import InputDataError
 from torchbkb.online import PKAWV, KernelAWV, OnlineKRR
 
-from ._refs import DEVICES, DTYPES, close, kernel_forecasts_direct, rbf, tol
+from ._refs import DEVICES, DTYPES, close, kernel_forecasts_direct, rbf, tol, single_thread  # noqa: F401 (autouse fixture)
 
 
 def _kernel(A, B):

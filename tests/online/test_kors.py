@@ -1,5 +1,3 @@
-import math
-
 import pytest
 import torch
 from hypothesis import given, settings, strategies as st
@@ -7,7 +5,7 @@ from hypothesis import given, settings, strategies as st
 from torchbkb.errors import InputDataError
 from torchbkb.online import KORSDictionary
 
-from ._refs import DEVICES, DTYPES, rbf
+from ._refs import DEVICES, DTYPES, rbf, single_thread  # noqa: F401 (autouse fixture)
 
 
 def _kernel(A, B):

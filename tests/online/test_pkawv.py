@@ -5,7 +5,7 @@ from hypothesis import given, settings, strategies as st
 from torchbkb.errors import InputDataError
 from torchbkb.online import PKAWV, KernelAWV, TaylorEmbedding
 
-from ._refs import DEVICES, DTYPES, awv_direct, close, kernel_forecasts_direct, nystrom_pkawv_paper, rbf, tol
+from ._refs import DEVICES, DTYPES, awv_direct, close, kernel_forecasts_direct, nystrom_pkawv_paper, rbf, tol, single_thread  # noqa: F401 (autouse fixture)
 
 
 def _stream(n, d, seed=0, scale=1.0):

@@ -4,6 +4,8 @@ import torch
 from torchbkb.errors import InputDataError
 from torchbkb.online import FOGD, PKAWV, KernelAWV, OnlineLearner, StreamResult, TaylorEmbedding
 
+from ._refs import single_thread  # noqa: F401 (autouse fixture)
+
 
 def _stream(n, d=2, seed=0):
     g = torch.Generator().manual_seed(seed)

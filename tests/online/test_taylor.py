@@ -8,7 +8,7 @@ from hypothesis import given, settings, strategies as st
 from torchbkb.errors import InputDataError
 from torchbkb.online import TaylorEmbedding, taylor_degree, taylor_kernel_error_bound, taylor_num_features
 
-from ._refs import DEVICES, DTYPES, rbf, taylor_truncated_kernel, tol
+from ._refs import DEVICES, DTYPES, rbf, taylor_truncated_kernel, tol, single_thread  # noqa: F401 (autouse fixture)
 
 
 def _ball(n, d, radius, seed=0):

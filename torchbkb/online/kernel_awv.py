@@ -21,7 +21,7 @@ Example:
     >>> import torch
     >>> from torchbkb.online import KernelAWV, OnlineKRR
     >>> from torchbkb.kernels import GaussianKernel
-    >>> X = torch.rand(200, 2, dtype=torch.float64)
+    >>> X = torch.rand(100, 2, dtype=torch.float64)
     >>> y = torch.sin(4 * X[:, 0])
     >>> awv, krr = KernelAWV(GaussianKernel(0.5), lam=1.0), OnlineKRR(GaussianKernel(0.5), lam=1.0)
     >>> r_awv, r_krr = awv.fit_stream(X, y), krr.fit_stream(X, y)

@@ -179,6 +179,16 @@ class KORSDictionary(nn.Module):
             kxx = float(self.kernel_diag(x).reshape(())) if k_xx is None else float(k_xx)
             self._add(x, kIx, kxx, float(p), int(index))
 
+    def kernel_to_dictionary(self, X: torch.Tensor) -> torch.Tensor:
+        """`(n, d)` -> `(n, m)` float64 ``k(X, I)`` (evaluated on float64 copies)."""
+        if len(self) == 0:
+            return torch.zeros((X.shape[0], 0), dtype=torch.float64, device=X.device)
+        return self.kernel(X.to(torch.float64), self.points).to(torch.float64)  # (n, m)
+
+    def kernel_diag(self, X: torch.Tensor) -> torch.Tensor:
+        """`(n, d)` -> `(n,)` float64 ``k(x, x)``."""
+        return self.kernel.diag(X.to(torch.float64)).to(torch.float64)
+
     # ------------------------------------------------------------------ internals
     def _probability(self, kIx: torch.Tensor, kxx: torch.Tensor) -> torch.Tensor:
         """`(n, m)`, `(n,)` -> `(n,)` ``min(1, β (1+ε) s/(1+s))``."""
@@ -214,16 +224,6 @@ class KORSDictionary(nn.Module):
         self._T = T
         self.probabilities = torch.cat([self.probabilities, torch.tensor([p], dtype=torch.float64, device=dev)])
         self.indices = torch.cat([self.indices, torch.tensor([index], dtype=torch.long, device=dev)])
-
-    def kernel_to_dictionary(self, X: torch.Tensor) -> torch.Tensor:
-        """`(n, d)` -> `(n, m)` float64 ``k(X, I)`` (evaluated on float64 copies)."""
-        if len(self) == 0:
-            return torch.zeros((X.shape[0], 0), dtype=torch.float64, device=X.device)
-        return self.kernel(X.to(torch.float64), self.points).to(torch.float64)  # (n, m)
-
-    def kernel_diag(self, X: torch.Tensor) -> torch.Tensor:
-        """`(n, d)` -> `(n,)` float64 ``k(x, x)``."""
-        return self.kernel.diag(X.to(torch.float64)).to(torch.float64)
 
     def _check(self, X: object) -> None:
         check_matrix(X, "x", d=None if self.points is None else self.points.shape[-1])

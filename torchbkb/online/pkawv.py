@@ -44,7 +44,6 @@ from __future__ import annotations
 from typing import Callable
 
 import torch
-from torch import nn
 
 from torchbkb.errors import InputDataError, check_positive
 from torchbkb.nystrom import NystromEmbedding
