@@ -27,8 +27,9 @@ def test_theorem_3_5_formula():
     assert vakili_beta(delta, C, R, tau2, lm) == pytest.approx(ref, rel=1e-14)
     # Lemma 3.8 regime λ_max = τ²: the RKHS term is 3 C_k
     assert vakili_beta(delta, C, 0.0, tau2, tau2) == pytest.approx(3 * C)
-    # keyword form, as the BoTorch wiring will call it
+    # keyword form, as the BoTorch wiring will call it; 0-d tensors are numbers too
     assert vakili_beta(delta=delta, rkhs_norm=C, subgaussian=R, noise=tau2, lambda_max=lm) == pytest.approx(ref)
+    assert vakili_beta(delta, torch.tensor(C), R, torch.tensor(tau2), lm) == pytest.approx(ref)
 
 
 def test_scales_and_botorch_conversion():
@@ -124,6 +125,8 @@ def test_sparse_intervals_cover_f():
             (dict(noise=float("inf")), "noise"),
             (dict(lambda_max=-1e-3), "lambda_max"),
             (dict(lambda_max="big"), "lambda_max"),
+            (dict(lambda_max=torch.ones(2)), "lambda_max"),
+            (dict(rkhs_norm=True), "rkhs_norm"),
             (dict(scale="log"), "scale"),
         ]
     ),

@@ -309,7 +309,11 @@ def vakili_continuous_halfwidth(std, n: int, beta: float):
 def _check_vakili(delta, rkhs_norm, subgaussian, noise, lambda_max) -> float:
     """Validate Theorem 3.5's parameters; return ``τ = √noise``."""
     for name, v in (("delta", delta), ("rkhs_norm", rkhs_norm), ("subgaussian", subgaussian), ("noise", noise), ("lambda_max", lambda_max)):
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(float(v)):
+        try:  # Python/NumPy numbers and 0-d tensors
+            ok = not isinstance(v, (bool, str)) and math.isfinite(float(v))
+        except (TypeError, ValueError, RuntimeError):
+            ok = False
+        if not ok:
             raise InputDataError(f"{name}: expected a finite number, got {v!r}")
     if not 0.0 < float(delta) < 1.0:
         raise InputDataError(f"delta: expected 0 < delta < 1, got {delta!r}")
