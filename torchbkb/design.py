@@ -312,15 +312,10 @@ def uncertainty_design(
     """
     if isinstance(num_points, bool) or not isinstance(num_points, int) or num_points < 1:
         raise InputDataError(f"num_points: expected an integer >= 1, got {num_points!r}")
+    from torchbkb.loop import _as_callable  # here: loop -> bandits -> sbpe -> design would be an import cycle
+
     check_matrix(candidates, "candidates", min_rows=1)
-    A = candidates.shape[0]
-    if isinstance(objective, torch.Tensor):
-        if objective.shape != (A,) or not objective.is_floating_point():
-            raise InputDataError(f"objective: expected a floating tensor of shape ({A},), got {objective.dtype} {tuple(objective.shape)}")
-        values = objective
-        objective = lambda idx: values[idx]  # noqa: E731
-    elif not callable(objective):
-        raise InputDataError(f"objective: expected a callable indices -> rewards or a tensor of shape ({A},), got {type(objective).__name__}")
+    objective = _as_callable(objective, candidates.shape[0])  # the run loop's tensor-or-callable rule
     if generator is None:
         generator = torch.Generator()
         generator.manual_seed(int(seed)) if seed is not None else generator.seed()
