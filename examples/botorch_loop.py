@@ -10,7 +10,7 @@ optimizers:
 The BoTorch line each loop would have had is kept in a comment next to the one that replaces it. Also
 shows ``BKBModel.from_model`` (adopt a fitted SingleTaskGP's hyperparameters, training-free afterwards).
 
-Run from the repository root:  python examples/botorch_loop.py        (about 20-40 s on 2 CPU cores)
+Run from the repository root:  python examples/botorch_loop.py        (about 10-30 s on 2 CPU cores)
 """
 
 from __future__ import annotations
