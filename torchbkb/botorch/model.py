@@ -519,19 +519,6 @@ class BKBModel(Model, FantasizeMixin):
         new.dtc_posterior = _shallow_module_copy(self.dtc_posterior)
         return new
 
-    def _apply(self, fn, recurse: bool = True):
-        # ``.to(dtype)`` must not round the float64 factorizations of the posterior (DESIGN §5.5: m x m
-        # matrices of float32 models are kept in float64): those buffers follow devices, keep their dtype.
-        post = self.__dict__.get("_modules", {}).get("dtc_posterior")
-        saved = []
-        if post is not None:
-            keep = [(post, n) for n in ("ZtZ", "Zty", "V_inv", "weights", "noise")] + [(post.embedding, "projection")]
-            saved = [(mod, n, mod._buffers[n]) for mod, n in keep if mod._buffers.get(n) is not None]
-        out = super()._apply(fn, recurse)
-        for mod, n, old in saved:
-            mod._buffers[n] = old.to(device=mod._buffers[n].device)
-        return out
-
 
 # ---------------------------------------------------------------------- dictionary sampling
 def sample_dictionary(
