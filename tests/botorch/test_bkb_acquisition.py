@@ -215,3 +215,23 @@ def test_bbkb_bad_inputs():
         optimize_acqf_bbkb(model.condition_on_observations(C[:1], torch.zeros(2, 1, 1, dtype=torch.float64)), C)
     with pytest.raises(InputDataError, match="BKBModel"):
         optimize_acqf_bbkb(SingleTaskGP(X, X[:, :1]), C)
+
+
+def test_vakili_width_is_theorem_3_5_with_the_measured_lambda_max():
+    from torchbkb.botorch import BKBModel, BKBUpperConfidenceBound
+    from torchbkb.confidence import vakili_beta, vakili_beta_finite
+    from torchbkb.recursive_rls import nystrom_lambda_max
+
+    X = torch.rand(40, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    model = BKBModel(X, torch.sin(4 * X[:, :1]), seed=0)
+    post = model.dtc_posterior
+    lmax = nystrom_lambda_max(post.train_X, post.embedding.kernel, post.embedding.inducing_points)
+    lam = model.noise
+    acq = BKBUpperConfidenceBound(model, beta="vakili", F=2.0, delta=0.05, num_points=500)
+    expected = vakili_beta_finite(0.05, 500, 2.0, lam**0.5, lam, lmax, scale="rls")
+    assert float(acq.beta_rls) == pytest.approx(expected, rel=1e-10)
+    assert float(acq.beta) == pytest.approx(expected**2 / lam, rel=1e-10)  # BoTorch's b = (β·τ)²/λ = β²
+    point = BKBUpperConfidenceBound(model, beta="vakili", F=2.0, delta=0.05)
+    assert float(point.beta_rls) == pytest.approx(vakili_beta(0.05, 2.0, lam**0.5, lam, lmax, scale="rls"), rel=1e-10)
+    with pytest.raises(InputDataError, match="'theory', 'vakili'"):
+        BKBUpperConfidenceBound(model, beta="wrong")

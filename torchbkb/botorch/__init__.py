@@ -3,7 +3,8 @@
 * :class:`BKBModel` -- a ``botorch.models.model.Model`` (DTC posterior on a variance-sampled dictionary,
   joint covariance, rank-one ``condition_on_observations``, transforms); ``BKBModel.from_model(gp)``
   adopts a fitted ``SingleTaskGP``.
-* :class:`BKBUpperConfidenceBound` -- analytic UCB with BKB's ``β̃ₜ`` (``b = β̃²/λ`` in BoTorch's scale).
+* :class:`BKBUpperConfidenceBound` -- analytic UCB with BKB's ``β̃ₜ`` (``b = β̃²/λ`` in BoTorch's scale), or
+  ``beta="vakili"``: the sparse width of 003 Theorem 3.5 with the measured ``λ_max``.
 * :class:`BBKBUpperConfidenceBound` -- the same with ``X_pending`` (hallucinated variance updates), for
   ``optimize_acqf_discrete(q > 1)``.
 * :func:`optimize_acqf_bbkb` -- BBKB's adaptive batch over a discrete candidate set.
@@ -12,7 +13,7 @@ The subpackage is named ``botorch`` but imports the real BoTorch with absolute i
 """
 
 from torchbkb.botorch.model import BKBModel, sample_dictionary, default_kernel
-from torchbkb.botorch.acquisition import BKBUpperConfidenceBound, BBKBUpperConfidenceBound, theory_beta
+from torchbkb.botorch.acquisition import BKBUpperConfidenceBound, BBKBUpperConfidenceBound, theory_beta, vakili_theory_beta
 from torchbkb.botorch.batch import optimize_acqf_bbkb
 
 __all__ = [
@@ -23,4 +24,5 @@ __all__ = [
     "sample_dictionary",
     "default_kernel",
     "theory_beta",
+    "vakili_theory_beta",
 ]

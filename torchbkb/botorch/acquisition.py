@@ -38,10 +38,10 @@ from botorch.acquisition.objective import PosteriorTransform
 from botorch.models.model import Model
 from torch import Tensor
 
-from torchbkb.confidence import bkb_beta
+from torchbkb.confidence import bkb_beta, vakili_beta, vakili_beta_finite
 from torchbkb.errors import InputDataError, check_positive
 
-__all__ = ["BKBUpperConfidenceBound", "BBKBUpperConfidenceBound", "theory_beta"]
+__all__ = ["BKBUpperConfidenceBound", "BBKBUpperConfidenceBound", "theory_beta", "vakili_theory_beta"]
 
 
 def theory_beta(model, *, F: float = 1.0, delta: float = 0.01, epsilon: float = 0.5, noise_std: float | None = None) -> Tensor:
@@ -88,6 +88,61 @@ def theory_beta(model, *, F: float = 1.0, delta: float = 0.01, epsilon: float = 
     return torch.tensor(vals, dtype=model.mean_constant.dtype, device=model.mean_constant.device).reshape(post.batch_shape)
 
 
+def vakili_theory_beta(
+    model,
+    *,
+    rkhs_norm: float = 1.0,
+    delta: float = 0.01,
+    subgaussian: float | None = None,
+    num_points: int | None = None,
+) -> Tensor:
+    """The sparse confidence width of Vakili et al. (003 Theorem 3.5) for a :class:`~torchbkb.botorch.BKBModel`,
+    converted to the RLS scale used by the acquisitions (``β·τ``, τ² = λ).
+
+    ``β = (2 + √λ_max/τ)·C_k + (R/τ)·√(2 log(1/δ))`` with ``λ_max`` the top eigenvalue of the Nyström residual
+    ``K_X - K_XS K_S⁺ K_SX`` of the model's training inputs and dictionary
+    (:func:`torchbkb.recursive_rls.nystrom_lambda_max`, measured, not assumed). With ``num_points`` the
+    union bound over a finite candidate set (:func:`torchbkb.confidence.vakili_beta_finite`). The theorem
+    assumes the data and the dictionary were chosen independently of the noise (e.g. S-BPE's variance-only
+    designs); for data collected by a UCB rule it is a heuristic width.
+
+    Args:
+        model: a :class:`~torchbkb.botorch.BKBModel` (single batch).
+        rkhs_norm: ``C_k``, the bound on ``‖f‖_H`` (transformed outcomes).
+        delta: failure probability.
+        subgaussian: ``R`` of the (transformed) noise; default ``τ = √λ``.
+        num_points: size of the candidate set for the union bound; ``None`` for a single point.
+
+    Returns:
+        0-d tensor, the RLS-scale width.
+
+    Example:
+        >>> import torch
+        >>> from torchbkb.botorch import BKBModel
+        >>> X = torch.rand(20, 1, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+        >>> b = vakili_theory_beta(BKBModel(X, X ** 2, seed=0), rkhs_norm=1.0, num_points=100)
+        >>> bool(b > 0)
+        True
+    """
+    from torchbkb.botorch.model import BKBModel
+    from torchbkb.recursive_rls import nystrom_lambda_max
+
+    if not isinstance(model, BKBModel):
+        raise InputDataError(f"model: expected a BKBModel for beta='vakili', got {type(model).__name__}")
+    post = model.dtc_posterior
+    if len(post.batch_shape) > 0:
+        raise InputDataError(f"model: expected a non-batched BKBModel for beta='vakili', got batch shape {tuple(post.batch_shape)}")
+    lam = post.lam
+    R = math.sqrt(lam) if subgaussian is None else float(subgaussian)
+    with torch.no_grad():
+        lmax = nystrom_lambda_max(post.train_X, post.embedding.kernel, post.embedding.inducing_points)
+    if num_points is None:
+        beta = vakili_beta(delta, rkhs_norm, R, lam, lmax, scale="rls")
+    else:
+        beta = vakili_beta_finite(delta, int(num_points), rkhs_norm, R, lam, lmax, scale="rls")
+    return torch.tensor(beta, dtype=model.mean_constant.dtype, device=model.mean_constant.device)
+
+
 def _noise_of(model: Model) -> float:
     from torchbkb.botorch.model import BKBModel
 
@@ -102,10 +157,12 @@ def _noise_of(model: Model) -> float:
     return float(noise.detach())
 
 
-def _beta_rls(model, beta, F, delta, epsilon, noise_std) -> Tensor:
+def _beta_rls(model, beta, F, delta, epsilon, noise_std, num_points=None) -> Tensor:
     if isinstance(beta, str):
+        if beta == "vakili":
+            return vakili_theory_beta(model, rkhs_norm=F, delta=delta, subgaussian=noise_std, num_points=num_points)
         if beta != "theory":
-            raise InputDataError(f"beta: expected 'theory' or a number >= 0, got {beta!r}")
+            raise InputDataError(f"beta: expected 'theory', 'vakili' or a number >= 0, got {beta!r}")
         return theory_beta(model, F=F, delta=delta, epsilon=epsilon, noise_std=noise_std)
     b = torch.as_tensor(beta, dtype=torch.float64).detach()
     if not bool(torch.isfinite(b).all()) or bool((b < 0).any()):
@@ -123,11 +180,13 @@ class BKBUpperConfidenceBound(UpperConfidenceBound):
         model: a :class:`~torchbkb.botorch.BKBModel` (or, for a numeric ``beta``, any single-output model
             with a homoskedastic ``likelihood.noise`` λ).
         beta: ``"theory"`` for BKB's ``β̃ₜ`` of 000 Theorem 2 (:func:`theory_beta`, evaluated once at
-            construction on the model's data) or a number ``β̃ >= 0`` on the RLS scale.
-        F: ``‖f‖_H`` bound for ``"theory"`` (transformed outcomes).
-        delta: failure probability for ``"theory"``.
+            construction on the model's data), ``"vakili"`` for the sparse width of 003 Theorem 3.5
+            (:func:`vakili_theory_beta`), or a number ``β̃ >= 0`` on the RLS scale.
+        F: ``‖f‖_H`` bound for ``"theory"``/``"vakili"`` (transformed outcomes).
+        delta: failure probability for ``"theory"``/``"vakili"``.
         epsilon: dictionary accuracy for ``"theory"``.
-        noise_std: sub-Gaussian noise level for ``"theory"``; default ``√λ``.
+        noise_std: sub-Gaussian noise level for ``"theory"``/``"vakili"``; default ``√λ``.
+        num_points: for ``"vakili"``, the candidate-set size of the union bound (``None``: pointwise).
         posterior_transform: optional BoTorch ``PosteriorTransform``.
         maximize: ``False`` gives the lower bound of ``-f`` like BoTorch's UCB.
 
@@ -152,11 +211,12 @@ class BKBUpperConfidenceBound(UpperConfidenceBound):
         delta: float = 0.01,
         epsilon: float = 0.5,
         noise_std: float | None = None,
+        num_points: int | None = None,
         posterior_transform: PosteriorTransform | None = None,
         maximize: bool = True,
     ) -> None:
         lam = _noise_of(model)
-        beta_rls = _beta_rls(model, beta, F, delta, epsilon, noise_std)
+        beta_rls = _beta_rls(model, beta, F, delta, epsilon, noise_std, num_points)
         if beta_rls.dim() > 0:  # one β̃ per model batch: (*batch, 1) broadcasts against the (*batch, 1) mean
             beta_rls = beta_rls.unsqueeze(-1)
         super().__init__(model=model, beta=beta_rls**2 / lam, posterior_transform=posterior_transform, maximize=maximize)

@@ -57,7 +57,7 @@ def optimize_acqf_bbkb(
         choices: `(A, d)` candidates in the original input space (``A`` up to ``10⁶-10⁷``).
         batch_bound: ``C̃ >= 1``; the batch ends with the first pick for which ``1 + Σ σ̃²_fb > C̃``.
         max_batch_size: optional cap on the batch length.
-        beta: ``"theory"`` or ``α̃ >= 0``.
+        beta: ``"theory"``, ``"vakili"`` (003 Theorem 3.5 with a union bound over ``choices``) or ``α̃ >= 0``.
         F, delta, epsilon, noise_std: parameters of ``"theory"`` (see :func:`~torchbkb.botorch.theory_beta`).
         chunk_size: candidates transformed, embedded and scored at once.
         lazy: lazy UCB updates (``False`` recomputes every UCB after each pick; same result, slower).
@@ -85,7 +85,7 @@ def optimize_acqf_bbkb(
     if int(chunk_size) < 1:
         raise InputDataError(f"chunk_size: expected an integer >= 1, got {chunk_size!r}")
     if isinstance(beta, str):
-        alpha = float(_beta_rls(model, beta, F, delta, epsilon, noise_std)) * C
+        alpha = float(_beta_rls(model, beta, F, delta, epsilon, noise_std, num_points=int(choices.shape[-2]))) * C
     else:
         alpha = float(_beta_rls(model, beta, F, delta, epsilon, noise_std))
 
