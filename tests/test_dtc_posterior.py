@@ -299,3 +299,14 @@ def test_bad_noise(noise):
 def test_bad_embedding_type():
     with pytest.raises(InputDataError, match="expected a NystromEmbedding"):
         DTCPosterior(GaussianKernel(1.0), noise=0.1)
+
+
+def test_to_float32_keeps_the_float64_factorizations():
+    X, y, Xq = _data()
+    post = _post(X[:10], 0.05).fit(X, y)
+    V_inv = post.V_inv.clone()
+    W = post.embedding.projection.clone()
+    post.to(torch.float32)
+    assert post.V_inv.dtype == torch.float64 and torch.equal(post.V_inv, V_inv)
+    assert post.embedding.projection.dtype == torch.float64 and torch.equal(post.embedding.projection, W)
+    assert post.embedding.inducing_points.dtype == torch.float32

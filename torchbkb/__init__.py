@@ -17,6 +17,9 @@ from torchbkb.rls_dictionary import RLSDictionary
 from torchbkb import confidence
 from torchbkb.bandits import BKB, GPUCB, Bandit, EpsGreedy, Random
 from torchbkb.loop import ArmObjective, History, ObjectiveError, run
+from torchbkb.recursive_rls import RecursiveRLSResult, nystrom_lambda_max, recursive_rls
+from torchbkb.design import UncertaintyExplorer, linf_error, uncertainty_design
+from torchbkb.bandits import SBPE
 
 __version__ = "0.1.0"
 
@@ -42,4 +45,11 @@ __all__ = [
     "History",
     "ArmObjective",
     "ObjectiveError",
+    "recursive_rls",
+    "RecursiveRLSResult",
+    "nystrom_lambda_max",
+    "UncertaintyExplorer",
+    "uncertainty_design",
+    "linf_error",
+    "SBPE",
 ]

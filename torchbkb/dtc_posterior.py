@@ -39,7 +39,7 @@ from torch import nn
 
 from torchbkb.errors import InputDataError, TorchBKBError, check_finite, check_positive
 from torchbkb.nystrom import NystromEmbedding
-from torchbkb.utils.linalg import compute_dtype, spd_inverse
+from torchbkb.utils.linalg import compute_dtype, keep_dtype_on_apply, spd_inverse
 
 __all__ = ["DTCPosterior", "RankOneDowndate"]
 
@@ -120,20 +120,41 @@ class DTCPosterior(nn.Module):
         """Leading batch shape of the training data."""
         return self.train_X.shape[:-2]
 
+    def _apply(self, fn, recurse: bool = True):
+        # .to(dtype) moves the float64 r×r state across devices but never rounds it
+        self._op = None
+        return keep_dtype_on_apply(self, ("ZtZ", "Zty", "V_inv", "weights", "noise"), fn, recurse, super()._apply)
+
     # ------------------------------------------------------------------ fitting
-    def fit(self, X: torch.Tensor, y: torch.Tensor, counts: torch.Tensor | None = None) -> "DTCPosterior":
+    def fit(
+        self,
+        X: torch.Tensor,
+        y: torch.Tensor,
+        counts: torch.Tensor | None = None,
+        *,
+        features: torch.Tensor | None = None,
+    ) -> "DTCPosterior":
         """Condition on observed data (replacing any previous data and pending points).
 
         Args:
             X: `(*b, n, d)` pulled points (``n`` may be 0).
             y: `(*b, n)` rewards; with ``counts``, ``y_i`` is the **mean** of the ``counts_i`` rewards at ``x_i``.
             counts: `(*b, n)` positive pull counts (weights); default all ones.
+            features: optional `(*b, n, r)` ``z(X)`` already computed with this embedding (bandits cache
+                the embedding of all arms); skips re-embedding ``X``.
 
         Returns:
             ``self``.
         """
         X, y, counts = self._check_data(X, y, counts, "X", "y")
-        state = self._build(X, y, counts)
+        if features is not None and (not isinstance(features, torch.Tensor) or features.shape != (*X.shape[:-1], self.embedding.rank)):
+            got = tuple(features.shape) if isinstance(features, torch.Tensor) else type(features).__name__
+            raise InputDataError(f"features: expected shape {(*X.shape[:-1], self.embedding.rank)}, got {got}")
+        return self._fit_validated(X, y, counts, features)
+
+    def _fit_validated(self, X, y, counts, features=None) -> "DTCPosterior":
+        """:meth:`fit` without input checks, for callers that validated their data once (the bandits)."""
+        state = self._build(X, y, counts, features=features)
         self._set_state(state, X, y, counts, X.new_empty((*X.shape[:-2], 0, X.shape[-1])), X.new_empty((*X.shape[:-2], 0)))
         return self
 
@@ -237,6 +258,7 @@ class DTCPosterior(nn.Module):
             if k != 1:
                 result = None
         self.ZtZ, self.Zty, self.V_inv = ZtZ, Zty, V_inv
+        self._op = None
         if y is not None:
             self.weights = (V_inv @ Zty.unsqueeze(-1)).squeeze(-1)  # (*b, r)
         return result
@@ -291,12 +313,12 @@ class DTCPosterior(nn.Module):
         """
         self._check_fresh()
         self.embedding.check_input(Xq, "Xq")
-        Z = self.embedding(Xq)  # (*b, q, r)
-        V_inv = self.V_inv.to(Z.dtype)
-        mean = (Z @ self.weights.to(Z.dtype).unsqueeze(-1)).squeeze(-1)
+        K = self.embedding.kernel(Xq, self.embedding.inducing_points)  # (*b, q, m)
+        M, a = self._scoring_operator(Xq.dtype)
+        mean = (K @ a.unsqueeze(-1)).squeeze(-1)
         Kqq = self.embedding.kernel(Xq, Xq)  # (*b, q, q)
-        ZT = Z.transpose(-1, -2)
-        cov = Kqq - Z @ ZT + self.lam * (Z @ V_inv @ ZT)
+        # Z Zᵀ - λ Z V⁻¹ Zᵀ = λ K M Kᵀ
+        cov = Kqq - self.lam * (K @ M @ K.transpose(-1, -2))
         return mean, 0.5 * (cov + cov.transpose(-1, -2))
 
     def effective_dimension(self) -> torch.Tensor:
@@ -317,8 +339,31 @@ class DTCPosterior(nn.Module):
         return torch.cat([p[0] for p in parts], dim=-1), torch.cat([p[1] for p in parts], dim=-1)
 
     def _score_points(self, Xq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        Z = self.embedding(Xq)  # (*b, c, r)
-        return self._score_chunk(Z, self.embedding.kernel_diag(Xq))
+        """Score raw points with one `(c × m)·(m × m)` product: with ``z = W k_S``,
+        ``σ̃² = k/λ - k_Sᵀ M k_S`` and ``μ̃ = k_Sᵀ a`` (see :meth:`_scoring_operator`)."""
+        K = self.embedding.kernel(Xq, self.embedding.inducing_points)  # (*b, c, m)
+        M, a = self._scoring_operator(Xq.dtype)
+        mean = (K @ a.unsqueeze(-1)).squeeze(-1)  # (*b, c)
+        quad = ((K @ M) * K).sum(-1)  # k_Sᵀ M k_S
+        rls = (self.embedding.kernel_diag(Xq) / self.lam - quad).clamp_min(0.0)
+        return mean, rls
+
+    def _scoring_operator(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """``M = Wᵀ (I/λ - V⁻¹) W`` `(*b, m, m)` and ``a = Wᵀ w`` `(*b, m)` in ``dtype``.
+
+        ``(k(x,x) - ‖z‖²)/λ + zᵀV⁻¹z = k(x,x)/λ - k_S(x)ᵀ M k_S(x)`` for ``z = W k_S(x)``, so raw points are
+        scored without forming ``z``. Derived from the state on first use after each change (every state
+        change goes through :meth:`_set_state`, :meth:`update_features` or ``_apply``, which drop it).
+        """
+        if self._op is None:
+            W = self.embedding.projection.to(self.V_inv.dtype)  # (r, m)
+            r = W.shape[0]
+            inner = torch.eye(r, dtype=W.dtype, device=W.device) / self.lam - self.V_inv  # (*b, r, r), PSD
+            M = W.transpose(-1, -2) @ inner @ W
+            a = (self.weights.unsqueeze(-2) @ W).squeeze(-2)
+            self._op = (0.5 * (M + M.transpose(-1, -2)), a)
+        M, a = self._op
+        return M.to(dtype), a.to(dtype)
 
     def _score_chunk(self, Z: torch.Tensor, kdiag: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         V_inv = self.V_inv.to(Z.dtype)  # (*b, r, r)
@@ -328,29 +373,36 @@ class DTCPosterior(nn.Module):
         rls = (kdiag - sq).clamp_min(0.0) / self.lam + quad.clamp_min(0.0)
         return mean, rls
 
-    def _build(self, X, y, counts, n_observed: int | None = None) -> dict:
+    def _build(self, X, y, counts, n_observed: int | None = None, features: torch.Tensor | None = None) -> dict:
         """ZtZ, Zty, V⁻¹ and weights from scratch (rows past ``n_observed`` are hallucinated)."""
         emb = self.embedding
         r = emb.rank
         dtype = compute_dtype(emb.inducing_points.dtype, r)
         batch = X.shape[:-2]
-        with torch.no_grad():
-            Z = emb(X).to(dtype) if X.shape[-2] > 0 else X.new_zeros((*batch, 0, r), dtype=dtype)  # (*b, n, r)
+        if features is not None:
+            Z = features.to(dtype)
+        elif X.shape[-2] > 0:
+            with torch.no_grad():
+                Z = emb(X).to(dtype)  # (*b, n, r)
+        else:
+            Z = X.new_zeros((*batch, 0, r), dtype=dtype)
         c = counts.to(dtype)
         n_obs = X.shape[-2] if n_observed is None else n_observed
         Zo, co, yo = Z[..., :n_obs, :], c[..., :n_obs], y[..., :n_obs].to(dtype)
         ZtZ_obs = (Zo.transpose(-1, -2) * co.unsqueeze(-2)) @ Zo  # (*b, r, r)
         Zty = ((co * yo).unsqueeze(-2) @ Zo).squeeze(-2)  # (*b, r)
-        weights = (spd_inverse(_add_diag(ZtZ_obs, self.lam), name="V") @ Zty.unsqueeze(-1)).squeeze(-1)
+        if Z.shape[-2] == 0:  # the prior: V = λI, no factorization needed
+            V_inv = torch.eye(r, dtype=dtype, device=Z.device).expand(*batch, r, r) / self.lam
+            return {"ZtZ": ZtZ_obs, "Zty": Zty, "V_inv": V_inv.clone(), "weights": Zty.clone()}
+        V_inv_obs = spd_inverse(_add_diag(ZtZ_obs, self.lam), name="V")
+        weights = (V_inv_obs @ Zty.unsqueeze(-1)).squeeze(-1)  # (*b, r)
         Zp, cp = Z[..., n_obs:, :], c[..., n_obs:]
+        if Zp.shape[-2] == 0:
+            return {"ZtZ": ZtZ_obs, "Zty": Zty, "V_inv": V_inv_obs, "weights": weights}
         ZtZ = ZtZ_obs + (Zp.transpose(-1, -2) * cp.unsqueeze(-2)) @ Zp
-        if Zp.shape[-2] > 0:
-            yp = (Zp @ weights.unsqueeze(-1)).squeeze(-1)  # hallucinated rewards: the mean
-            Zty = Zty + ((cp * yp).unsqueeze(-2) @ Zp).squeeze(-2)
-            V_inv = spd_inverse(_add_diag(ZtZ, self.lam), name="V")
-        else:
-            V_inv = spd_inverse(_add_diag(ZtZ, self.lam), name="V")
-        return {"ZtZ": ZtZ, "Zty": Zty, "V_inv": V_inv, "weights": weights}
+        yp = (Zp @ weights.unsqueeze(-1)).squeeze(-1)  # hallucinated rewards: the mean
+        Zty = Zty + ((cp * yp).unsqueeze(-2) @ Zp).squeeze(-2)
+        return {"ZtZ": ZtZ, "Zty": Zty, "V_inv": spd_inverse(_add_diag(ZtZ, self.lam), name="V"), "weights": weights}
 
     def _set_state(self, state, X, y, counts, pending_X, pending_counts) -> None:
         for name, value in state.items():
@@ -359,6 +411,7 @@ class DTCPosterior(nn.Module):
             setattr(self, name, value) if name in self._buffers else self.register_buffer(name, value)
         self._since_refactor = 0
         self._emb_version = self.embedding.version
+        self._op = None
 
     def _check_fresh(self) -> None:
         if self._emb_version != self.embedding.version:

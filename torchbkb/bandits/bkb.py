@@ -152,15 +152,20 @@ class BKB(KernelBandit):
                 self._mean = torch.zeros_like(self._mean)
                 self._rls = self.kdiag / self.lam
             else:
-                changed = self._posterior is None or not torch.equal(new_dict, self.dictionary)
-                if changed:
+                if self._posterior is None:
                     emb = NystromEmbedding(self.kernel, self.arms[new_dict], chunk_size=self.chunk_size)
-                    self._Z = emb(self.arms)  # (A, r): the A·m² part, only when S changed
-                    self.embeddings_computed += 1
                     self._posterior = DTCPosterior(emb, noise=self.lam, chunk_size=self.chunk_size)
+                    self._Z = None
+                elif not torch.equal(new_dict, self.dictionary):
+                    self._posterior.embedding.set_inducing_points(self.arms[new_dict])
+                    self._Z = None
+                if self._Z is None:  # the A·m² part, only when S changed
+                    self._Z = self._posterior.embedding(self.arms)  # (A, r)
+                    self.embeddings_computed += 1
                 n = self.counts[pulled].to(self.arms.dtype)
                 y_mean = (self.reward_sums[pulled] / self.counts[pulled]).to(self.arms.dtype)
-                self._posterior.fit(self.arms[pulled], y_mean, n)  # V from the counts: O(min(t, A)·m²)
+                # V from the counts, O(min(t, A)·m²); inputs were validated by tell()
+                self._posterior._fit_validated(self.arms[pulled], y_mean, n, features=self._Z[pulled])
                 self._mean, self._rls = self._posterior.score_embedded(self._Z, self.kdiag)
         self.dictionary = new_dict
         self.deff = float((self.counts[pulled].to(torch.float64) * self._rls[pulled].to(torch.float64)).sum())
