@@ -120,6 +120,30 @@ def time_call(fn: Callable[[], Any], *, device=None, repeats: int = 3, warmup: i
     return Timing(min(values), statistics.median(values), values)
 
 
+def time_interleaved(fns: dict[str, Callable[[], Any]], *, device=None, repeats: int = 3, warmup: int = 1) -> dict[str, Timing]:
+    """Time several callables round-robin (a, b, c, a, b, c, ...), synchronizing CUDA around each.
+
+    On a shared or throttling machine, interleaving exposes every candidate to the same conditions, so
+    ratios between them (e.g. an operation against its GEMM baseline) stay meaningful.
+
+    Returns:
+        ``{name: Timing}``.
+    """
+    for _ in range(warmup):
+        for fn in fns.values():
+            fn()
+            sync(device)
+    values: dict[str, list[float]] = {k: [] for k in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            sync(device)
+            t0 = time.perf_counter()
+            fn()
+            sync(device)
+            values[name].append(time.perf_counter() - t0)
+    return {k: Timing(min(v), statistics.median(v), v) for k, v in values.items()}
+
+
 def fit_loglog_slope(x: list[float], y: list[float]) -> float:
     """Least-squares slope of ``log y`` against ``log x`` (the empirical complexity exponent)."""
     pts = [(math.log(a), math.log(b)) for a, b in zip(x, y) if a > 0 and b > 0]
@@ -182,7 +206,7 @@ def write_json(out_dir: str | Path, name: str, payload: dict[str, Any], device=N
     out.mkdir(parents=True, exist_ok=True)
     doc = {
         "benchmark": name,
-        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "command": _command_line(),
         "created": time.strftime("%Y-%m-%d %H:%M:%S"),
         "machine": machine_info(device),
         **payload,
@@ -191,6 +215,15 @@ def write_json(out_dir: str | Path, name: str, payload: dict[str, Any], device=N
     with open(path, "w") as f:
         json.dump(_jsonable(doc), f, indent=1)
     return path
+
+
+def _command_line() -> str:
+    argv = list(sys.argv)
+    if argv and argv[0].endswith("__main__.py"):  # python -m benchmarks ...
+        argv[0] = "-m benchmarks"
+    elif argv and "benchmarks" in Path(argv[0]).parts:  # python -m benchmarks.<name> or a script path
+        argv[0] = "-m benchmarks." + Path(argv[0]).stem
+    return " ".join(["python", *argv])
 
 
 def _jsonable(x):

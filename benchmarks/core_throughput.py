@@ -7,6 +7,9 @@ Gaussian kernel of width σ² = 5 (the BBKB paper's), this measures in one proce
   one `(A×m)·(m×m)` product with the projection), chunked over arms;
 * ``score``: ``DTCPosterior.score_embedded(Z, kdiag)`` -> ``μ̃, σ̃²`` `(A,)` (one `(A×m)·(m×m)` product with
   ``V⁻¹`` plus ``O(A·m)``), chunked over arms;
+The four are timed round-robin (gemm, embed, fused, score, gemm, ...) so that they share the machine's
+conditions; the table reports the minimum over repeats.
+
 * ``gemm``: the baseline, a bare ``torch.matmul(Z, W, out=buf)`` of `(A, m)` by `(m, m)` in the same dtype
   (output preallocated, so the baseline measures the machine's GEMM rate, not page faults);
 * ``embed_fused_kernel``: a reference re-implementation of ``embed`` with the Gaussian kernel fused
@@ -19,9 +22,9 @@ operation beyond its inputs: on CPU the process's peak RSS (``VmHWM``, reset thr
 minus the allocation before. The chunked path should need ``O(chunk·m + A)`` beyond its output; the
 table also shows the unchunked score (``chunk = A``) for contrast.
 
-Sizes: ``--quick`` A = 2·10⁴, m = 256; default A ∈ {10⁵, 10⁶}, m ∈ {256, 512}, 3 timed repeats at
-A = 10⁵ and 1 at A = 10⁶ (which runs right after the same-m, warmed-up A = 10⁵ case); ``--full``
-3 repeats everywhere. Both dtypes unless ``--dtype`` is given explicitly.
+Sizes: ``--quick`` A = 2·10⁴, m = 256; default A ∈ {10⁵, 10⁶}, m ∈ {256, 512}, 5 timed rounds at
+A = 10⁵ and 2 at A = 10⁶ (no warm-up round there: it runs right after the same-m A = 10⁵ case);
+``--full`` 5 rounds everywhere. Both dtypes unless ``--dtype`` is given explicitly.
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.common import base_parser, new_figure, print_table, save_figure, setup, size_of, sync, time_call, write_json
+from benchmarks.common import base_parser, new_figure, print_table, save_figure, setup, size_of, sync, time_interleaved, write_json
 from torchbkb import DTCPosterior, NystromEmbedding
 from torchbkb.kernels import GaussianKernel
 from torchbkb.nystrom import DEFAULT_CHUNK
@@ -47,8 +50,8 @@ from torchbkb.nystrom import DEFAULT_CHUNK
 NAME = "core_throughput"
 SIZES = {
     "quick": {"A": [20_000], "m": [256], "repeats": {20_000: 2}},
-    "default": {"A": [100_000, 1_000_000], "m": [256, 512], "repeats": {100_000: 3, 1_000_000: 1}},
-    "full": {"A": [100_000, 1_000_000], "m": [256, 512], "repeats": {100_000: 3, 1_000_000: 3}},
+    "default": {"A": [100_000, 1_000_000], "m": [256, 512], "repeats": {100_000: 5, 1_000_000: 2}},
+    "full": {"A": [100_000, 1_000_000], "m": [256, 512], "repeats": {100_000: 5, 1_000_000: 5}},
 }
 D = 8
 
@@ -215,11 +218,15 @@ def measure(A: int, m: int, dtype: torch.dtype, device: torch.device, repeats: i
         Z = emb(X)  # (A, r)
         W = torch.randn(r, r, generator=gen, dtype=torch.float64).to(device=device, dtype=dtype)  # (r, r) GEMM operand
         buf = torch.empty_like(Z)  # (A, r) preallocated: the baseline pays no page faults for its output
-        out["gemm"] = time_call(lambda: torch.matmul(Z, W, out=buf), device=device, repeats=repeats, warmup=warmup).to_dict()
+        fns = {
+            "gemm": lambda: torch.matmul(Z, W, out=buf),
+            "embed": lambda: emb(X),
+            "embed_fused_kernel": lambda: embed_fused_kernel(emb, X),
+            "score": lambda: post.score_embedded(Z, kdiag),
+        }
+        for name, timing in time_interleaved(fns, device=device, repeats=repeats, warmup=warmup).items():
+            out[name] = timing.to_dict()
         del buf
-        out["embed"] = time_call(lambda: emb(X), device=device, repeats=repeats, warmup=warmup).to_dict()
-        out["embed_fused_kernel"] = time_call(lambda: embed_fused_kernel(emb, X), device=device, repeats=repeats, warmup=warmup).to_dict()
-        out["score"] = time_call(lambda: post.score_embedded(Z, kdiag), device=device, repeats=repeats, warmup=warmup).to_dict()
     del Z, W, X, emb, post, kdiag
     gc.collect()
     out.update(measure_memory(A, m, dtype, device, seed) if device.type == "cuda" else _memory_in_subprocess(A, m, dtype, seed))
@@ -239,18 +246,20 @@ def plot(rows: list[dict], out_dir) -> str:
     fig, axes = new_figure(ncols=2, width=5.4)
     labels = [f"A={r['A']:.0e}\nm={r['m']}\n{r['dtype']}" for r in rows]
     xs = list(range(len(rows)))
-    w = 0.27
+    w = 0.2
     ax = axes[0][0]
-    for k, (key, name) in enumerate((("gemm", "bare GEMM (A×m)(m×m)"), ("embed", "NystromEmbedding"), ("score", "score_embedded"))):
-        ax.bar([x + (k - 1) * w for x in xs], [r[key]["min"] for r in rows], width=w, label=name)
+    ops = (("gemm", "bare GEMM (A×m)(m×m)"), ("embed", "NystromEmbedding"), ("embed_fused_kernel", "embed, fused kernel (proposed)"), ("score", "score_embedded"))
+    for k, (key, name) in enumerate(ops):
+        ax.bar([x + (k - 1.5) * w for x in xs], [r[key]["min"] for r in rows], width=w, label=name)
     ax.set_yscale("log")
     ax.set_ylabel("time [s] (min over repeats)")
     ax.set_xticks(xs, labels, fontsize=6)
     ax.legend(fontsize=7)
     ax = axes[0][1]
-    ax.bar([x - w for x in xs], [100 * r["embed_fraction_of_gemm"] for r in rows], width=w, label="embed")
-    ax.bar(xs, [100 * r["embed_fused_kernel_fraction_of_gemm"] for r in rows], width=w, label="embed, fused kernel (proposed)")
-    ax.bar([x + w for x in xs], [100 * r["score_fraction_of_gemm"] for r in rows], width=w, label="score")
+    w = 0.27
+    ax.bar([x - w for x in xs], [100 * r["embed_fraction_of_gemm"] for r in rows], width=w, label="embed", color="tab:orange")
+    ax.bar(xs, [100 * r["embed_fused_kernel_fraction_of_gemm"] for r in rows], width=w, label="embed, fused kernel (proposed)", color="tab:green")
+    ax.bar([x + w for x in xs], [100 * r["score_fraction_of_gemm"] for r in rows], width=w, label="score", color="tab:red")
     ax.axhline(50, color="red", ls="--", lw=1, label="target 50 %")
     ax.set_ylabel("% of the same-shape GEMM rate")
     ax.set_xticks(xs, labels, fontsize=6)
@@ -280,7 +289,7 @@ def main(argv: list[str] | None = None) -> dict:
         for m in cfg["m"]:
             for A in cfg["A"]:
                 reps = cfg["repeats"].get(A, 3)
-                warm = 1 if reps > 1 else 0
+                warm = 1 if A < 1_000_000 else 0
                 row = measure(A, m, dtype, device, reps, warm, seed=args.seed)
                 rows.append(row)
                 print(

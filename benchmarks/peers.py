@@ -12,11 +12,17 @@ it like any torchbkb algorithm. Each step does what a BoTorch user with fixed hy
 ``O(A·t²)`` scoring, BoTorch's default settings, no custom caching); ``mode="condition"`` instead
 extends the previous model with ``model.condition_on_observations`` (BoTorch's incremental path,
 which reuses the cached Cholesky factor of the previous model).
+
+BoTorch is imported with this module, so its import time is not charged to the peer's runs.
 """
 
 from __future__ import annotations
 
 import torch
+from botorch.acquisition import UpperConfidenceBound
+from botorch.models import SingleTaskGP
+from botorch.optim import optimize_acqf_discrete
+from gpytorch.kernels import RBFKernel, ScaleKernel
 
 from torchbkb.bandits.base import Bandit
 from torchbkb.confidence import to_botorch_beta
@@ -65,9 +71,6 @@ class BoTorchUCB(Bandit):
         self._model = None
 
     def _build_model(self, X: torch.Tensor, Y: torch.Tensor):
-        from botorch.models import SingleTaskGP
-        from gpytorch.kernels import RBFKernel, ScaleKernel
-
         model = SingleTaskGP(X, Y, covar_module=ScaleKernel(RBFKernel()), outcome_transform=None)
         model.covar_module.base_kernel.lengthscale = self.lengthscale
         model.covar_module.outputscale = self.outputscale
@@ -78,9 +81,6 @@ class BoTorchUCB(Bandit):
     def _select(self) -> torch.Tensor:
         if self.t == 0:
             return torch.randint(0, self.num_arms, (1,), generator=self.generator).to(self.arms.device)
-        from botorch.acquisition import UpperConfidenceBound
-        from botorch.optim import optimize_acqf_discrete
-
         acqf = UpperConfidenceBound(self._model, beta=self.botorch_beta)
         with torch.no_grad():
             cand, _ = optimize_acqf_discrete(acqf, q=1, choices=self.arms, max_batch_size=self.max_batch_size)
