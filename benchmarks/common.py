@@ -356,7 +356,7 @@ class AlgorithmSpec:
     """A registered algorithm: ``factory(arms, settings, seed) -> Bandit``.
 
     Attributes:
-        capped: exact/slow peer whose runs are capped by a wall-time limit.
+        capped: an exact (slow) peer -- informational; every suite applies its wall-time cap to all runs.
     """
 
     name: str

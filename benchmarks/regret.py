@@ -27,7 +27,6 @@ if __package__ in (None, ""):  # `python benchmarks/regret.py`: make the repo ro
 
 import time
 
-import torch
 
 import benchmarks.algorithms  # noqa: F401 - fills the registry
 from benchmarks.common import (
