@@ -40,30 +40,30 @@ from torchbkb.errors import InputDataError, check_positive
 from torchbkb.nystrom import DEFAULT_CHUNK, NystromEmbedding
 from torchbkb.rls_dictionary import RLSDictionary
 
-__all__ = ["BKB"]
+__all__ = ["BKB", "SketchedKernelBandit"]
 
 
-class BKB(KernelBandit):
-    """Budgeted kernel bandit.
+class SketchedKernelBandit(KernelBandit):
+    """What BKB and BBKB share: the RLS dictionary, the cached embedding of all arms and the DTC refit.
+
+    At every :meth:`_update` (the end of a step for BKB, of a batch for BBKB) the dictionary is
+    resampled from the pulled arms with the RLS variances of the posterior the selection used
+    (``self._rls``), the arms are re-embedded only if the dictionary changed, ``V`` is rebuilt from the
+    pull counts and every arm is rescored. Subclasses implement ``_select`` and their confidence width.
 
     Args:
-        arms: `(A, d)` arm set (A up to 10⁶; only `(A, m)` features are kept).
+        arms: `(A, d)` arm set (only `(A, m)` features are kept).
         kernel: a ``gpytorch.kernels.Kernel`` or callable ``(X1, X2) -> Tensor``.
         noise: ``λ > 0``.
         q_bar: oversampling ``q̄`` of the dictionary resampling.
-        beta: ``"theory"`` (β̃ₜ of 000 Theorem 2) or a constant width (RLS scale).
-        seed: generator seed (first arm, dictionary draws).
-        F: bound on ``‖f‖_H`` (theory β).
-        delta: failure probability (theory β).
-        epsilon: dictionary accuracy ``ε`` (theory β, ``α = (1+ε)/(1-ε)``); or give ``alpha`` instead.
-        alpha: ``α > 1``, overrides ``epsilon``.
-        noise_std: ``ξ`` of the theory β (default ``√λ``).
+        beta: ``"theory"`` or a constant width (RLS scale).
+        seed, F, delta, noise_std: see :class:`~torchbkb.bandits.base.KernelBandit`.
         chunk_size: arms embedded/scored at once.
 
     Attributes:
         dictionary: `(m,)` long, arm indices of the current dictionary.
         beta: the width used for the last selection.
-        deff: ``Σ_i n_i σ̃²_t(x_i)``, the estimate of ``d_eff`` used by the theory β.
+        deff: ``Σ_i n_i σ̃²_t(x_i)``, the estimate of ``d_eff`` (000 Eq. 5).
         embeddings_computed: how many times the arms were (re-)embedded.
     """
 
@@ -78,19 +78,10 @@ class BKB(KernelBandit):
         seed: int | None = None,
         F: float = 1.0,
         delta: float = 0.01,
-        epsilon: float = 0.5,
-        alpha: float | None = None,
         noise_std: float | None = None,
         chunk_size: int = DEFAULT_CHUNK,
     ):
         super().__init__(arms, kernel, noise=noise, beta=beta, seed=seed, noise_std=noise_std, F=F, delta=delta)
-        if alpha is not None:
-            a = check_positive(alpha, "alpha")
-            if a <= 1.0:
-                raise InputDataError(f"alpha: expected alpha > 1, got {alpha!r}")
-            epsilon = (a - 1.0) / (a + 1.0)
-        alpha_from_epsilon(epsilon)  # validates 0 < ε < 1
-        self.epsilon = float(epsilon)
         self.q_bar = check_positive(q_bar, "q_bar")
         self.chunk_size = int(chunk_size)
         self.sampler = RLSDictionary(self.q_bar, generator=self.generator)
@@ -118,21 +109,7 @@ class BKB(KernelBandit):
         """``(μ̃_t, σ̃²_t)`` of all arms, `(A,)` each (RLS-scale variance)."""
         return self._mean, self._rls
 
-    # ------------------------------------------------------------------ algorithm
-    def _select(self) -> torch.Tensor:
-        if self.t == 0:
-            self.beta = self.current_beta()
-            return self._random_arm()
-        self.beta = self.current_beta()
-        ucb = self._mean + self.beta * self._rls.sqrt()
-        return torch.argmax(ucb).reshape(1)
-
-    def current_beta(self) -> float:
-        """β̃ₜ for the next selection."""
-        if self.beta_mode != "theory":
-            return float(self.beta_mode)
-        return bkb_beta(self.deff, max(self.t, 1), noise_std=self.noise_std, lam=self.lam, F=self.F, delta=self.delta, epsilon=self.epsilon, kappa2=self.kappa2)
-
+    # ------------------------------------------------------------------ resparsification
     def _update(self) -> None:
         pulled = (self.counts > 0).nonzero().squeeze(1)  # unique pulled arms
         if self.dictionary.numel() == 0 and self.t <= self.last_told[0].numel():
@@ -177,3 +154,67 @@ class BKB(KernelBandit):
         self._rls = state["rls"].to(self.arms.device)
         self.beta = float(state["beta"])
         self.embeddings_computed = int(state["embeddings_computed"])
+
+
+class BKB(SketchedKernelBandit):
+    """Budgeted kernel bandit.
+
+    Args:
+        arms: `(A, d)` arm set (A up to 10⁶; only `(A, m)` features are kept).
+        kernel: a ``gpytorch.kernels.Kernel`` or callable ``(X1, X2) -> Tensor``.
+        noise: ``λ > 0``.
+        q_bar: oversampling ``q̄`` of the dictionary resampling.
+        beta: ``"theory"`` (β̃ₜ of 000 Theorem 2) or a constant width (RLS scale).
+        seed: generator seed (first arm, dictionary draws).
+        F: bound on ``‖f‖_H`` (theory β).
+        delta: failure probability (theory β).
+        epsilon: dictionary accuracy ``ε`` (theory β, ``α = (1+ε)/(1-ε)``); or give ``alpha`` instead.
+        alpha: ``α > 1``, overrides ``epsilon``.
+        noise_std: ``ξ`` of the theory β (default ``√λ``).
+        chunk_size: arms embedded/scored at once.
+
+    Attributes:
+        dictionary: `(m,)` long, arm indices of the current dictionary.
+        beta: the width used for the last selection.
+        deff: ``Σ_i n_i σ̃²_t(x_i)``, the estimate of ``d_eff`` used by the theory β.
+        embeddings_computed: how many times the arms were (re-)embedded.
+    """
+
+    def __init__(
+        self,
+        arms: torch.Tensor,
+        kernel: Callable,
+        *,
+        noise: float,
+        q_bar: float = 2.0,
+        beta: float | str = "theory",
+        seed: int | None = None,
+        F: float = 1.0,
+        delta: float = 0.01,
+        epsilon: float = 0.5,
+        alpha: float | None = None,
+        noise_std: float | None = None,
+        chunk_size: int = DEFAULT_CHUNK,
+    ):
+        super().__init__(arms, kernel, noise=noise, q_bar=q_bar, beta=beta, seed=seed, F=F, delta=delta, noise_std=noise_std, chunk_size=chunk_size)
+        if alpha is not None:
+            a = check_positive(alpha, "alpha")
+            if a <= 1.0:
+                raise InputDataError(f"alpha: expected alpha > 1, got {alpha!r}")
+            epsilon = (a - 1.0) / (a + 1.0)
+        alpha_from_epsilon(epsilon)  # validates 0 < ε < 1
+        self.epsilon = float(epsilon)
+
+    def _select(self) -> torch.Tensor:
+        if self.t == 0:
+            self.beta = self.current_beta()
+            return self._random_arm()
+        self.beta = self.current_beta()
+        ucb = self._mean + self.beta * self._rls.sqrt()
+        return torch.argmax(ucb).reshape(1)
+
+    def current_beta(self) -> float:
+        """β̃ₜ for the next selection."""
+        if self.beta_mode != "theory":
+            return float(self.beta_mode)
+        return bkb_beta(self.deff, max(self.t, 1), noise_std=self.noise_std, lam=self.lam, F=self.F, delta=self.delta, epsilon=self.epsilon, kappa2=self.kappa2)
