@@ -121,19 +121,27 @@ class DTCPosterior(nn.Module):
         return self.train_X.shape[:-2]
 
     # ------------------------------------------------------------------ fitting
-    def fit(self, X: torch.Tensor, y: torch.Tensor, counts: torch.Tensor | None = None) -> "DTCPosterior":
+    def fit(self, X: torch.Tensor, y: torch.Tensor, counts: torch.Tensor | None = None, *, features: torch.Tensor | None = None) -> "DTCPosterior":
         """Condition on observed data (replacing any previous data and pending points).
 
         Args:
             X: `(*b, n, d)` pulled points (``n`` may be 0).
             y: `(*b, n)` rewards; with ``counts``, ``y_i`` is the **mean** of the ``counts_i`` rewards at ``x_i``.
             counts: `(*b, n)` positive pull counts (weights); default all ones.
+            features: optional `(*b, n, r)` ``z(X)`` already computed with this posterior's embedding
+                (a bandit that caches its arms' embedding skips re-embedding the pulled arms).
 
         Returns:
             ``self``.
         """
         X, y, counts = self._check_data(X, y, counts, "X", "y")
-        state = self._build(X, y, counts)
+        if features is not None:
+            want = (*X.shape[:-1], self.embedding.rank)
+            if not isinstance(features, torch.Tensor) or tuple(features.shape) != want:
+                got = tuple(features.shape) if isinstance(features, torch.Tensor) else type(features).__name__
+                raise InputDataError(f"features: expected shape {want} (z(X) of this embedding), got {got}")
+            check_finite(features, "features")
+        state = self._build(X, y, counts, features=features)
         self._set_state(state, X, y, counts, X.new_empty((*X.shape[:-2], 0, X.shape[-1])), X.new_empty((*X.shape[:-2], 0)))
         return self
 
@@ -328,14 +336,17 @@ class DTCPosterior(nn.Module):
         rls = (kdiag - sq).clamp_min(0.0) / self.lam + quad.clamp_min(0.0)
         return mean, rls
 
-    def _build(self, X, y, counts, n_observed: int | None = None) -> dict:
+    def _build(self, X, y, counts, n_observed: int | None = None, features: torch.Tensor | None = None) -> dict:
         """ZtZ, Zty, V⁻¹ and weights from scratch (rows past ``n_observed`` are hallucinated)."""
         emb = self.embedding
         r = emb.rank
         dtype = compute_dtype(emb.inducing_points.dtype, r)
         batch = X.shape[:-2]
         with torch.no_grad():
-            Z = emb(X).to(dtype) if X.shape[-2] > 0 else X.new_zeros((*batch, 0, r), dtype=dtype)  # (*b, n, r)
+            if features is not None:
+                Z = features.detach().to(dtype)  # (*b, n, r), precomputed z(X)
+            else:
+                Z = emb(X).to(dtype) if X.shape[-2] > 0 else X.new_zeros((*batch, 0, r), dtype=dtype)  # (*b, n, r)
         c = counts.to(dtype)
         n_obs = X.shape[-2] if n_observed is None else n_observed
         Zo, co, yo = Z[..., :n_obs, :], c[..., :n_obs], y[..., :n_obs].to(dtype)
