@@ -352,15 +352,16 @@ class DTCPosterior(nn.Module):
         Zo, co, yo = Z[..., :n_obs, :], c[..., :n_obs], y[..., :n_obs].to(dtype)
         ZtZ_obs = (Zo.transpose(-1, -2) * co.unsqueeze(-2)) @ Zo  # (*b, r, r)
         Zty = ((co * yo).unsqueeze(-2) @ Zo).squeeze(-2)  # (*b, r)
-        weights = (spd_inverse(_add_diag(ZtZ_obs, self.lam), name="V") @ Zty.unsqueeze(-1)).squeeze(-1)
+        V_obs_inv = spd_inverse(_add_diag(ZtZ_obs, self.lam), name="V")
+        weights = (V_obs_inv @ Zty.unsqueeze(-1)).squeeze(-1)
         Zp, cp = Z[..., n_obs:, :], c[..., n_obs:]
-        ZtZ = ZtZ_obs + (Zp.transpose(-1, -2) * cp.unsqueeze(-2)) @ Zp
         if Zp.shape[-2] > 0:
+            ZtZ = ZtZ_obs + (Zp.transpose(-1, -2) * cp.unsqueeze(-2)) @ Zp
             yp = (Zp @ weights.unsqueeze(-1)).squeeze(-1)  # hallucinated rewards: the mean
             Zty = Zty + ((cp * yp).unsqueeze(-2) @ Zp).squeeze(-2)
             V_inv = spd_inverse(_add_diag(ZtZ, self.lam), name="V")
-        else:
-            V_inv = spd_inverse(_add_diag(ZtZ, self.lam), name="V")
+        else:  # no pending rows: V is the observed one, factorized once
+            ZtZ, V_inv = ZtZ_obs, V_obs_inv
         return {"ZtZ": ZtZ, "Zty": Zty, "V_inv": V_inv, "weights": weights}
 
     def _set_state(self, state, X, y, counts, pending_X, pending_counts) -> None:
