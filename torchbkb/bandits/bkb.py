@@ -91,6 +91,8 @@ class SketchedKernelBandit(KernelBandit):
         self.embeddings_computed = 0
         self._posterior: DTCPosterior | None = None
         self._Z: torch.Tensor | None = None  # (A, r) cached embedding of all arms
+        self._K_buf: torch.Tensor | None = None  # (capacity, A) cached kernel rows k(s, arms), first m used
+        self._order: list[int] = []  # the dictionary's arms in cache-slot order (the embedding's order)
         self._mean = torch.zeros(self.num_arms, dtype=arms.dtype, device=arms.device)
         self._rls = self.kdiag / self.lam  # prior σ̃² (RLS scale)
 
@@ -119,38 +121,98 @@ class SketchedKernelBandit(KernelBandit):
             new_dict = pulled[keep]
         self._rebuild(new_dict)
 
-    def _rebuild(self, new_dict: torch.Tensor) -> None:
-        """Set the dictionary, re-embed if it changed, refit V from all pulls, rescore all arms."""
+    def _rebuild(self, new_dict: torch.Tensor, order: list[int] | None = None) -> None:
+        """Set the dictionary, re-embed if it changed, refit V from all pulls, rescore all arms.
+
+        ``order`` (checkpoint loading only) is the slot order of the kernel-row cache to restore.
+        """
         new_dict = torch.sort(new_dict).values
         pulled = (self.counts > 0).nonzero().squeeze(1)
         with torch.no_grad():
             if new_dict.numel() == 0:  # S = ∅: z ≡ 0, the DTC posterior is the prior
-                self._posterior, self._Z = None, None
+                self._posterior, self._Z, self._K_buf, self._order = None, None, None, []
                 self._mean = torch.zeros_like(self._mean)
                 self._rls = self.kdiag / self.lam
             else:
                 changed = self._posterior is None or not torch.equal(new_dict, self.dictionary)
                 if changed:
-                    emb = NystromEmbedding(self.kernel, self.arms[new_dict], chunk_size=self.chunk_size)
-                    self._Z = emb(self.arms)  # (A, r): the A·m² part, only when S changed
+                    if order is None:
+                        self._update_kernel_rows(new_dict.tolist())
+                    else:
+                        self._K_buf, self._order = None, []
+                        self._update_kernel_rows(list(order))
+                    m = len(self._order)
+                    S_idx = self._long(self._order)  # dictionary in cache-slot order
+                    emb = NystromEmbedding(self.kernel, self.arms[S_idx], chunk_size=self.chunk_size)
+                    W_T = emb.projection.to(self.arms.dtype).T  # (m, r)
+                    self._Z = self._K_buf[:m].T @ W_T  # (A, r) = z(arms): the A·m·r product, only when S changed
                     self.embeddings_computed += 1
                     self._posterior = DTCPosterior(emb, noise=self.lam, chunk_size=self.chunk_size)
                 n = self.counts[pulled].to(self.arms.dtype)
                 y_mean = (self.reward_sums[pulled] / self.counts[pulled]).to(self.arms.dtype)
-                self._posterior.fit(self.arms[pulled], y_mean, n)  # V from the counts: O(min(t, A)·m²)
+                # V from the counts, on the cached features of the pulled arms: O(min(t, A)·m²)
+                self._posterior.fit(self.arms[pulled], y_mean, n, features=self._Z[pulled])
                 self._mean, self._rls = self._posterior.score_embedded(self._Z, self.kdiag)
         self.dictionary = new_dict
         self.deff = float((self.counts[pulled].to(torch.float64) * self._rls[pulled].to(torch.float64)).sum())
 
+    def _update_kernel_rows(self, new_dict: list[int]) -> None:
+        """Make the cache ``self._K_buf[:m]`` hold ``k(s, arms)`` `(A,)` for every dictionary point ``s``.
+
+        Rows of points that stay are not touched; a leaving point's slot is given to an entering point
+        (or to the last row, to keep the cache compact), entering points are evaluated with one
+        ``k(arms, x)`` `(A, 1)` call each. One call per point keeps every row bitwise independent of which
+        other points entered with it (a kernel block differs in the last bits from its columns computed
+        alone), so a run resumed from a checkpoint -- which stores the slot order -- rebuilds the same
+        cache, the same embedding and the same choices. Cost: ``O(A·d)`` per entering point plus one
+        ``(A,)`` copy per compacted slot.
+        """
+        want = set(new_dict)
+        order = list(self._order)
+        have = set(order)
+        entering = [a for a in new_dict if a not in have]  # ascending (new_dict is sorted or a saved order)
+        holes = [p for p, a in enumerate(order) if a not in want]
+        compute: list[int] = []  # slots to (re)evaluate
+        for p in holes[: len(entering)]:
+            order[p] = entering.pop(0)
+            compute.append(p)
+        buf = self._K_buf
+        for p in reversed(holes[len(compute) :]):  # no entering point left for these: compact
+            last = len(order) - 1
+            if p != last:
+                buf[p] = buf[last]
+                order[p] = order[last]
+            order.pop()
+        for a in entering:  # the rest go to the end
+            compute.append(len(order))
+            order.append(a)
+        m, A = len(order), self.num_arms
+        if buf is None or buf.shape[0] < m:  # grow the cache geometrically
+            grown = self.arms.new_empty((max(16, 2 * m), A))
+            if buf is not None:
+                keep = min(buf.shape[0], m)
+                grown[:keep] = buf[:keep]
+            buf = grown
+        for p in compute:
+            a = order[p]
+            buf[p] = self.kernel(self.arms, self.arms[a : a + 1])[:, 0]  # (A,): one canonical call
+        self._K_buf, self._order = buf, order
+
     # ------------------------------------------------------------------ checkpoints
     def _algorithm_state(self) -> dict[str, Any]:
-        return {"dictionary": self.dictionary.cpu().clone(), "beta": self.beta, "rls": self._rls.cpu().clone(), "embeddings_computed": self.embeddings_computed}
+        return {
+            "dictionary": self.dictionary.cpu().clone(),
+            "order": list(self._order),
+            "beta": self.beta,
+            "rls": self._rls.cpu().clone(),
+            "embeddings_computed": self.embeddings_computed,
+        }
 
     def _load_algorithm_state(self, state: dict[str, Any]) -> None:
         self._posterior = None
         self.dictionary = self._long([])
         if self.t > 0:
-            self._rebuild(state["dictionary"].to(self.arms.device))
+            self._rebuild(state["dictionary"].to(self.arms.device), order=state["order"])
         self._rls = state["rls"].to(self.arms.device)
         self.beta = float(state["beta"])
         self.embeddings_computed = int(state["embeddings_computed"])
