@@ -3,6 +3,7 @@
 from torchbkb.bandits.base import Bandit, KernelBandit
 from torchbkb.bandits.baselines import EpsGreedy, Random
 from torchbkb.bandits.bkb import BKB
+from torchbkb.bandits.bbkb import BBKB
 from torchbkb.bandits.gpucb import GPUCB
 
-__all__ = ["Bandit", "KernelBandit", "Random", "EpsGreedy", "GPUCB", "BKB"]
+__all__ = ["Bandit", "KernelBandit", "Random", "EpsGreedy", "GPUCB", "BKB", "BBKB"]
