@@ -16,7 +16,7 @@ from torchbkb.exact_posterior import ExactPosterior
 from torchbkb.rls_dictionary import RLSDictionary
 from torchbkb import confidence
 from torchbkb.bandits import BKB, GPUCB, Bandit, EpsGreedy, Random
-from torchbkb.bandits import BBKB
+from torchbkb.bandits import BBKB, GPBUCB
 from torchbkb.loop import ArmObjective, History, ObjectiveError, run
 
 __version__ = "0.1.0"
@@ -38,6 +38,7 @@ __all__ = [
     "BKB",
     "GPUCB",
     "BBKB",
+    "GPBUCB",
     "EpsGreedy",
     "Random",
     "run",

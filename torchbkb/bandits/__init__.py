@@ -4,6 +4,7 @@ from torchbkb.bandits.base import Bandit, KernelBandit
 from torchbkb.bandits.baselines import EpsGreedy, Random
 from torchbkb.bandits.bkb import BKB
 from torchbkb.bandits.bbkb import BBKB
+from torchbkb.bandits.gpbucb import GPBUCB
 from torchbkb.bandits.gpucb import GPUCB
 
-__all__ = ["Bandit", "KernelBandit", "Random", "EpsGreedy", "GPUCB", "BKB", "BBKB"]
+__all__ = ["Bandit", "KernelBandit", "Random", "EpsGreedy", "GPUCB", "BKB", "BBKB", "GPBUCB"]
