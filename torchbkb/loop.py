@@ -16,7 +16,13 @@ Each batch's points are evaluated in parallel when an ``executor`` is given: any
 with ``pure=False`` for Dask so a retried point is really re-run). An evaluation that raises (or whose
 worker dies) is retried up to ``max_retries`` times; a point that keeps failing is reported in
 ``History.failures`` and left out of the ``tell`` (``bandit.discard``), which leaves the bandit state
-consistent. To use an existing Dask cluster: ``Client("tcp://scheduler:8786")`` and pass the client.
+consistent; the bandit also excludes such an arm from later selections (``discard(..., exclude=True)``),
+otherwise a deterministic algorithm, having learned nothing, would ask for it again forever.
+
+To use an existing Dask cluster, connect a client to its scheduler and pass it:
+``torchbkb.run(bandit, objective, T, executor=distributed.Client("tcp://scheduler:8786"))``. The
+objective is pickled to the workers, so it must be importable there (install your package on the
+workers, or ``client.upload_file("my_objective.py")``); the bandit stays in the driver.
 
 With ``checkpoint=path`` the bandit and the history are saved (atomically) every ``checkpoint_every``
 batches, and a run started with an existing checkpoint resumes from it: killing the driver loses at
@@ -279,11 +285,12 @@ def run(
                 warnings.warn(f"torchbkb.run: arm {arm} failed {max_retries + 1} time(s) and is left out: {msg}", RuntimeWarning, stacklevel=2)
                 hist.failures.append((batch, arm, msg))
             a0 = time.perf_counter()
-            drop = [a for a, _ in failed] + extra.tolist()
             if ok_idx:
                 bandit.tell(torch.tensor(ok_idx, dtype=torch.long), torch.stack(ok_y).to(torch.float64))
-            if drop and len(bandit.pending):
-                bandit.discard(torch.tensor(drop, dtype=torch.long))
+            if extra.numel() and len(bandit.pending):  # past the budget: simply not evaluated
+                bandit.discard(extra)
+            if failed and len(bandit.pending):  # failed every retry: left out and never asked again
+                bandit.discard(torch.tensor([a for a, _ in failed], dtype=torch.long), exclude=True)
             algo += time.perf_counter() - a0
             now, a_now = t_offset + time.perf_counter() - start, a_offset + algo
             dsize = bandit.dictionary_size

@@ -171,7 +171,7 @@ class BBKB(SketchedKernelBandit):
             else:
                 Z, V_inv = self._Z, self._posterior.V_inv
             with torch.no_grad():
-                sel = select_batch(Z, self._mean, self._rls, V_inv, self.beta, self.batch_bound, self.max_batch_size, lazy=self.lazy, validate=False)
+                sel = select_batch(Z, self._mask_excluded(self._mean), self._rls, V_inv, self.beta, self.batch_bound, self.max_batch_size, lazy=self.lazy, validate=False)
             idx = sel.indices
             self.last_selection = sel
             self.ucb_evaluations += sel.ucb_evaluations

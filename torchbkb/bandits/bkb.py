@@ -272,7 +272,7 @@ class BKB(SketchedKernelBandit):
             self.beta = self.current_beta()
             return self._random_arm()
         self.beta = self.current_beta()
-        ucb = self._mean + self.beta * self._rls.sqrt()
+        ucb = self._mask_excluded(self._mean + self.beta * self._rls.sqrt())
         return torch.argmax(ucb).reshape(1)
 
     def current_beta(self) -> float:

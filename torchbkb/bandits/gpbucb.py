@@ -119,7 +119,7 @@ class GPBUCB(GPUCB):
             self._batch_rls = [float(self.kdiag[picks[0]]) / self.lam]
         else:
             mean_fb, var_fb = post.watched()
-            mean_fb = mean_fb.clone()  # frozen; hallucinations leave it unchanged anyway
+            mean_fb = self._mask_excluded(mean_fb.clone())  # frozen; hallucinations leave it unchanged anyway
             rls_fb = (var_fb / self.lam).tolist()
             picks, in_batch, level = [], [], 1.0
             with torch.no_grad():
