@@ -69,12 +69,18 @@ class ArmObjective:
         noise_std: standard deviation of the reward noise.
         seed: seed of its own generator (its state is checkpointed with the run).
 
+    It is evaluated in the driver even when :func:`run` has an executor (``evaluate_in_driver``): copies
+    pickled to worker processes would all start from the same generator state and draw the same noise.
+
     Example:
         >>> import torch
         >>> obj = ArmObjective(torch.tensor([0.0, 1.0]), noise_std=0.0)
         >>> obj(torch.tensor([1, 0]))
         tensor([1., 0.])
     """
+
+    #: :func:`run` calls it in the driver (its noise generator must not be copied to workers).
+    evaluate_in_driver = True
 
     def __init__(self, values: torch.Tensor, noise_std: float = 0.0, seed: int | None = 0):
         if not isinstance(values, torch.Tensor) or values.dim() != 1 or not values.is_floating_point():
@@ -216,7 +222,8 @@ def run(
         objective: rewards per arm `(A,)`, or a callable ``indices (k,) -> rewards (k,)``.
         budget: total number of evaluations ``T``.
         executor: ``None`` (evaluate in the driver), a ``concurrent.futures.Executor`` or a
-            ``dask.distributed.Client``; each batch's points are submitted one per task.
+            ``dask.distributed.Client``; each batch's points are submitted one per task (objectives with
+            ``evaluate_in_driver = True``, like :class:`ArmObjective`, are still called in the driver).
         progress: show a tqdm bar with regret and batch size.
         checkpoint: path of a checkpoint file; resumed from if it exists, written every ``checkpoint_every`` batches.
         checkpoint_every: batches between checkpoints.
@@ -242,6 +249,8 @@ def run(
     on_failure = on_failure or ("raise" if executor is None else "skip")
     if on_failure not in ("raise", "skip"):
         raise InputDataError(f"on_failure: expected 'raise' or 'skip', got {on_failure!r}")
+
+    remote = None if getattr(objective, "evaluate_in_driver", False) else executor  # e.g. ArmObjective's noise
 
     hist = History()
     if f is not None:
@@ -278,7 +287,7 @@ def run(
             room = budget - len(hist)
             todo, extra = idx[:room], idx[room:]
             batch = bandit.batch_id - 1
-            ok_idx, ok_y, failed = _evaluate(evaluate, todo, executor, max_retries)
+            ok_idx, ok_y, failed = _evaluate(evaluate, todo, remote, max_retries)
             for arm, msg in failed:
                 if on_failure == "raise":
                     raise ObjectiveError(f"objective failed at arm index {arm} (batch {batch}) after {max_retries + 1} attempt(s): {msg}")
