@@ -121,26 +121,34 @@ class DTCPosterior(nn.Module):
         return self.train_X.shape[:-2]
 
     # ------------------------------------------------------------------ fitting
-    def fit(self, X: torch.Tensor, y: torch.Tensor, counts: torch.Tensor | None = None, *, features: torch.Tensor | None = None) -> "DTCPosterior":
+    def fit(
+        self,
+        X: torch.Tensor,
+        y: torch.Tensor,
+        counts: torch.Tensor | None = None,
+        *,
+        features: torch.Tensor | None = None,
+    ) -> "DTCPosterior":
         """Condition on observed data (replacing any previous data and pending points).
 
         Args:
             X: `(*b, n, d)` pulled points (``n`` may be 0).
             y: `(*b, n)` rewards; with ``counts``, ``y_i`` is the **mean** of the ``counts_i`` rewards at ``x_i``.
             counts: `(*b, n)` positive pull counts (weights); default all ones.
-            features: optional `(*b, n, r)` ``z(X)`` already computed with this posterior's embedding
-                (a bandit that caches its arms' embedding skips re-embedding the pulled arms).
+            features: optional `(*b, n, r)` ``z(X)`` already computed with this embedding (bandits cache
+                the embedding of all arms); skips re-embedding ``X``.
 
         Returns:
             ``self``.
         """
         X, y, counts = self._check_data(X, y, counts, "X", "y")
-        if features is not None:
-            want = (*X.shape[:-1], self.embedding.rank)
-            if not isinstance(features, torch.Tensor) or tuple(features.shape) != want:
-                got = tuple(features.shape) if isinstance(features, torch.Tensor) else type(features).__name__
-                raise InputDataError(f"features: expected shape {want} (z(X) of this embedding), got {got}")
-            check_finite(features, "features")
+        if features is not None and (not isinstance(features, torch.Tensor) or features.shape != (*X.shape[:-1], self.embedding.rank)):
+            got = tuple(features.shape) if isinstance(features, torch.Tensor) else type(features).__name__
+            raise InputDataError(f"features: expected shape {(*X.shape[:-1], self.embedding.rank)}, got {got}")
+        return self._fit_validated(X, y, counts, features)
+
+    def _fit_validated(self, X, y, counts, features=None) -> "DTCPosterior":
+        """:meth:`fit` without input checks, for callers that validated their data once (the bandits)."""
         state = self._build(X, y, counts, features=features)
         self._set_state(state, X, y, counts, X.new_empty((*X.shape[:-2], 0, X.shape[-1])), X.new_empty((*X.shape[:-2], 0)))
         return self
@@ -342,27 +350,30 @@ class DTCPosterior(nn.Module):
         r = emb.rank
         dtype = compute_dtype(emb.inducing_points.dtype, r)
         batch = X.shape[:-2]
-        with torch.no_grad():
-            if features is not None:
-                Z = features.detach().to(dtype)  # (*b, n, r), precomputed z(X)
-            else:
-                Z = emb(X).to(dtype) if X.shape[-2] > 0 else X.new_zeros((*batch, 0, r), dtype=dtype)  # (*b, n, r)
+        if features is not None:
+            Z = features.to(dtype)
+        elif X.shape[-2] > 0:
+            with torch.no_grad():
+                Z = emb(X).to(dtype)  # (*b, n, r)
+        else:
+            Z = X.new_zeros((*batch, 0, r), dtype=dtype)
         c = counts.to(dtype)
         n_obs = X.shape[-2] if n_observed is None else n_observed
         Zo, co, yo = Z[..., :n_obs, :], c[..., :n_obs], y[..., :n_obs].to(dtype)
         ZtZ_obs = (Zo.transpose(-1, -2) * co.unsqueeze(-2)) @ Zo  # (*b, r, r)
         Zty = ((co * yo).unsqueeze(-2) @ Zo).squeeze(-2)  # (*b, r)
-        V_obs_inv = spd_inverse(_add_diag(ZtZ_obs, self.lam), name="V")
-        weights = (V_obs_inv @ Zty.unsqueeze(-1)).squeeze(-1)
+        if Z.shape[-2] == 0:  # the prior: V = λI, no factorization needed
+            V_inv = torch.eye(r, dtype=dtype, device=Z.device).expand(*batch, r, r) / self.lam
+            return {"ZtZ": ZtZ_obs, "Zty": Zty, "V_inv": V_inv.clone(), "weights": Zty.clone()}
+        V_inv_obs = spd_inverse(_add_diag(ZtZ_obs, self.lam), name="V")
+        weights = (V_inv_obs @ Zty.unsqueeze(-1)).squeeze(-1)  # (*b, r)
         Zp, cp = Z[..., n_obs:, :], c[..., n_obs:]
-        if Zp.shape[-2] > 0:
-            ZtZ = ZtZ_obs + (Zp.transpose(-1, -2) * cp.unsqueeze(-2)) @ Zp
-            yp = (Zp @ weights.unsqueeze(-1)).squeeze(-1)  # hallucinated rewards: the mean
-            Zty = Zty + ((cp * yp).unsqueeze(-2) @ Zp).squeeze(-2)
-            V_inv = spd_inverse(_add_diag(ZtZ, self.lam), name="V")
-        else:  # no pending rows: V is the observed one, factorized once
-            ZtZ, V_inv = ZtZ_obs, V_obs_inv
-        return {"ZtZ": ZtZ, "Zty": Zty, "V_inv": V_inv, "weights": weights}
+        if Zp.shape[-2] == 0:
+            return {"ZtZ": ZtZ_obs, "Zty": Zty, "V_inv": V_inv_obs, "weights": weights}
+        ZtZ = ZtZ_obs + (Zp.transpose(-1, -2) * cp.unsqueeze(-2)) @ Zp
+        yp = (Zp @ weights.unsqueeze(-1)).squeeze(-1)  # hallucinated rewards: the mean
+        Zty = Zty + ((cp * yp).unsqueeze(-2) @ Zp).squeeze(-2)
+        return {"ZtZ": ZtZ, "Zty": Zty, "V_inv": spd_inverse(_add_diag(ZtZ, self.lam), name="V"), "weights": weights}
 
     def _set_state(self, state, X, y, counts, pending_X, pending_counts) -> None:
         for name, value in state.items():

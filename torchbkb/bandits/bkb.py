@@ -150,8 +150,9 @@ class SketchedKernelBandit(KernelBandit):
                     self._posterior = DTCPosterior(emb, noise=self.lam, chunk_size=self.chunk_size)
                 n = self.counts[pulled].to(self.arms.dtype)
                 y_mean = (self.reward_sums[pulled] / self.counts[pulled]).to(self.arms.dtype)
-                # V from the counts, on the cached features of the pulled arms: O(min(t, A)·m²)
-                self._posterior.fit(self.arms[pulled], y_mean, n, features=self._Z[pulled])
+                # V from the counts, on the cached features of the pulled arms: O(min(t, A)·m²);
+                # the inputs were validated by tell()
+                self._posterior._fit_validated(self.arms[pulled], y_mean, n, features=self._Z[pulled])
                 self._mean, self._rls = self._posterior.score_embedded(self._Z, self.kdiag)
         self.dictionary = new_dict
         self.deff = float((self.counts[pulled].to(torch.float64) * self._rls[pulled].to(torch.float64)).sum())

@@ -1,0 +1,117 @@
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+
+from torchbkb import BKB, GPUCB, EpsGreedy, Random
+from torchbkb.errors import InputDataError, TorchBKBError
+from torchbkb.kernels import GaussianKernel
+
+ARMS = torch.rand(30, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+F = -((ARMS - 0.4) ** 2).sum(-1)
+
+
+def _bandits():
+    k = GaussianKernel(0.3)
+    return [
+        ("bkb", lambda: BKB(ARMS, k, noise=0.1, q_bar=2.0, beta=0.3, seed=0)),
+        ("gpucb", lambda: GPUCB(ARMS, k, noise=0.1, beta=0.3, seed=0)),
+        ("eps", lambda: EpsGreedy(ARMS, 0.2, seed=0)),
+        ("random", lambda: Random(ARMS, seed=0)),
+    ]
+
+
+def _warm(make, steps=5):
+    b = make()
+    for _ in range(steps):
+        i = b.ask()
+        b.tell(i, F[i])
+    return b
+
+
+def _state_equal(a, b):
+    if isinstance(a, torch.Tensor):
+        return torch.equal(a, b)
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(_state_equal(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(_state_equal(x, y) for x, y in zip(a, b))
+    return a == b or (a != a and b != b)
+
+
+BAD_TELLS = [
+    (lambda i: (torch.tensor([(int(i) + 1) % 30]), torch.tensor([0.0])), "were asked"),
+    (lambda i: (torch.tensor([30]), torch.tensor([0.0])), r"in \[0, 30\)"),
+    (lambda i: (torch.tensor([-1]), torch.tensor([0.0])), r"in \[0, 30\)"),
+    (lambda i: (i, torch.tensor([0.0, 1.0])), "expected 1 rewards"),
+    (lambda i: (i, torch.tensor([float("nan")])), "finite"),
+    (lambda i: (i, torch.tensor([float("inf")])), "finite"),
+    (lambda i: (i.double(), torch.tensor([0.0])), "integer tensor"),
+    (lambda i: (torch.tensor([], dtype=torch.long), torch.tensor([])), "at least one"),
+    (lambda i: (i, "x"), "rewards"),
+]
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.sampled_from(_bandits()), st.sampled_from(BAD_TELLS))
+def test_bad_tell_leaves_state_unchanged_and_ask_repeats(bandit_case, bad):
+    _, make = bandit_case
+    b = _warm(make)
+    asked = b.ask()
+    before = b.state_dict()
+    make_bad, msg = bad
+    idx, y = make_bad(asked)
+    with pytest.raises(TorchBKBError, match=msg):
+        b.tell(idx, y)
+    assert _state_equal(before, b.state_dict())
+    assert torch.equal(b.ask(), asked)
+
+
+@pytest.mark.parametrize("name,make", _bandits())
+def test_tell_twice_is_rejected_and_discard_resolves(name, make):
+    b = _warm(make, 3)
+    i = b.ask()
+    b.tell(i, F[i])
+    with pytest.raises(InputDataError, match="were asked"):
+        b.tell(i, F[i])
+    j = b.ask()
+    b.discard(j)
+    assert len(b.pending) == 0 and b.t == 4
+
+
+@pytest.mark.parametrize(
+    "arms,msg",
+    [
+        (torch.tensor([[0.0, float("nan")]]), "NaN/inf"),
+        (torch.rand(3), r"expected shape \(\*batch, n, d\)"),
+        (torch.rand(2, 3, 2), r"expected shape \(A, d\)"),
+        (torch.empty(0, 2), "at least 1 rows"),
+        (torch.ones(3, 2, dtype=torch.long), "floating"),
+    ],
+)
+def test_bad_arms(arms, msg):
+    with pytest.raises(InputDataError, match=msg):
+        BKB(arms, GaussianKernel(1.0), noise=0.1)
+    with pytest.raises(InputDataError, match=msg):
+        Random(arms)
+
+
+def test_eps_greedy_and_random():
+    with pytest.raises(InputDataError, match="epsilon"):
+        EpsGreedy(ARMS, 1.5)
+    b = EpsGreedy(ARMS, 0.0, seed=1)
+    for _ in range(10):
+        i = b.ask()
+        b.tell(i, F[i])
+    assert set(b.history["index"][1:]) == {b.history["index"][0]}  # ε = 0: exploit the only pulled arm
+    r = Random(ARMS, seed=2)
+    seen = set()
+    for _ in range(200):
+        i = r.ask()
+        r.tell(i, F[i])
+        seen.add(int(i))
+    assert len(seen) == 30
+
+
+def test_load_state_dict_checks_the_class():
+    with pytest.raises(InputDataError, match="expected a GPUCB checkpoint"):
+        GPUCB(ARMS, GaussianKernel(1.0), noise=0.1).load_state_dict(Random(ARMS).state_dict())
