@@ -1,7 +1,7 @@
 """BBKB -- batch budgeted kernel bandit (001, Algorithm 1): adaptive batches, delayed resparsification.
 
 A batch starts from the posterior of the last resparsification (dictionary ``S_fb``, mean ``μ̃_fb``,
-RLS variances ``σ̃²_fb``, all cached for every arm). Inside the batch (:func:`~torchbkb.select_batch`):
+RLS variances ``σ̃²_fb``, all cached for every arm). Inside the batch (:func:`~torchbkb.batch_selection.select_batch`):
 
 * the dictionary and the mean stay fixed; each pick is hallucinated into ``V`` by a rank-one update
   (no reward), so the in-batch variances ``σ̃²_t`` are exactly those of a DTC posterior on ``S_fb``
@@ -16,6 +16,10 @@ arms with probabilities ``min(1, q̄ σ̃²_fb)`` (per pull), the arms are re-em
 dictionary changed), ``V`` and the mean are refitted from the pull counts and every arm is rescored --
 the same code as BKB (:class:`~torchbkb.bandits.bkb.SketchedKernelBandit`). The first batch is one
 uniform arm and ``S_1 = {x_1}``.
+
+Memory: the kernel rows ``k(s, arms)`` of the dictionary and the embedding ``z(arms)`` are cached,
+`(m, A)` and `(A, m)` in the arms' dtype (so only the points entering the dictionary cost kernel
+evaluations at a resparsification); float32 arms halve it, the `m × m` factorizations stay float64.
 
 Checkpoints: :meth:`state_dict` can be taken at any time, including between ``ask`` and the last
 ``tell`` of a batch (the pending arms are restored and the batch completes identically);
