@@ -210,10 +210,10 @@ class SketchedKernelBandit(KernelBandit):
         }
 
     def _load_algorithm_state(self, state: dict[str, Any]) -> None:
-        self._posterior = None
+        self._posterior, self._Z, self._K_buf, self._order = None, None, None, []
         self.dictionary = self._long([])
         if self.t > 0:
-            self._rebuild(state["dictionary"].to(self.arms.device), order=state["order"])
+            self._rebuild(state["dictionary"].to(self.arms.device), order=state.get("order"))  # no order: older checkpoint
         self._rls = state["rls"].to(self.arms.device)
         self.beta = float(state["beta"])
         self.embeddings_computed = int(state["embeddings_computed"])
