@@ -15,6 +15,15 @@ from torchbkb.kernels import GaussianKernel
 
 REPO = Path(__file__).resolve().parents[1]
 
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """The operations here are tiny: a second intra-op thread only adds synchronization (much slower on a busy machine)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 
 class FlakyObjective:
     """Rewards ``values[i]``, with failures driven by attempt files in a shared directory (worker

@@ -18,6 +18,15 @@ MAKERS = {
     "GPBUCB": lambda: GPBUCB(ARMS, GaussianKernel(0.3), noise=0.01, beta=1.0, batch_bound=3.0, seed=0),
 }
 
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """The operations here are tiny: a second intra-op thread only adds synchronization (much slower on a busy machine)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 
 @pytest.mark.parametrize("name", sorted(MAKERS))
 def test_excluded_arms_are_never_selected_again(name):

@@ -13,6 +13,15 @@ from torchbkb.kernels import GaussianKernel
 LS = 0.2
 LAM = 0.01
 
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """The operations here are tiny: a second intra-op thread only adds synchronization (much slower on a busy machine)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 
 def _arms(A=150, seed=0, dtype=torch.float64, device="cpu"):
     g = torch.Generator().manual_seed(seed)
