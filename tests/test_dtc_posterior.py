@@ -312,3 +312,14 @@ def test_fit_with_precomputed_features_equals_fit():
     assert close(a.V_inv, b.V_inv, 1e-12) and close(a.weights, b.weights, 1e-12)
     with pytest.raises(InputDataError, match=r"features: expected shape \(40, 7\)"):
         DTCPosterior(emb, noise=0.05).fit(X, y, c, features=emb(X)[:, :3])
+
+
+def test_to_float32_keeps_the_float64_factorizations():
+    X, y, Xq = _data()
+    post = _post(X[:10], 0.05).fit(X, y)
+    V_inv = post.V_inv.clone()
+    W = post.embedding.projection.clone()
+    post.to(torch.float32)
+    assert post.V_inv.dtype == torch.float64 and torch.equal(post.V_inv, V_inv)
+    assert post.embedding.projection.dtype == torch.float64 and torch.equal(post.embedding.projection, W)
+    assert post.embedding.inducing_points.dtype == torch.float32

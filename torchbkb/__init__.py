@@ -18,6 +18,9 @@ from torchbkb import confidence
 from torchbkb.bandits import BKB, GPUCB, Bandit, EpsGreedy, Random
 from torchbkb.bandits import BBKB, GPBUCB
 from torchbkb.loop import ArmObjective, History, ObjectiveError, run
+from torchbkb.recursive_rls import RecursiveRLSResult, nystrom_lambda_max, recursive_rls
+from torchbkb.design import UncertaintyExplorer, linf_error, uncertainty_design
+from torchbkb.bandits import SBPE
 
 __version__ = "0.1.0"
 
@@ -45,4 +48,11 @@ __all__ = [
     "History",
     "ArmObjective",
     "ObjectiveError",
+    "recursive_rls",
+    "RecursiveRLSResult",
+    "nystrom_lambda_max",
+    "UncertaintyExplorer",
+    "uncertainty_design",
+    "linf_error",
+    "SBPE",
 ]

@@ -4,6 +4,9 @@
 * :func:`bbkb_beta` -- BBKB, 001 Theorem 2 (the batch multiplier is ``α̃ = C̃ β̃``);
 * :func:`gpucb_beta` -- exact GP-UCB with the same self-normalized bound (Abbasi-Yadkori et al.),
   ``log det(I + K/λ) = Σ_s log(1 + σ²_{s-1}(x_s))`` accumulated exactly;
+* :func:`vakili_beta`, :func:`vakili_beta_finite`, :func:`vakili_beta_continuous` -- the sparse
+  (DTC/SVGP) confidence widths of 003 Theorem 3.5 / Corollary 3.7; these are on the **GP scale**
+  (``μ̄ ± β σ̄_GP``) unless called with ``scale="rls"``;
 * :func:`to_botorch_beta` -- BoTorch's ``UpperConfidenceBound(beta=b)`` computes ``μ + √b·σ_GP``;
   with ``σ_GP = √λ σ̃`` the same UCB needs ``b = β̃² / λ``.
 
@@ -26,7 +29,17 @@ import math
 
 from torchbkb.errors import InputDataError
 
-__all__ = ["bkb_beta", "bbkb_beta", "gpucb_beta", "to_botorch_beta", "alpha_from_epsilon"]
+__all__ = [
+    "bkb_beta",
+    "bbkb_beta",
+    "gpucb_beta",
+    "to_botorch_beta",
+    "alpha_from_epsilon",
+    "vakili_beta",
+    "vakili_beta_finite",
+    "vakili_beta_continuous",
+    "vakili_continuous_halfwidth",
+]
 
 
 def alpha_from_epsilon(epsilon: float) -> float:
@@ -105,3 +118,219 @@ def _check_common(noise_std: float, lam: float, F: float, delta: float) -> None:
         raise InputDataError(f"F: expected F >= 0, got {F!r}")
     if not 0.0 < delta < 1.0:
         raise InputDataError(f"delta: expected 0 < delta < 1, got {delta!r}")
+
+
+# ---------------------------------------------------------------------------------------- Vakili et al. (003)
+# Sparse confidence widths for the DTC/SVGP posterior (μ̄, σ̄) of 003 Eq. 4 with inducing points Z and
+# regularization τ² = noise. Unlike the functions above they multiply the **GP-scale** standard deviation
+# σ̄ = √(DTC variance) = √(λ·σ̃²): the interval is μ̄ ± β σ̄. With ``scale="rls"`` they return β·τ, the width
+# of the same interval on the RLS scale (μ̄ ± (βτ)·σ̃); BoTorch's ``UpperConfidenceBound(beta=b)`` gets the
+# same UCB with ``b = β²`` (= ``to_botorch_beta(vakili_beta(..., scale="rls"), lam)``).
+
+
+def vakili_beta(
+    delta: float,
+    rkhs_norm: float,
+    subgaussian: float,
+    noise: float,
+    lambda_max: float,
+    *,
+    scale: str = "gp",
+) -> float:
+    """β(δ) of 003 Theorem 3.5: for a *fixed* ``x``, each of ``f(x) <= μ̄(x) + β σ̄(x)`` and
+    ``f(x) >= μ̄(x) - β σ̄(x)`` holds with probability ``>= 1 - δ``, where::
+
+        β(δ) = (2 + √λ_max / τ) · C_k + (R / τ) · √(2 log(1/δ)),     τ² = noise
+
+    Assumptions (003): ``‖f‖_{H_k} <= C_k`` (3.3); the noise is ``R``-sub-Gaussian and independent (3.4);
+    the data ``X_n`` and inducing points ``Z_m`` are chosen independently of the noise (e.g. by
+    variance-only rules and recursive RLS, as in S-BPE). ``λ_max`` is the top eigenvalue of
+    ``K_X - K_XZ K_Z⁻¹ K_ZX`` (:func:`torchbkb.recursive_rls.nystrom_lambda_max`); Lemma 3.8's recursive RLS
+    gives ``λ_max <= τ²``, i.e. the first term becomes ``3 C_k``.
+
+    Args:
+        delta: ``δ ∈ (0, 1)`` (per point and per side).
+        rkhs_norm: ``C_k >= 0``, the bound on ``‖f‖_{H_k}``.
+        subgaussian: ``R >= 0``, the sub-Gaussian parameter of the noise (``= τ`` in the GP reading).
+        noise: ``τ² > 0``, the regularization (the posterior's ``noise``).
+        lambda_max: ``λ_max >= 0``.
+        scale: ``"gp"`` (multiplies ``σ̄ = √var``) or ``"rls"`` (returns ``β·τ``, multiplies ``σ̃ = √(var/τ²)``).
+
+    Returns:
+        β as a Python float.
+
+    Example:
+        >>> from torchbkb.confidence import vakili_beta
+        >>> round(vakili_beta(0.05, rkhs_norm=1.0, subgaussian=0.1, noise=0.01, lambda_max=0.01), 4)  # 3 + √(2 log 20)
+        5.4477
+        >>> round(vakili_beta(0.05, 1.0, 0.1, 0.01, 0.01, scale="rls"), 5)                         # × τ = 0.1
+        0.54477
+    """
+    tau = _check_vakili(delta, rkhs_norm, subgaussian, noise, lambda_max)
+    beta = (2.0 + math.sqrt(float(lambda_max)) / tau) * float(rkhs_norm) + float(subgaussian) / tau * math.sqrt(2.0 * math.log(1.0 / float(delta)))
+    return _vakili_scale(beta, tau, scale)
+
+
+def vakili_beta_finite(
+    delta: float,
+    num_points: int,
+    rkhs_norm: float,
+    subgaussian: float,
+    noise: float,
+    lambda_max: float,
+    *,
+    two_sided: bool = True,
+    scale: str = "gp",
+) -> float:
+    """Theorem 3.5 made uniform over a finite set ``X`` by a union bound.
+
+    * ``two_sided=True`` (default): ``l(x) <= f(x) <= u(x)`` for **all** ``x ∈ X``, both sides, with
+      probability ``>= 1 - δ``: ``β(δ / (2|X|))``. This is how 003 uses it: the event ``E_1`` in the proof of
+      Theorem 4.1 (Appendix G) is ``β(δ/(4|X|))`` = ``vakili_beta_finite(δ/2, |X|)`` with probability
+      ``1 - δ/2``, and S-BPE's Eq. 13 / the proof of Theorem 5.2 (Appendix H) is ``β(δ/(4B|X|))`` =
+      ``vakili_beta_finite(δ/(2B), |X|)`` (``B`` batches).
+    * ``two_sided=False``: the remark after Theorem 3.5 verbatim, ``β(δ/|X|)``: *each* one-sided bound
+      holds uniformly over ``X`` with probability ``>= 1 - δ``.
+
+    Args:
+        delta: ``δ ∈ (0, 1)``.
+        num_points: ``|X| >= 1``.
+        rkhs_norm, subgaussian, noise, lambda_max, scale: as in :func:`vakili_beta`.
+        two_sided: see above.
+
+    Returns:
+        β as a Python float.
+
+    Example:
+        >>> from torchbkb.confidence import vakili_beta, vakili_beta_finite
+        >>> vakili_beta_finite(0.1, 50, 2.0, 0.1, 0.01, 0.0) == vakili_beta(0.1 / 100, 2.0, 0.1, 0.01, 0.0)
+        True
+    """
+    if isinstance(num_points, bool) or not isinstance(num_points, int) or num_points < 1:
+        raise InputDataError(f"num_points: expected an integer >= 1, got {num_points!r}")
+    _check_vakili(delta, rkhs_norm, subgaussian, noise, lambda_max)
+    d = float(delta) / (num_points * (2 if two_sided else 1))
+    return vakili_beta(d, rkhs_norm, subgaussian, noise, lambda_max, scale=scale)
+
+
+def vakili_beta_continuous(
+    delta: float,
+    n: int,
+    rkhs_norm: float,
+    subgaussian: float,
+    noise: float,
+    lambda_max: float,
+    *,
+    dim: int,
+    c: float = 1.0,
+    kmax: float = 1.0,
+    two_sided: bool = True,
+    scale: str = "gp",
+) -> float:
+    """β̃_n(δ) of 003 Corollary 3.7 (continuous domains, Assumption 3.6)::
+
+        β̃_n(δ) = β(δ / (2Γ_n)),      Γ_n = c · (C^μ̄_n(δ/2))^d · n^d,
+        C^μ̄_n(δ) = C_k (1 + √n · k_max / τ) + (√n R / τ) √(2 log(2n/δ))
+
+    with which, for ``n`` data points, uniformly over the whole domain,
+    ``|f(x) - μ̄(x)| <= 2/n + β̃_n(δ) (σ̄(x) + 2/√n)`` (:func:`vakili_continuous_halfwidth`).
+
+    Parameters of Assumption 3.6 (a kernel/domain property: a discretization ``𝕏`` of the domain with
+    ``|𝕏| <= c C^d n^d`` points such that ``|g(x) - g([x])| <= 1/n`` for every ``‖g‖_H <= C``): ``dim`` is
+    ``d`` and ``c`` its constant; it holds for SE and Matérn (ν > 1) kernels on compact domains, with a
+    ``c`` that depends on the domain's diameter and the kernel's Lipschitz constant -- the default
+    ``c = 1`` is a convention, not a derived value. ``k_max = sup_x k(x, x)``. ``C^μ̄`` is taken as in
+    the statement of Corollary 3.7 (``√n·k_max``; Appendix H writes ``√(n k_max)``, equal for
+    ``k_max = 1``).
+
+    ``two_sided=True`` returns ``β̃_n(δ/2)``, so that both bounds hold simultaneously with probability
+    ``>= 1 - δ`` (the Corollary states each side at ``1 - δ``); S-BPE's Eq. 15 ``β̃_{N_i}(δ/(4B))`` is
+    ``vakili_beta_continuous(δ/(2B), N_i, ...)``.
+
+    Args:
+        delta: ``δ ∈ (0, 1)``.
+        n: number of data points ``n >= 1``.
+        rkhs_norm, subgaussian, noise, lambda_max, scale: as in :func:`vakili_beta`.
+        dim: the input dimension ``d >= 1``.
+        c: the constant of Assumption 3.6, ``> 0``.
+        kmax: ``k_max > 0``.
+        two_sided: see above.
+
+    Returns:
+        β̃ as a Python float.
+
+    Example:
+        >>> import math
+        >>> from torchbkb.confidence import vakili_beta, vakili_beta_continuous
+        >>> C = 1.0 * (1 + 10 / 0.1) + 10 * 0.1 / 0.1 * math.sqrt(2 * math.log(2 * 100 / 0.05))
+        >>> ref = vakili_beta(0.1 / (2 * 1.0 * C**2 * 100**2), 1.0, 0.1, 0.01, 0.0)
+        >>> math.isclose(vakili_beta_continuous(0.1, 100, 1.0, 0.1, 0.01, 0.0, dim=2, two_sided=False), ref)
+        True
+    """
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise InputDataError(f"n: expected an integer >= 1, got {n!r}")
+    if isinstance(dim, bool) or not isinstance(dim, int) or dim < 1:
+        raise InputDataError(f"dim: expected an integer >= 1, got {dim!r}")
+    for name, v in (("c", c), ("kmax", kmax)):
+        if not (isinstance(v, (int, float)) and 0.0 < float(v) < math.inf):
+            raise InputDataError(f"{name}: expected a finite number > 0, got {v!r}")
+    tau = _check_vakili(delta, rkhs_norm, subgaussian, noise, lambda_max)
+    d = float(delta) / (2.0 if two_sided else 1.0)
+    C, R = float(rkhs_norm), float(subgaussian)
+    rn = math.sqrt(n)
+    C_mu = C * (1.0 + rn * float(kmax) / tau) + rn * R / tau * math.sqrt(2.0 * math.log(2.0 * n / (d / 2.0)))
+    # log Γ_n, to keep huge d-th powers finite
+    log_gamma = math.log(float(c)) + dim * (math.log(max(C_mu, 1e-300)) + math.log(n))
+    log_inv = math.log(2.0 / d) + log_gamma  # log(1 / (δ / (2Γ_n)))
+    beta = (2.0 + math.sqrt(float(lambda_max)) / tau) * C + R / tau * math.sqrt(2.0 * max(log_inv, 0.0))
+    return _vakili_scale(beta, tau, scale)
+
+
+def vakili_continuous_halfwidth(std, n: int, beta: float):
+    """Half-width ``2/n + β̃ (σ̄ + 2/√n)`` of Corollary 3.7's uniform interval (GP-scale ``σ̄``).
+
+    Args:
+        std: GP-scale posterior standard deviation ``σ̄(x)`` (a float or a tensor of any shape).
+        n: number of data points ``n >= 1``.
+        beta: ``β̃_n`` from :func:`vakili_beta_continuous` (GP scale).
+
+    Returns:
+        Same type/shape as ``std``.
+
+    Example:
+        >>> vakili_continuous_halfwidth(0.5, 4, 2.0)     # 2/4 + 2 (0.5 + 2/2)
+        3.5
+    """
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise InputDataError(f"n: expected an integer >= 1, got {n!r}")
+    return 2.0 / n + float(beta) * (std + 2.0 / math.sqrt(n))
+
+
+def _check_vakili(delta, rkhs_norm, subgaussian, noise, lambda_max) -> float:
+    """Validate Theorem 3.5's parameters; return ``τ = √noise``."""
+    for name, v in (("delta", delta), ("rkhs_norm", rkhs_norm), ("subgaussian", subgaussian), ("noise", noise), ("lambda_max", lambda_max)):
+        try:  # Python/NumPy numbers and 0-d tensors
+            ok = not isinstance(v, (bool, str)) and math.isfinite(float(v))
+        except (TypeError, ValueError, RuntimeError):
+            ok = False
+        if not ok:
+            raise InputDataError(f"{name}: expected a finite number, got {v!r}")
+    if not 0.0 < float(delta) < 1.0:
+        raise InputDataError(f"delta: expected 0 < delta < 1, got {delta!r}")
+    if not float(rkhs_norm) >= 0:
+        raise InputDataError(f"rkhs_norm: expected rkhs_norm >= 0, got {rkhs_norm!r}")
+    if not float(subgaussian) >= 0:
+        raise InputDataError(f"subgaussian: expected subgaussian >= 0, got {subgaussian!r}")
+    if not float(noise) > 0:
+        raise InputDataError(f"noise: expected noise (τ²) > 0, got {noise!r}")
+    if not float(lambda_max) >= 0:
+        raise InputDataError(f"lambda_max: expected lambda_max >= 0, got {lambda_max!r}")
+    return math.sqrt(float(noise))
+
+
+def _vakili_scale(beta: float, tau: float, scale: str) -> float:
+    if scale == "gp":
+        return beta
+    if scale == "rls":
+        return beta * tau
+    raise InputDataError(f"scale: expected 'gp' or 'rls', got {scale!r}")

@@ -39,7 +39,7 @@ from torch import nn
 
 from torchbkb.errors import InputDataError, TorchBKBError, check_finite, check_positive
 from torchbkb.nystrom import NystromEmbedding
-from torchbkb.utils.linalg import compute_dtype, spd_inverse
+from torchbkb.utils.linalg import compute_dtype, keep_dtype_on_apply, spd_inverse
 
 __all__ = ["DTCPosterior", "RankOneDowndate"]
 
@@ -119,6 +119,11 @@ class DTCPosterior(nn.Module):
     def batch_shape(self) -> torch.Size:
         """Leading batch shape of the training data."""
         return self.train_X.shape[:-2]
+
+    def _apply(self, fn, recurse: bool = True):
+        # .to(dtype) moves the float64 r×r state across devices but never rounds it
+        self._op = None
+        return keep_dtype_on_apply(self, ("ZtZ", "Zty", "V_inv", "weights", "noise"), fn, recurse, super()._apply)
 
     # ------------------------------------------------------------------ fitting
     def fit(
@@ -253,6 +258,7 @@ class DTCPosterior(nn.Module):
             if k != 1:
                 result = None
         self.ZtZ, self.Zty, self.V_inv = ZtZ, Zty, V_inv
+        self._op = None
         if y is not None:
             self.weights = (V_inv @ Zty.unsqueeze(-1)).squeeze(-1)  # (*b, r)
         return result
@@ -307,12 +313,12 @@ class DTCPosterior(nn.Module):
         """
         self._check_fresh()
         self.embedding.check_input(Xq, "Xq")
-        Z = self.embedding(Xq)  # (*b, q, r)
-        V_inv = self.V_inv.to(Z.dtype)
-        mean = (Z @ self.weights.to(Z.dtype).unsqueeze(-1)).squeeze(-1)
+        K = self.embedding.kernel(Xq, self.embedding.inducing_points)  # (*b, q, m)
+        M, a = self._scoring_operator(Xq.dtype)
+        mean = (K @ a.unsqueeze(-1)).squeeze(-1)
         Kqq = self.embedding.kernel(Xq, Xq)  # (*b, q, q)
-        ZT = Z.transpose(-1, -2)
-        cov = Kqq - Z @ ZT + self.lam * (Z @ V_inv @ ZT)
+        # Z Zᵀ - λ Z V⁻¹ Zᵀ = λ K M Kᵀ
+        cov = Kqq - self.lam * (K @ M @ K.transpose(-1, -2))
         return mean, 0.5 * (cov + cov.transpose(-1, -2))
 
     def effective_dimension(self) -> torch.Tensor:
@@ -333,8 +339,31 @@ class DTCPosterior(nn.Module):
         return torch.cat([p[0] for p in parts], dim=-1), torch.cat([p[1] for p in parts], dim=-1)
 
     def _score_points(self, Xq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        Z = self.embedding(Xq)  # (*b, c, r)
-        return self._score_chunk(Z, self.embedding.kernel_diag(Xq))
+        """Score raw points with one `(c × m)·(m × m)` product: with ``z = W k_S``,
+        ``σ̃² = k/λ - k_Sᵀ M k_S`` and ``μ̃ = k_Sᵀ a`` (see :meth:`_scoring_operator`)."""
+        K = self.embedding.kernel(Xq, self.embedding.inducing_points)  # (*b, c, m)
+        M, a = self._scoring_operator(Xq.dtype)
+        mean = (K @ a.unsqueeze(-1)).squeeze(-1)  # (*b, c)
+        quad = ((K @ M) * K).sum(-1)  # k_Sᵀ M k_S
+        rls = (self.embedding.kernel_diag(Xq) / self.lam - quad).clamp_min(0.0)
+        return mean, rls
+
+    def _scoring_operator(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """``M = Wᵀ (I/λ - V⁻¹) W`` `(*b, m, m)` and ``a = Wᵀ w`` `(*b, m)` in ``dtype``.
+
+        ``(k(x,x) - ‖z‖²)/λ + zᵀV⁻¹z = k(x,x)/λ - k_S(x)ᵀ M k_S(x)`` for ``z = W k_S(x)``, so raw points are
+        scored without forming ``z``. Derived from the state on first use after each change (every state
+        change goes through :meth:`_set_state`, :meth:`update_features` or ``_apply``, which drop it).
+        """
+        if self._op is None:
+            W = self.embedding.projection.to(self.V_inv.dtype)  # (r, m)
+            r = W.shape[0]
+            inner = torch.eye(r, dtype=W.dtype, device=W.device) / self.lam - self.V_inv  # (*b, r, r), PSD
+            M = W.transpose(-1, -2) @ inner @ W
+            a = (self.weights.unsqueeze(-2) @ W).squeeze(-2)
+            self._op = (0.5 * (M + M.transpose(-1, -2)), a)
+        M, a = self._op
+        return M.to(dtype), a.to(dtype)
 
     def _score_chunk(self, Z: torch.Tensor, kdiag: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         V_inv = self.V_inv.to(Z.dtype)  # (*b, r, r)
@@ -382,6 +411,7 @@ class DTCPosterior(nn.Module):
             setattr(self, name, value) if name in self._buffers else self.register_buffer(name, value)
         self._since_refactor = 0
         self._emb_version = self.embedding.version
+        self._op = None
 
     def _check_fresh(self) -> None:
         if self._emb_version != self.embedding.version:

@@ -31,7 +31,7 @@ from torch import nn
 
 from torchbkb.errors import InputDataError, check_matrix, check_same_device_dtype
 from torchbkb.kernels import KernelAdapter, as_kernel
-from torchbkb.utils.linalg import psd_inv_sqrt
+from torchbkb.utils.linalg import keep_dtype_on_apply, psd_inv_sqrt
 
 __all__ = ["NystromEmbedding", "chunked_rows"]
 
@@ -120,6 +120,10 @@ class NystromEmbedding(nn.Module):
             K = self.kernel(S, S)  # (m, m)
             W = psd_inv_sqrt(K, self.rtol, name="K_S")  # (r, m)
         return S, W
+
+    def _apply(self, fn, recurse: bool = True):
+        # .to(dtype) moves the float64 projection across devices but never rounds it
+        return keep_dtype_on_apply(self, ("projection",), fn, recurse, super()._apply)
 
     # ------------------------------------------------------------------ embedding
     def forward(self, X: torch.Tensor) -> torch.Tensor:

@@ -31,7 +31,7 @@ import torch
 
 from torchbkb.errors import NumericsError, NumericsWarning
 
-__all__ = ["UPCAST_MAX", "compute_dtype", "safe_cholesky", "spd_inverse", "psd_inv_sqrt", "default_rtol"]
+__all__ = ["UPCAST_MAX", "compute_dtype", "safe_cholesky", "spd_inverse", "psd_inv_sqrt", "default_rtol", "keep_dtype_on_apply"]
 
 #: Matrices up to this size are factorized in float64 whatever their input dtype.
 UPCAST_MAX = 16384
@@ -135,3 +135,22 @@ def psd_inv_sqrt(K: torch.Tensor, rtol: float | None = None, *, name: str = "K_S
     keep = s > rtol * smax
     s, U = s[keep], U[:, keep]  # (r,), (m, r)
     return U.T / s.sqrt().unsqueeze(-1)  # (r, m)
+
+
+def keep_dtype_on_apply(module, names: tuple[str, ...], fn, recurse: bool, super_apply):
+    """``nn.Module._apply`` that moves the buffers ``names`` across devices but keeps their dtype.
+
+    ``module.to(torch.float32)`` (which BoTorch acquisitions call as ``model.to(X)``) must not round the
+    float64 factorizations of small matrices (rule 5 above): those buffers follow devices only.
+
+    Args:
+        module: the module being converted.
+        names: its buffer names holding compute-dtype factorizations.
+        fn, recurse: the arguments of ``_apply``.
+        super_apply: the parent class's bound ``_apply``.
+    """
+    saved = {n: module._buffers[n] for n in names if module._buffers.get(n) is not None}
+    out = super_apply(fn, recurse)
+    for n, old in saved.items():
+        module._buffers[n] = old.to(device=module._buffers[n].device)
+    return out

@@ -1,0 +1,28 @@
+"""BoTorch integration: BKB as a drop-in ``Model``, BKB/BBKB upper confidence bounds, BBKB's adaptive batches.
+
+* :class:`BKBModel` -- a ``botorch.models.model.Model`` (DTC posterior on a variance-sampled dictionary,
+  joint covariance, rank-one ``condition_on_observations``, transforms); ``BKBModel.from_model(gp)``
+  adopts a fitted ``SingleTaskGP``.
+* :class:`BKBUpperConfidenceBound` -- analytic UCB with BKB's ``β̃ₜ`` (``b = β̃²/λ`` in BoTorch's scale), or
+  ``beta="vakili"``: the sparse width of 003 Theorem 3.5 with the measured ``λ_max``.
+* :class:`BBKBUpperConfidenceBound` -- the same with ``X_pending`` (hallucinated variance updates), for
+  ``optimize_acqf_discrete(q > 1)``.
+* :func:`optimize_acqf_bbkb` -- BBKB's adaptive batch over a discrete candidate set.
+
+The subpackage is named ``botorch`` but imports the real BoTorch with absolute imports.
+"""
+
+from torchbkb.botorch.model import BKBModel, sample_dictionary, default_kernel
+from torchbkb.botorch.acquisition import BKBUpperConfidenceBound, BBKBUpperConfidenceBound, theory_beta, vakili_theory_beta
+from torchbkb.botorch.batch import optimize_acqf_bbkb
+
+__all__ = [
+    "BKBModel",
+    "BKBUpperConfidenceBound",
+    "BBKBUpperConfidenceBound",
+    "optimize_acqf_bbkb",
+    "sample_dictionary",
+    "default_kernel",
+    "theory_beta",
+    "vakili_theory_beta",
+]
