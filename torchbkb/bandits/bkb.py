@@ -36,7 +36,7 @@ import torch
 from torchbkb.bandits.base import KernelBandit
 from torchbkb.confidence import alpha_from_epsilon, bkb_beta
 from torchbkb.dtc_posterior import DTCPosterior
-from torchbkb.errors import InputDataError, check_positive
+from torchbkb.errors import InputDataError, TorchBKBError, check_positive
 from torchbkb.nystrom import DEFAULT_CHUNK, NystromEmbedding
 from torchbkb.rls_dictionary import RLSDictionary
 
@@ -91,8 +91,11 @@ class SketchedKernelBandit(KernelBandit):
         self.embeddings_computed = 0
         self._posterior: DTCPosterior | None = None
         self._Z: torch.Tensor | None = None  # (A, r) cached embedding of all arms
-        self._K_buf: torch.Tensor | None = None  # (capacity, A) cached kernel rows k(s, arms), first m used
+        self._K_buf: torch.Tensor | None = None  # (A, capacity) cached kernel columns k(arms, s), first m used
         self._order: list[int] = []  # the dictionary's arms in cache-slot order (the embedding's order)
+        self._slot_block: list[int] = []  # for each slot, the id of the kernel block its row was computed in
+        self._blocks: dict[int, list[int]] = {}  # block id -> the arms evaluated together in that call
+        self._next_block = 0
         self._mean = torch.zeros(self.num_arms, dtype=arms.dtype, device=arms.device)
         self._rls = self.kdiag / self.lam  # prior σ̃² (RLS scale)
 
@@ -111,6 +114,16 @@ class SketchedKernelBandit(KernelBandit):
         """``(μ̃_t, σ̃²_t)`` of all arms, `(A,)` each (RLS-scale variance)."""
         return self._mean, self._rls
 
+    def arm_features(self) -> torch.Tensor:
+        """`(A, r)` Nyström features ``z(arms)`` of the current dictionary, computed from the cached kernel
+        rows on first use after each dictionary change (one `(A × m)·(m × r)` product)."""
+        if self._posterior is None:
+            raise TorchBKBError(f"{type(self).__name__}: expected a dictionary (after the first reward), got none")
+        if self._Z is None:
+            W_T = self._posterior.embedding.projection.to(self.arms.dtype).T  # (m, r)
+            self._Z = self._K_buf[:, : len(self._order)] @ W_T  # (A, r)
+        return self._Z
+
     # ------------------------------------------------------------------ resparsification
     def _update(self) -> None:
         pulled = (self.counts > 0).nonzero().squeeze(1)  # unique pulled arms
@@ -121,16 +134,18 @@ class SketchedKernelBandit(KernelBandit):
             new_dict = pulled[keep]
         self._rebuild(new_dict)
 
-    def _rebuild(self, new_dict: torch.Tensor, order: list[int] | None = None) -> None:
+    def _rebuild(self, new_dict: torch.Tensor, order: list[int] | None = None, blocks: list[list[int]] | None = None) -> None:
         """Set the dictionary, re-embed if it changed, refit V from all pulls, rescore all arms.
 
-        ``order`` (checkpoint loading only) is the slot order of the kernel-row cache to restore.
+        ``order`` and ``blocks`` (checkpoint loading only) are the slot order of the kernel-row cache and
+        the kernel blocks its rows were computed in.
         """
         new_dict = torch.sort(new_dict).values
         pulled = (self.counts > 0).nonzero().squeeze(1)
         with torch.no_grad():
             if new_dict.numel() == 0:  # S = ∅: z ≡ 0, the DTC posterior is the prior
                 self._posterior, self._Z, self._K_buf, self._order = None, None, None, []
+                self._slot_block, self._blocks = [], {}
                 self._mean = torch.zeros_like(self._mean)
                 self._rls = self.kdiag / self.lam
             else:
@@ -139,37 +154,39 @@ class SketchedKernelBandit(KernelBandit):
                     if order is None:
                         self._update_kernel_rows(new_dict.tolist())
                     else:
-                        self._K_buf, self._order = None, []
-                        self._update_kernel_rows(list(order))
+                        self._K_buf, self._order, self._slot_block, self._blocks = None, [], [], {}
+                        self._update_kernel_rows(list(order), blocks)
                     m = len(self._order)
                     S_idx = self._long(self._order)  # dictionary in cache-slot order
                     emb = NystromEmbedding(self.kernel, self.arms[S_idx], chunk_size=self.chunk_size)
-                    W_T = emb.projection.to(self.arms.dtype).T  # (m, r)
-                    self._Z = self._K_buf[:m].T @ W_T  # (A, r) = z(arms): the A·m·r product, only when S changed
+                    self._Z = None  # the arms' features z(arms) are derived on demand (arm_features)
                     self.embeddings_computed += 1
                     self._posterior = DTCPosterior(emb, noise=self.lam, chunk_size=self.chunk_size)
+                K_AS = self._K_buf[:, : len(self._order)]  # (A, m) view of the cached kernel columns
+                W_T = self._posterior.embedding.projection.to(self.arms.dtype).T  # (m, r)
                 n = self.counts[pulled].to(self.arms.dtype)
                 y_mean = (self.reward_sums[pulled] / self.counts[pulled]).to(self.arms.dtype)
-                # V from the counts, on the cached features of the pulled arms: O(min(t, A)·m²);
-                # the inputs were validated by tell()
-                self._posterior._fit_validated(self.arms[pulled], y_mean, n, features=self._Z[pulled])
-                self._mean, self._rls = self._posterior.score_embedded(self._Z, self.kdiag)
+                # V from the counts on the pulled arms' features, O(min(t, A)·m²); inputs validated by tell()
+                self._posterior._fit_validated(self.arms[pulled], y_mean, n, features=K_AS[pulled] @ W_T)
+                # all arms scored from their kernel rows: one (A × m)·(m × m) product
+                self._mean, self._rls = self._posterior.score_cross(K_AS, self.kdiag)
         self.dictionary = new_dict
         self.deff = float((self.counts[pulled].to(torch.float64) * self._rls[pulled].to(torch.float64)).sum())
 
-    def _update_kernel_rows(self, new_dict: list[int]) -> None:
-        """Make the cache ``self._K_buf[:m]`` hold ``k(s, arms)`` `(A,)` for every dictionary point ``s``.
+    def _update_kernel_rows(self, new_dict: list[int], blocks: list[list[int]] | None = None) -> None:
+        """Make the cache ``self._K_buf[:, :m]`` hold ``k(arms, s)`` `(A,)` for every dictionary point ``s``.
 
         Rows of points that stay are not touched; a leaving point's slot is given to an entering point
-        (or to the last row, to keep the cache compact), entering points are evaluated with one
-        ``k(arms, x)`` `(A, 1)` call each. One call per point keeps every row bitwise independent of which
-        other points entered with it (a kernel block differs in the last bits from its columns computed
-        alone), so a run resumed from a checkpoint -- which stores the slot order -- rebuilds the same
-        cache, the same embedding and the same choices. Cost: ``O(A·d)`` per entering point plus one
-        ``(A,)`` copy per compacted slot.
+        (or to the last row, to keep the cache compact). The points entering together are evaluated in
+        one ``k(arms, X_entering)`` `(A, e)` call, and the cache remembers these blocks: a kernel block can
+        differ in the last bits from its columns computed alone, so a run resumed from a checkpoint
+        recomputes every row inside the very block it was computed in (``blocks``, checkpoint loading
+        only) and rebuilds the same cache, the same embedding and the same choices, bitwise. Cost:
+        ``O(A·d·e)`` for ``e`` entering points plus one ``(A,)`` copy per compacted slot.
         """
         want = set(new_dict)
         order = list(self._order)
+        slot_block = list(self._slot_block)
         have = set(order)
         entering = [a for a in new_dict if a not in have]  # ascending (new_dict is sorted or a saved order)
         holes = [p for p, a in enumerate(order) if a not in want]
@@ -181,29 +198,48 @@ class SketchedKernelBandit(KernelBandit):
         for p in reversed(holes[len(compute) :]):  # no entering point left for these: compact
             last = len(order) - 1
             if p != last:
-                buf[p] = buf[last]
-                order[p] = order[last]
+                buf[:, p] = buf[:, last]
+                order[p], slot_block[p] = order[last], slot_block[last]
             order.pop()
+            slot_block.pop()
         for a in entering:  # the rest go to the end
             compute.append(len(order))
             order.append(a)
+            slot_block.append(-1)
         m, A = len(order), self.num_arms
-        if buf is None or buf.shape[0] < m:  # grow the cache geometrically
-            grown = self.arms.new_empty((max(16, 2 * m), A))
+        if buf is None or buf.shape[1] < m:  # grow the cache geometrically
+            grown = self.arms.new_empty((A, max(16, 2 * m)))
             if buf is not None:
-                keep = min(buf.shape[0], m)
-                grown[:keep] = buf[:keep]
+                keep = min(buf.shape[1], m)
+                grown[:, :keep] = buf[:, :keep]
             buf = grown
-        for p in compute:
-            a = order[p]
-            buf[p] = self.kernel(self.arms, self.arms[a : a + 1])[:, 0]  # (A,): one canonical call
-        self._K_buf, self._order = buf, order
+        if compute:
+            if blocks is None:  # one block: the points entering now
+                block_list = [[order[p] for p in compute]]
+                slot_of = {order[p]: p for p in compute}
+            else:  # resuming: each row from the block it was first computed in
+                block_list = blocks
+                slot_of = {a: p for p, a in enumerate(order)}
+            for members in block_list:
+                bid = self._next_block
+                self._next_block += 1
+                self._blocks[bid] = list(members)
+                cols = self.kernel(self.arms, self.arms[self._long(members)])  # (A, e): one call per block
+                for j, a in enumerate(members):
+                    p = slot_of.get(a)
+                    if p is not None:
+                        buf[:, p] = cols[:, j]
+                        slot_block[p] = bid
+        live = set(slot_block)
+        self._blocks = {b: mem for b, mem in self._blocks.items() if b in live}
+        self._K_buf, self._order, self._slot_block = buf, order, slot_block
 
     # ------------------------------------------------------------------ checkpoints
     def _algorithm_state(self) -> dict[str, Any]:
         return {
             "dictionary": self.dictionary.cpu().clone(),
             "order": list(self._order),
+            "blocks": [self._blocks[b] for b in sorted(set(self._slot_block))],
             "beta": self.beta,
             "rls": self._rls.cpu().clone(),
             "embeddings_computed": self.embeddings_computed,
@@ -211,9 +247,10 @@ class SketchedKernelBandit(KernelBandit):
 
     def _load_algorithm_state(self, state: dict[str, Any]) -> None:
         self._posterior, self._Z, self._K_buf, self._order = None, None, None, []
+        self._slot_block, self._blocks = [], {}
         self.dictionary = self._long([])
-        if self.t > 0:
-            self._rebuild(state["dictionary"].to(self.arms.device), order=state.get("order"))  # no order: older checkpoint
+        if self.t > 0:  # no order/blocks: an older checkpoint (rows recomputed one block)
+            self._rebuild(state["dictionary"].to(self.arms.device), order=state.get("order"), blocks=state.get("blocks"))
         self._rls = state["rls"].to(self.arms.device)
         self.beta = float(state["beta"])
         self.embeddings_computed = int(state["embeddings_computed"])
