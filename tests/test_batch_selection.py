@@ -100,3 +100,10 @@ def test_bad_inputs(case):
         args["V_inv"] = post.V_inv[:-1]
     with pytest.raises(InputDataError, match=msg):
         select_batch(**args)
+
+
+def test_validate_false_gives_the_same_batch():
+    _, post, Z, mean, rls = _problem(5)
+    a = select_batch(Z, mean, rls, post.V_inv, alpha=1.0, batch_bound=3.0)
+    b = select_batch(Z, mean, rls, post.V_inv, alpha=1.0, batch_bound=3.0, validate=False)
+    assert a.indices.tolist() == b.indices.tolist() and torch.equal(a.rls_in_batch, b.rls_in_batch)

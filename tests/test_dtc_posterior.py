@@ -301,6 +301,19 @@ def test_bad_embedding_type():
         DTCPosterior(GaussianKernel(1.0), noise=0.1)
 
 
+def test_fit_with_precomputed_features_equals_fit():
+    g = torch.Generator().manual_seed(5)
+    X = torch.rand(40, 2, generator=g, dtype=torch.float64)
+    y = torch.sin(5 * X[:, 0])
+    c = torch.randint(1, 4, (40,), generator=g).to(torch.float64)
+    emb = NystromEmbedding(GaussianKernel(0.3), X[:7])
+    a = DTCPosterior(emb, noise=0.05).fit(X, y, c)
+    b = DTCPosterior(emb, noise=0.05).fit(X, y, c, features=emb(X))
+    assert close(a.V_inv, b.V_inv, 1e-12) and close(a.weights, b.weights, 1e-12)
+    with pytest.raises(InputDataError, match=r"features: expected shape \(40, 7\)"):
+        DTCPosterior(emb, noise=0.05).fit(X, y, c, features=emb(X)[:, :3])
+
+
 def test_to_float32_keeps_the_float64_factorizations():
     X, y, Xq = _data()
     post = _post(X[:10], 0.05).fit(X, y)

@@ -122,3 +122,44 @@ def test_unfitted_and_bad_noise():
         ExactPosterior(GaussianKernel(1.0), 0.1)(torch.rand(2, 2))
     with pytest.raises(InputDataError, match="noise"):
         ExactPosterior(GaussianKernel(1.0), -0.1)
+
+
+def test_observe_gives_hallucinated_rows_their_rewards_like_a_refit():
+    X, y, Xq = _data(n=30)
+    c = torch.tensor([1.0, 2.0, 1.0, 3.0, 1.0], dtype=torch.float64)
+    post = ExactPosterior(GaussianKernel(LS), 0.05).fit(X[:20], y[:20])
+    post.watch(Xq)
+    post.update(X[20:25], None, c)  # hallucinated, mean frozen
+    post.update(X[25:27], y[25:27])  # observed rows after the hallucinated ones
+    post.observe(torch.tensor([22, 20, 24, 21, 23]), y[[22, 20, 24, 21, 23]])
+    counts = torch.cat([torch.ones(20, dtype=torch.float64), c, torch.ones(2, dtype=torch.float64)])
+    ref = ExactPosterior(GaussianKernel(LS), 0.05).fit(X[:27], y[:27], counts)
+    for a, b in zip(post(Xq), ref(Xq)):
+        assert close(a, b, 1e-9)
+    for a, b in zip(post.watched(), ref(Xq)):
+        assert close(a, b, 1e-9)
+    before = post.Liy.clone()
+    with pytest.raises(InputDataError, match=r"rows: expected positions in \[0, 27\)"):
+        post.observe(torch.tensor([27]), y[:1])
+    with pytest.raises(InputDataError, match="y: expected shape"):
+        post.observe(torch.tensor([1, 2]), y[:1])
+    assert torch.equal(before, post.Liy)
+
+
+def test_truncate_undoes_rows_and_growth_continues():
+    X, y, Xq = _data(n=30)
+    post = ExactPosterior(GaussianKernel(LS), 0.05).fit(X[:10], y[:10])
+    post.watch(Xq)
+    post.update(X[10:18])  # hallucinated
+    post.update(X[18:20], y[18:20])
+    post.truncate(10)
+    post.update(X[20:30], y[20:30])
+    keep = torch.cat([torch.arange(10), torch.arange(20, 30)])
+    ref = ExactPosterior(GaussianKernel(LS), 0.05).fit(X[keep], y[keep])
+    assert post.num_train == 20
+    for a, b in zip(post.watched(), ref(Xq)):
+        assert close(a, b, 1e-9)
+    for a, b in zip(post(Xq), ref(Xq)):
+        assert close(a, b, 1e-9)
+    with pytest.raises(InputDataError, match=r"n: expected an integer in \[0, 20\]"):
+        post.truncate(21)

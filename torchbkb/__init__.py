@@ -16,6 +16,7 @@ from torchbkb.exact_posterior import ExactPosterior
 from torchbkb.rls_dictionary import RLSDictionary
 from torchbkb import confidence
 from torchbkb.bandits import BKB, GPUCB, Bandit, EpsGreedy, Random
+from torchbkb.bandits import BBKB, GPBUCB
 from torchbkb.loop import ArmObjective, History, ObjectiveError, run
 from torchbkb.recursive_rls import RecursiveRLSResult, nystrom_lambda_max, recursive_rls
 from torchbkb.design import UncertaintyExplorer, linf_error, uncertainty_design
@@ -39,6 +40,8 @@ __all__ = [
     "Bandit",
     "BKB",
     "GPUCB",
+    "BBKB",
+    "GPBUCB",
     "EpsGreedy",
     "Random",
     "run",

@@ -62,6 +62,8 @@ def select_batch(
     max_batch_size: int | None = None,
     lazy: bool = True,
     stop_rule: str = "sum",
+    *,
+    validate: bool = True,
 ) -> BatchSelection:
     """Select one BBKB batch over embedded candidates.
 
@@ -76,11 +78,15 @@ def select_batch(
         lazy: recompute only the arms that could win (``False``: recompute all, for testing).
         stop_rule: ``"sum"`` -- BBKB, stop once ``1 + Σ σ̃²_fb(x_s) > C̃``; ``"product"`` -- GP-BUCB,
             stop once ``Π (1 + σ̃²_fb(x_s)) > C̃``.
+        validate: check shapes, finiteness and ranges (``False`` skips the ``O(A·r)`` scans; for callers
+            such as :class:`~torchbkb.BBKB` whose inputs come from their own posterior).
 
     Returns:
         A :class:`BatchSelection`.
     """
-    A, r = _check(Z, mean, rls, V_inv, alpha, batch_bound, max_batch_size, stop_rule)
+    if validate:
+        _check(Z, mean, rls, V_inv, alpha, batch_bound, max_batch_size, stop_rule)
+    r = Z.shape[1]
     dt = Z.dtype
     work = V_inv.dtype
     alpha = float(alpha)

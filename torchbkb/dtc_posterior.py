@@ -301,6 +301,33 @@ class DTCPosterior(nn.Module):
         parts = [self._score_chunk(Z[..., i : i + c, :], kdiag[..., i : i + c]) for i in range(0, n, c)]
         return torch.cat([p[0] for p in parts], dim=-1), torch.cat([p[1] for p in parts], dim=-1)
 
+    def score_cross(self, K: torch.Tensor, kdiag: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Mean and **RLS-scale** variance from cross-covariances with the dictionary, without embedding.
+
+        ``σ̃² = k/λ - k_Sᵀ M k_S`` and ``μ̃ = k_Sᵀ a`` (:meth:`_scoring_operator`): one `(n × m)·(m × m)`
+        product, chunked over ``n`` -- what a bandit that caches the kernel rows ``k(S, arms)`` needs.
+
+        Args:
+            K: `(*b, n, m)` ``k(x, s_j)`` for the inducing points in this embedding's order (a transposed
+                view of a cached `(m, n)` block is fine).
+            kdiag: `(*b, n)` ``k(x, x)``.
+
+        Returns:
+            ``(mean, rls)``, each `(*b, n)` in ``K``'s dtype.
+        """
+        self._check_fresh()
+        M, a = self._scoring_operator(K.dtype)
+        n, c = K.shape[-2], self.chunk_size
+        parts = []
+        for i in range(0, max(n, 1), c):
+            Kc = K[..., i : i + c, :]  # (*b, c, m)
+            mean = (Kc @ a.unsqueeze(-1)).squeeze(-1)
+            quad = ((Kc @ M) * Kc).sum(-1)
+            parts.append((mean, (kdiag[..., i : i + c] / self.lam - quad).clamp_min(0.0)))
+        if len(parts) == 1:
+            return parts[0]
+        return torch.cat([p[0] for p in parts], dim=-1), torch.cat([p[1] for p in parts], dim=-1)
+
     def joint(self, Xq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Joint DTC posterior over a small set of points, GP scale.
 
@@ -339,14 +366,9 @@ class DTCPosterior(nn.Module):
         return torch.cat([p[0] for p in parts], dim=-1), torch.cat([p[1] for p in parts], dim=-1)
 
     def _score_points(self, Xq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Score raw points with one `(c × m)·(m × m)` product: with ``z = W k_S``,
-        ``σ̃² = k/λ - k_Sᵀ M k_S`` and ``μ̃ = k_Sᵀ a`` (see :meth:`_scoring_operator`)."""
+        """Score raw points with one `(c × m)·(m × m)` product (:meth:`score_cross`)."""
         K = self.embedding.kernel(Xq, self.embedding.inducing_points)  # (*b, c, m)
-        M, a = self._scoring_operator(Xq.dtype)
-        mean = (K @ a.unsqueeze(-1)).squeeze(-1)  # (*b, c)
-        quad = ((K @ M) * K).sum(-1)  # k_Sᵀ M k_S
-        rls = (self.embedding.kernel_diag(Xq) / self.lam - quad).clamp_min(0.0)
-        return mean, rls
+        return self.score_cross(K, self.embedding.kernel_diag(Xq))
 
     def _scoring_operator(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """``M = Wᵀ (I/λ - V⁻¹) W`` `(*b, m, m)` and ``a = Wᵀ w`` `(*b, m)` in ``dtype``.

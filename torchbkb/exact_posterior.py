@@ -167,6 +167,55 @@ class ExactPosterior(nn.Module):
         for j in range(x.shape[0]):
             self._grow(x[j], None if y is None else y[j], counts[j])
 
+    def observe(self, rows: torch.Tensor, y: torch.Tensor) -> None:
+        """Give rows already conditioned on (typically hallucinated ones) their observed mean rewards.
+
+        GP-BUCB hallucinates a batch (``update(x, None)``) and receives the rewards later; ``L`` does
+        not depend on the rewards, so only ``L⁻¹ y`` is recomputed: ``O(n²)``, plus ``O(A·n)`` for the
+        watched points -- no refactorization.
+
+        Args:
+            rows: `(k,)` row positions in ``[0, num_train)``.
+            y: `(k,)` finite mean rewards (the training dtype).
+        """
+        self._require_fit()
+        n = self._n
+        rows = torch.as_tensor(rows).reshape(-1)
+        if rows.is_floating_point() or rows.dtype == torch.bool:
+            raise InputDataError(f"rows: expected integer row positions, got dtype {rows.dtype}")
+        rows = rows.to(device=self._L.device, dtype=torch.long)
+        if rows.numel() and (int(rows.min()) < 0 or int(rows.max()) >= n):
+            raise InputDataError(f"rows: expected positions in [0, {n}), got {rows.tolist()}")
+        if not isinstance(y, torch.Tensor) or y.shape != rows.shape:
+            got = tuple(y.shape) if isinstance(y, torch.Tensor) else type(y).__name__
+            raise InputDataError(f"y: expected shape {tuple(rows.shape)} (one per row), got {got}")
+        check_finite(y, "y")
+        L = self.L
+        y_all = L @ self.Liy  # (n,): the current targets (hallucinated rows: their pseudo-reward)
+        y_all[rows] = y.to(device=L.device, dtype=L.dtype)
+        Liy = torch.linalg.solve_triangular(L, y_all.unsqueeze(-1), upper=False).squeeze(-1)
+        self._Liy[:n] = Liy
+        if self._watch is not None:
+            self._watch["mean"] = self._watch["Q"][:n].T @ Liy  # (A,): O(A·n)
+
+    def truncate(self, n: int) -> None:
+        """Forget every row past the first ``n`` (e.g. hallucinations that will never be observed).
+
+        ``O(A·(num_train - n))`` for the watched points; the first ``n`` rows are untouched.
+
+        Args:
+            n: rows to keep, ``0 <= n <= num_train``.
+        """
+        self._require_fit()
+        if isinstance(n, bool) or int(n) != n or not 0 <= int(n) <= self._n:
+            raise InputDataError(f"n: expected an integer in [0, {self._n}], got {n!r}")
+        n, old = int(n), self._n
+        if self._watch is not None and n < old:
+            drop = self._watch["Q"][n:old]  # (k, A)
+            self._watch["var"] += (drop * drop).sum(0)
+            self._watch["mean"] -= drop.T @ self._Liy[n:old]
+        self._n = n
+
     # ------------------------------------------------------------------ prediction
     def forward(self, Xq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Posterior mean and GP-scale variance.

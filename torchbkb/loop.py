@@ -16,7 +16,13 @@ Each batch's points are evaluated in parallel when an ``executor`` is given: any
 with ``pure=False`` for Dask so a retried point is really re-run). An evaluation that raises (or whose
 worker dies) is retried up to ``max_retries`` times; a point that keeps failing is reported in
 ``History.failures`` and left out of the ``tell`` (``bandit.discard``), which leaves the bandit state
-consistent. To use an existing Dask cluster: ``Client("tcp://scheduler:8786")`` and pass the client.
+consistent; the bandit also excludes such an arm from later selections (``discard(..., exclude=True)``),
+otherwise a deterministic algorithm, having learned nothing, would ask for it again forever.
+
+To use an existing Dask cluster, connect a client to its scheduler and pass it:
+``torchbkb.run(bandit, objective, T, executor=distributed.Client("tcp://scheduler:8786"))``. The
+objective is pickled to the workers, so it must be importable there (install your package on the
+workers, or ``client.upload_file("my_objective.py")``); the bandit stays in the driver.
 
 With ``checkpoint=path`` the bandit and the history are saved (atomically) every ``checkpoint_every``
 batches, and a run started with an existing checkpoint resumes from it: killing the driver loses at
@@ -63,12 +69,18 @@ class ArmObjective:
         noise_std: standard deviation of the reward noise.
         seed: seed of its own generator (its state is checkpointed with the run).
 
+    It is evaluated in the driver even when :func:`run` has an executor (``evaluate_in_driver``): copies
+    pickled to worker processes would all start from the same generator state and draw the same noise.
+
     Example:
         >>> import torch
         >>> obj = ArmObjective(torch.tensor([0.0, 1.0]), noise_std=0.0)
         >>> obj(torch.tensor([1, 0]))
         tensor([1., 0.])
     """
+
+    #: :func:`run` calls it in the driver (its noise generator must not be copied to workers).
+    evaluate_in_driver = True
 
     def __init__(self, values: torch.Tensor, noise_std: float = 0.0, seed: int | None = 0):
         if not isinstance(values, torch.Tensor) or values.dim() != 1 or not values.is_floating_point():
@@ -210,7 +222,8 @@ def run(
         objective: rewards per arm `(A,)`, or a callable ``indices (k,) -> rewards (k,)``.
         budget: total number of evaluations ``T``.
         executor: ``None`` (evaluate in the driver), a ``concurrent.futures.Executor`` or a
-            ``dask.distributed.Client``; each batch's points are submitted one per task.
+            ``dask.distributed.Client``; each batch's points are submitted one per task (objectives with
+            ``evaluate_in_driver = True``, like :class:`ArmObjective`, are still called in the driver).
         progress: show a tqdm bar with regret and batch size.
         checkpoint: path of a checkpoint file; resumed from if it exists, written every ``checkpoint_every`` batches.
         checkpoint_every: batches between checkpoints.
@@ -236,6 +249,8 @@ def run(
     on_failure = on_failure or ("raise" if executor is None else "skip")
     if on_failure not in ("raise", "skip"):
         raise InputDataError(f"on_failure: expected 'raise' or 'skip', got {on_failure!r}")
+
+    remote = None if getattr(objective, "evaluate_in_driver", False) else executor  # e.g. ArmObjective's noise
 
     hist = History()
     if f is not None:
@@ -272,18 +287,19 @@ def run(
             room = budget - len(hist)
             todo, extra = idx[:room], idx[room:]
             batch = bandit.batch_id - 1
-            ok_idx, ok_y, failed = _evaluate(evaluate, todo, executor, max_retries)
+            ok_idx, ok_y, failed = _evaluate(evaluate, todo, remote, max_retries)
             for arm, msg in failed:
                 if on_failure == "raise":
                     raise ObjectiveError(f"objective failed at arm index {arm} (batch {batch}) after {max_retries + 1} attempt(s): {msg}")
                 warnings.warn(f"torchbkb.run: arm {arm} failed {max_retries + 1} time(s) and is left out: {msg}", RuntimeWarning, stacklevel=2)
                 hist.failures.append((batch, arm, msg))
             a0 = time.perf_counter()
-            drop = [a for a, _ in failed] + extra.tolist()
             if ok_idx:
                 bandit.tell(torch.tensor(ok_idx, dtype=torch.long), torch.stack(ok_y).to(torch.float64))
-            if drop and len(bandit.pending):
-                bandit.discard(torch.tensor(drop, dtype=torch.long))
+            if extra.numel() and len(bandit.pending):  # past the budget: simply not evaluated
+                bandit.discard(extra)
+            if failed and len(bandit.pending):  # failed every retry: left out and never asked again
+                bandit.discard(torch.tensor([a for a, _ in failed], dtype=torch.long), exclude=True)
             algo += time.perf_counter() - a0
             now, a_now = t_offset + time.perf_counter() - start, a_offset + algo
             dsize = bandit.dictionary_size

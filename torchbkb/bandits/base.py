@@ -34,7 +34,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from torchbkb.errors import InputDataError, check_finite, check_matrix, check_positive
+from torchbkb.errors import InputDataError, TorchBKBError, check_finite, check_matrix, check_positive
 from torchbkb.kernels import KernelAdapter, as_kernel
 
 __all__ = ["Bandit", "KernelBandit", "check_beta"]
@@ -53,6 +53,7 @@ class Bandit:
         reward_sums: `(A,)` float64, sum of the rewards told per arm.
         t: number of rewards told so far.
         history: dict of lists ``index``, ``reward``, ``batch`` (one entry per told reward).
+        excluded: `(A,)` bool, arms never selected again (see :meth:`discard`).
         batch_id: number of batches asked so far (the current batch's id is ``batch_id - 1``).
     """
 
@@ -77,6 +78,7 @@ class Bandit:
         self.last_told: tuple[torch.Tensor, torch.Tensor] = (self._long([]), torch.zeros(0, dtype=torch.float64, device=arms.device))
         self._told_idx: list[int] = []
         self._told_y: list[float] = []
+        self.excluded = torch.zeros(A, dtype=torch.bool, device=arms.device)
 
     # ------------------------------------------------------------------ protocol
     @property
@@ -117,14 +119,20 @@ class Bandit:
         if not self._pending:
             self._finish_batch()
 
-    def discard(self, indices: torch.Tensor) -> None:
+    def discard(self, indices: torch.Tensor, exclude: bool = False) -> None:
         """Drop pending arms that will never be told (e.g. evaluations that kept failing).
 
         Args:
             indices: `(k,)` pending arm indices.
+            exclude: also exclude these arms from every later selection (:attr:`excluded`). A
+                discarded arm teaches the bandit nothing, so a deterministic algorithm would ask for a
+                permanently failing arm again and again; :func:`torchbkb.run` excludes the points that
+                failed all their retries.
         """
         idx = self._check_indices(indices, "indices")
         self._check_pending(idx)
+        if exclude:
+            self.excluded[idx] = True
         for i in idx.tolist():
             self._pending.remove(i)
         if not self._pending:
@@ -157,6 +165,7 @@ class Bandit:
             "history": copy.deepcopy(self.history),
             "pending": list(self._pending),
             "told": (list(self._told_idx), list(self._told_y)),
+            "excluded": self.excluded.cpu().clone(),
             "algorithm": self._algorithm_state(),
         }
 
@@ -175,6 +184,8 @@ class Bandit:
         self.history = copy.deepcopy(state["history"])
         self._pending = list(state["pending"])
         self._told_idx, self._told_y = list(state["told"][0]), list(state["told"][1])
+        excluded = state.get("excluded")  # absent in checkpoints written before exclusion existed
+        self.excluded = torch.zeros_like(self.excluded) if excluded is None else excluded.to(self.arms.device)
         self._load_algorithm_state(state["algorithm"])
 
     def _algorithm_state(self) -> dict[str, Any]:
@@ -184,6 +195,20 @@ class Bandit:
         pass
 
     # ------------------------------------------------------------------ internals
+    def _allowed(self) -> torch.Tensor:
+        """`(k,)` indices of the arms not excluded; an error when there is none."""
+        allowed = (~self.excluded).nonzero().squeeze(1)
+        if allowed.numel() == 0:
+            raise TorchBKBError(f"{type(self).__name__}: every one of the {self.num_arms} arms was excluded (they all kept failing)")
+        return allowed
+
+    def _mask_excluded(self, scores: torch.Tensor) -> torch.Tensor:
+        """``scores`` `(A,)` with the excluded arms at ``-inf`` (so no argmax picks them)."""
+        if not bool(self.excluded.any()):
+            return scores
+        self._allowed()
+        return scores.masked_fill(self.excluded, -torch.inf)
+
     def _record(self, idx: torch.Tensor, y: torch.Tensor) -> None:
         y64 = y.to(torch.float64)
         self.counts.index_add_(0, idx, torch.ones_like(idx))
@@ -286,7 +311,13 @@ class KernelBandit(Bandit):
         self.kappa2 = float(self.kdiag.max())
 
     def _random_arm(self) -> torch.Tensor:
-        return torch.randint(0, self.num_arms, (1,), generator=self.generator).to(self.arms.device)
+        """One uniform arm among those not :attr:`excluded`, `(1,)` long."""
+        if not bool(self.excluded.any()):
+            return torch.randint(0, self.num_arms, (1,), generator=self.generator).to(self.arms.device)
+        allowed = self._allowed()
+        j = torch.randint(0, int(allowed.numel()), (1,), generator=self.generator)
+        return allowed[j.to(allowed.device)]
+
 
 
 def check_beta(beta) -> float | str:

@@ -34,6 +34,9 @@ class Random(Bandit):
     """
 
     def _select(self) -> torch.Tensor:
+        if bool(self.excluded.any()):
+            allowed = self._allowed()
+            return allowed[torch.randint(0, int(allowed.numel()), (1,), generator=self.generator).to(allowed.device)]
         return torch.randint(0, self.num_arms, (1,), generator=self.generator).to(self.arms.device)
 
 
@@ -61,8 +64,13 @@ class EpsGreedy(Bandit):
 
     def _select(self) -> torch.Tensor:
         explore = float(torch.rand((), generator=self.generator)) < self.epsilon
-        uniform = torch.randint(0, self.num_arms, (1,), generator=self.generator).to(self.arms.device)
+        allowed = self._allowed() if bool(self.excluded.any()) else None
+        if allowed is None:
+            uniform = torch.randint(0, self.num_arms, (1,), generator=self.generator).to(self.arms.device)
+        else:
+            uniform = allowed[torch.randint(0, int(allowed.numel()), (1,), generator=self.generator).to(allowed.device)]
         if explore or self.t == 0:
             return uniform
         means = torch.where(self.counts > 0, self.reward_sums / self.counts.clamp_min(1), torch.full_like(self.reward_sums, -torch.inf))
+        means = self._mask_excluded(means)
         return torch.argmax(means).reshape(1)

@@ -36,14 +36,227 @@ import torch
 from torchbkb.bandits.base import KernelBandit
 from torchbkb.confidence import alpha_from_epsilon, bkb_beta
 from torchbkb.dtc_posterior import DTCPosterior
-from torchbkb.errors import InputDataError, check_positive
+from torchbkb.errors import InputDataError, TorchBKBError, check_positive
 from torchbkb.nystrom import DEFAULT_CHUNK, NystromEmbedding
 from torchbkb.rls_dictionary import RLSDictionary
 
-__all__ = ["BKB"]
+__all__ = ["BKB", "SketchedKernelBandit"]
 
 
-class BKB(KernelBandit):
+class SketchedKernelBandit(KernelBandit):
+    """What BKB and BBKB share: the RLS dictionary, the cached embedding of all arms and the DTC refit.
+
+    At every :meth:`_update` (the end of a step for BKB, of a batch for BBKB) the dictionary is
+    resampled from the pulled arms with the RLS variances of the posterior the selection used
+    (``self._rls``), the arms are re-embedded only if the dictionary changed, ``V`` is rebuilt from the
+    pull counts and every arm is rescored. Subclasses implement ``_select`` and their confidence width.
+
+    Args:
+        arms: `(A, d)` arm set (only `(A, m)` features are kept).
+        kernel: a ``gpytorch.kernels.Kernel`` or callable ``(X1, X2) -> Tensor``.
+        noise: ``λ > 0``.
+        q_bar: oversampling ``q̄`` of the dictionary resampling.
+        beta: ``"theory"`` or a constant width (RLS scale).
+        seed, F, delta, noise_std: see :class:`~torchbkb.bandits.base.KernelBandit`.
+        chunk_size: arms embedded/scored at once.
+
+    Attributes:
+        dictionary: `(m,)` long, arm indices of the current dictionary.
+        beta: the width used for the last selection.
+        deff: ``Σ_i n_i σ̃²_t(x_i)``, the estimate of ``d_eff`` (000 Eq. 5).
+        embeddings_computed: how many times the arms were (re-)embedded.
+    """
+
+    def __init__(
+        self,
+        arms: torch.Tensor,
+        kernel: Callable,
+        *,
+        noise: float,
+        q_bar: float = 2.0,
+        beta: float | str = "theory",
+        seed: int | None = None,
+        F: float = 1.0,
+        delta: float = 0.01,
+        noise_std: float | None = None,
+        chunk_size: int = DEFAULT_CHUNK,
+    ):
+        super().__init__(arms, kernel, noise=noise, beta=beta, seed=seed, noise_std=noise_std, F=F, delta=delta)
+        self.q_bar = check_positive(q_bar, "q_bar")
+        self.chunk_size = int(chunk_size)
+        self.sampler = RLSDictionary(self.q_bar, generator=self.generator)
+        self.dictionary = self._long([])
+        self.beta = float("nan")
+        self.deff = 0.0
+        self.embeddings_computed = 0
+        self._posterior: DTCPosterior | None = None
+        self._Z: torch.Tensor | None = None  # (A, r) cached embedding of all arms
+        self._K_buf: torch.Tensor | None = None  # (A, capacity) cached kernel columns k(arms, s), first m used
+        self._order: list[int] = []  # the dictionary's arms in cache-slot order (the embedding's order)
+        self._slot_block: list[int] = []  # for each slot, the id of the kernel block its row was computed in
+        self._blocks: dict[int, list[int]] = {}  # block id -> the arms evaluated together in that call
+        self._next_block = 0
+        self._mean = torch.zeros(self.num_arms, dtype=arms.dtype, device=arms.device)
+        self._rls = self.kdiag / self.lam  # prior σ̃² (RLS scale)
+
+    # ------------------------------------------------------------------ diagnostics
+    @property
+    def dictionary_size(self) -> int:
+        """``m = |S_t|``."""
+        return int(self.dictionary.numel())
+
+    @property
+    def posterior(self) -> DTCPosterior | None:
+        """The current :class:`~torchbkb.DTCPosterior` (``None`` before the first reward)."""
+        return self._posterior
+
+    def scores(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(μ̃_t, σ̃²_t)`` of all arms, `(A,)` each (RLS-scale variance)."""
+        return self._mean, self._rls
+
+    def arm_features(self) -> torch.Tensor:
+        """`(A, r)` Nyström features ``z(arms)`` of the current dictionary, computed from the cached kernel
+        rows on first use after each dictionary change (one `(A × m)·(m × r)` product)."""
+        if self._posterior is None:
+            raise TorchBKBError(f"{type(self).__name__}: expected a dictionary (after the first reward), got none")
+        if self._Z is None:
+            W_T = self._posterior.embedding.projection.to(self.arms.dtype).T  # (m, r)
+            self._Z = self._K_buf[:, : len(self._order)] @ W_T  # (A, r)
+        return self._Z
+
+    # ------------------------------------------------------------------ resparsification
+    def _update(self) -> None:
+        pulled = (self.counts > 0).nonzero().squeeze(1)  # unique pulled arms
+        if self.dictionary.numel() == 0 and self.t <= self.last_told[0].numel():
+            new_dict = self.last_told[0][:1]  # S_1 = {x_1}
+        else:
+            keep = self.sampler.resample(self._rls[pulled].to(torch.float64), self.counts[pulled])
+            new_dict = pulled[keep]
+        self._rebuild(new_dict)
+
+    def _rebuild(self, new_dict: torch.Tensor, order: list[int] | None = None, blocks: list[list[int]] | None = None) -> None:
+        """Set the dictionary, re-embed if it changed, refit V from all pulls, rescore all arms.
+
+        ``order`` and ``blocks`` (checkpoint loading only) are the slot order of the kernel-row cache and
+        the kernel blocks its rows were computed in.
+        """
+        new_dict = torch.sort(new_dict).values
+        pulled = (self.counts > 0).nonzero().squeeze(1)
+        with torch.no_grad():
+            if new_dict.numel() == 0:  # S = ∅: z ≡ 0, the DTC posterior is the prior
+                self._posterior, self._Z, self._K_buf, self._order = None, None, None, []
+                self._slot_block, self._blocks = [], {}
+                self._mean = torch.zeros_like(self._mean)
+                self._rls = self.kdiag / self.lam
+            else:
+                changed = self._posterior is None or not torch.equal(new_dict, self.dictionary)
+                if changed:
+                    if order is None:
+                        self._update_kernel_rows(new_dict.tolist())
+                    else:
+                        self._K_buf, self._order, self._slot_block, self._blocks = None, [], [], {}
+                        self._update_kernel_rows(list(order), blocks)
+                    m = len(self._order)
+                    S_idx = self._long(self._order)  # dictionary in cache-slot order
+                    emb = NystromEmbedding(self.kernel, self.arms[S_idx], chunk_size=self.chunk_size)
+                    self._Z = None  # the arms' features z(arms) are derived on demand (arm_features)
+                    self.embeddings_computed += 1
+                    self._posterior = DTCPosterior(emb, noise=self.lam, chunk_size=self.chunk_size)
+                K_AS = self._K_buf[:, : len(self._order)]  # (A, m) view of the cached kernel columns
+                W_T = self._posterior.embedding.projection.to(self.arms.dtype).T  # (m, r)
+                n = self.counts[pulled].to(self.arms.dtype)
+                y_mean = (self.reward_sums[pulled] / self.counts[pulled]).to(self.arms.dtype)
+                # V from the counts on the pulled arms' features, O(min(t, A)·m²); inputs validated by tell()
+                self._posterior._fit_validated(self.arms[pulled], y_mean, n, features=K_AS[pulled] @ W_T)
+                # all arms scored from their kernel rows: one (A × m)·(m × m) product
+                self._mean, self._rls = self._posterior.score_cross(K_AS, self.kdiag)
+        self.dictionary = new_dict
+        self.deff = float((self.counts[pulled].to(torch.float64) * self._rls[pulled].to(torch.float64)).sum())
+
+    def _update_kernel_rows(self, new_dict: list[int], blocks: list[list[int]] | None = None) -> None:
+        """Make the cache ``self._K_buf[:, :m]`` hold ``k(arms, s)`` `(A,)` for every dictionary point ``s``.
+
+        Rows of points that stay are not touched; a leaving point's slot is given to an entering point
+        (or to the last row, to keep the cache compact). The points entering together are evaluated in
+        one ``k(arms, X_entering)`` `(A, e)` call, and the cache remembers these blocks: a kernel block can
+        differ in the last bits from its columns computed alone, so a run resumed from a checkpoint
+        recomputes every row inside the very block it was computed in (``blocks``, checkpoint loading
+        only) and rebuilds the same cache, the same embedding and the same choices, bitwise. Cost:
+        ``O(A·d·e)`` for ``e`` entering points plus one ``(A,)`` copy per compacted slot.
+        """
+        want = set(new_dict)
+        order = list(self._order)
+        slot_block = list(self._slot_block)
+        have = set(order)
+        entering = [a for a in new_dict if a not in have]  # ascending (new_dict is sorted or a saved order)
+        holes = [p for p, a in enumerate(order) if a not in want]
+        compute: list[int] = []  # slots to (re)evaluate
+        for p in holes[: len(entering)]:
+            order[p] = entering.pop(0)
+            compute.append(p)
+        buf = self._K_buf
+        for p in reversed(holes[len(compute) :]):  # no entering point left for these: compact
+            last = len(order) - 1
+            if p != last:
+                buf[:, p] = buf[:, last]
+                order[p], slot_block[p] = order[last], slot_block[last]
+            order.pop()
+            slot_block.pop()
+        for a in entering:  # the rest go to the end
+            compute.append(len(order))
+            order.append(a)
+            slot_block.append(-1)
+        m, A = len(order), self.num_arms
+        if buf is None or buf.shape[1] < m:  # grow the cache geometrically
+            grown = self.arms.new_empty((A, max(16, 2 * m)))
+            if buf is not None:
+                keep = min(buf.shape[1], m)
+                grown[:, :keep] = buf[:, :keep]
+            buf = grown
+        if compute:
+            if blocks is None:  # one block: the points entering now
+                block_list = [[order[p] for p in compute]]
+                slot_of = {order[p]: p for p in compute}
+            else:  # resuming: each row from the block it was first computed in
+                block_list = blocks
+                slot_of = {a: p for p, a in enumerate(order)}
+            for members in block_list:
+                bid = self._next_block
+                self._next_block += 1
+                self._blocks[bid] = list(members)
+                cols = self.kernel(self.arms, self.arms[self._long(members)])  # (A, e): one call per block
+                for j, a in enumerate(members):
+                    p = slot_of.get(a)
+                    if p is not None:
+                        buf[:, p] = cols[:, j]
+                        slot_block[p] = bid
+        live = set(slot_block)
+        self._blocks = {b: mem for b, mem in self._blocks.items() if b in live}
+        self._K_buf, self._order, self._slot_block = buf, order, slot_block
+
+    # ------------------------------------------------------------------ checkpoints
+    def _algorithm_state(self) -> dict[str, Any]:
+        return {
+            "dictionary": self.dictionary.cpu().clone(),
+            "order": list(self._order),
+            "blocks": [self._blocks[b] for b in sorted(set(self._slot_block))],
+            "beta": self.beta,
+            "rls": self._rls.cpu().clone(),
+            "embeddings_computed": self.embeddings_computed,
+        }
+
+    def _load_algorithm_state(self, state: dict[str, Any]) -> None:
+        self._posterior, self._Z, self._K_buf, self._order = None, None, None, []
+        self._slot_block, self._blocks = [], {}
+        self.dictionary = self._long([])
+        if self.t > 0:  # no order/blocks: an older checkpoint (rows recomputed one block)
+            self._rebuild(state["dictionary"].to(self.arms.device), order=state.get("order"), blocks=state.get("blocks"))
+        self._rls = state["rls"].to(self.arms.device)
+        self.beta = float(state["beta"])
+        self.embeddings_computed = int(state["embeddings_computed"])
+
+
+class BKB(SketchedKernelBandit):
     """Budgeted kernel bandit.
 
     Args:
@@ -83,7 +296,7 @@ class BKB(KernelBandit):
         noise_std: float | None = None,
         chunk_size: int = DEFAULT_CHUNK,
     ):
-        super().__init__(arms, kernel, noise=noise, beta=beta, seed=seed, noise_std=noise_std, F=F, delta=delta)
+        super().__init__(arms, kernel, noise=noise, q_bar=q_bar, beta=beta, seed=seed, F=F, delta=delta, noise_std=noise_std, chunk_size=chunk_size)
         if alpha is not None:
             a = check_positive(alpha, "alpha")
             if a <= 1.0:
@@ -91,40 +304,13 @@ class BKB(KernelBandit):
             epsilon = (a - 1.0) / (a + 1.0)
         alpha_from_epsilon(epsilon)  # validates 0 < ε < 1
         self.epsilon = float(epsilon)
-        self.q_bar = check_positive(q_bar, "q_bar")
-        self.chunk_size = int(chunk_size)
-        self.sampler = RLSDictionary(self.q_bar, generator=self.generator)
-        self.dictionary = self._long([])
-        self.beta = float("nan")
-        self.deff = 0.0
-        self.embeddings_computed = 0
-        self._posterior: DTCPosterior | None = None
-        self._Z: torch.Tensor | None = None  # (A, r) cached embedding of all arms
-        self._mean = torch.zeros(self.num_arms, dtype=arms.dtype, device=arms.device)
-        self._rls = self.kdiag / self.lam  # prior σ̃² (RLS scale)
 
-    # ------------------------------------------------------------------ diagnostics
-    @property
-    def dictionary_size(self) -> int:
-        """``m = |S_t|``."""
-        return int(self.dictionary.numel())
-
-    @property
-    def posterior(self) -> DTCPosterior | None:
-        """The current :class:`~torchbkb.DTCPosterior` (``None`` before the first reward)."""
-        return self._posterior
-
-    def scores(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(μ̃_t, σ̃²_t)`` of all arms, `(A,)` each (RLS-scale variance)."""
-        return self._mean, self._rls
-
-    # ------------------------------------------------------------------ algorithm
     def _select(self) -> torch.Tensor:
         if self.t == 0:
             self.beta = self.current_beta()
             return self._random_arm()
         self.beta = self.current_beta()
-        ucb = self._mean + self.beta * self._rls.sqrt()
+        ucb = self._mask_excluded(self._mean + self.beta * self._rls.sqrt())
         return torch.argmax(ucb).reshape(1)
 
     def current_beta(self) -> float:
@@ -132,53 +318,3 @@ class BKB(KernelBandit):
         if self.beta_mode != "theory":
             return float(self.beta_mode)
         return bkb_beta(self.deff, max(self.t, 1), noise_std=self.noise_std, lam=self.lam, F=self.F, delta=self.delta, epsilon=self.epsilon, kappa2=self.kappa2)
-
-    def _update(self) -> None:
-        pulled = (self.counts > 0).nonzero().squeeze(1)  # unique pulled arms
-        if self.dictionary.numel() == 0 and self.t <= self.last_told[0].numel():
-            new_dict = self.last_told[0][:1]  # S_1 = {x_1}
-        else:
-            keep = self.sampler.resample(self._rls[pulled].to(torch.float64), self.counts[pulled])
-            new_dict = pulled[keep]
-        self._rebuild(new_dict)
-
-    def _rebuild(self, new_dict: torch.Tensor) -> None:
-        """Set the dictionary, re-embed if it changed, refit V from all pulls, rescore all arms."""
-        new_dict = torch.sort(new_dict).values
-        pulled = (self.counts > 0).nonzero().squeeze(1)
-        with torch.no_grad():
-            if new_dict.numel() == 0:  # S = ∅: z ≡ 0, the DTC posterior is the prior
-                self._posterior, self._Z = None, None
-                self._mean = torch.zeros_like(self._mean)
-                self._rls = self.kdiag / self.lam
-            else:
-                if self._posterior is None:
-                    emb = NystromEmbedding(self.kernel, self.arms[new_dict], chunk_size=self.chunk_size)
-                    self._posterior = DTCPosterior(emb, noise=self.lam, chunk_size=self.chunk_size)
-                    self._Z = None
-                elif not torch.equal(new_dict, self.dictionary):
-                    self._posterior.embedding.set_inducing_points(self.arms[new_dict])
-                    self._Z = None
-                if self._Z is None:  # the A·m² part, only when S changed
-                    self._Z = self._posterior.embedding(self.arms)  # (A, r)
-                    self.embeddings_computed += 1
-                n = self.counts[pulled].to(self.arms.dtype)
-                y_mean = (self.reward_sums[pulled] / self.counts[pulled]).to(self.arms.dtype)
-                # V from the counts, O(min(t, A)·m²); inputs were validated by tell()
-                self._posterior._fit_validated(self.arms[pulled], y_mean, n, features=self._Z[pulled])
-                self._mean, self._rls = self._posterior.score_embedded(self._Z, self.kdiag)
-        self.dictionary = new_dict
-        self.deff = float((self.counts[pulled].to(torch.float64) * self._rls[pulled].to(torch.float64)).sum())
-
-    # ------------------------------------------------------------------ checkpoints
-    def _algorithm_state(self) -> dict[str, Any]:
-        return {"dictionary": self.dictionary.cpu().clone(), "beta": self.beta, "rls": self._rls.cpu().clone(), "embeddings_computed": self.embeddings_computed}
-
-    def _load_algorithm_state(self, state: dict[str, Any]) -> None:
-        self._posterior = None
-        self.dictionary = self._long([])
-        if self.t > 0:
-            self._rebuild(state["dictionary"].to(self.arms.device))
-        self._rls = state["rls"].to(self.arms.device)
-        self.beta = float(state["beta"])
-        self.embeddings_computed = int(state["embeddings_computed"])

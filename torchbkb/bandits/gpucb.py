@@ -74,7 +74,7 @@ class GPUCB(KernelBandit):
             return self._random_arm()
         mean, var = self.posterior.watched()
         self.beta = self.current_beta()
-        ucb = mean + self.beta * (var / self.lam).sqrt()
+        ucb = self._mask_excluded(mean + self.beta * (var / self.lam).sqrt())
         return torch.argmax(ucb).reshape(1)
 
     def _update(self) -> None:

@@ -235,7 +235,10 @@ class SBPE(KernelBandit):
         if self.remaining <= 0:
             raise TorchBKBError(f"SBPE: budget of {self.budget} evaluations exhausted (expected ask() only while remaining > 0); use recommend()")
         n_i = self.schedule[self.batch_id]  # batch_id batches asked so far
-        act = self.active.nonzero().squeeze(1)  # (A_i,)
+        act = (self.active & ~self.excluded).nonzero().squeeze(1)  # (A_i,): arms that kept failing are left out
+        if act.numel() == 0:
+            self._allowed()  # raises: every arm was excluded
+            raise TorchBKBError("SBPE: expected an active arm that is not excluded, got none (all remaining active arms kept failing)")
         explorer = UncertaintyExplorer(
             self.arms[act],
             self.kernel,

@@ -1,0 +1,172 @@
+import math
+
+import pytest
+import torch
+
+from conftest import tol
+from helpers import close, exact_gp, rbf
+from torchbkb import GPBUCB, GPUCB, ExactPosterior
+from torchbkb.confidence import gpucb_beta
+from torchbkb.errors import InputDataError
+from torchbkb.kernels import GaussianKernel
+
+LS = 0.2
+LAM = 0.01
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """The operations here are tiny: a second intra-op thread only adds synchronization (much slower on a busy machine)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+
+def _arms(A=150, seed=0, dtype=torch.float64, device="cpu"):
+    g = torch.Generator().manual_seed(seed)
+    X = torch.rand(A, 2, generator=g, dtype=torch.float64)
+    f = torch.sin(5 * X[:, 0]) * torch.cos(3 * X[:, 1]) + X[:, 1]
+    return X.to(device, dtype), f.to(device, dtype)
+
+
+def _bandit(arms, **kw):
+    args = dict(noise=LAM, beta=0.3, batch_bound=2.0, seed=1)
+    args.update(kw)
+    return GPBUCB(arms, GaussianKernel(LS), **args)
+
+
+def _run(bandit, f, T):
+    while bandit.t < T:
+        idx = bandit.ask()
+        bandit.tell(idx, f[idx])
+
+
+def _told(b):
+    return torch.tensor(b.history["index"]), torch.tensor(b.history["reward"], dtype=torch.float64)
+
+
+def test_batch_bound_one_is_gp_ucb(dtype, device):
+    arms, f = _arms(dtype=dtype, device=device)
+    a, g = _bandit(arms, batch_bound=1.0), GPUCB(arms, GaussianKernel(LS), noise=LAM, beta=0.3, seed=1)
+    _run(a, f, 40)
+    _run(g, f, 40)
+    assert a.batch_sizes == [1] * 40 and a.history["index"] == g.history["index"]
+    for u, v in zip(a.posterior.watched(), g.posterior.watched()):
+        assert close(u.double().cpu(), v.double().cpu(), tol(dtype))
+
+
+def test_in_batch_picks_use_exact_hallucinated_variances_and_the_product_rule():
+    arms, f = _arms()
+    b = _bandit(arms, batch_bound=3.0, beta=0.5)
+    _run(b, f, 20)
+    checked = 0
+    for _ in range(100):
+        if checked == 3:
+            break
+        idx, y = _told(b)
+        batch = b.ask().tolist()
+        K = rbf(arms, arms, LS)
+        mean_fb, cov = exact_gp(K[idx][:, idx], K[idx], K, y, LAM)  # independent exact GP on the told data
+        rls_fb = cov.diagonal() / LAM
+        level = 1.0
+        for k, i in enumerate(batch):
+            rows = torch.cat([idx, torch.tensor(batch[:k], dtype=torch.long)])  # picks hallucinated: rows without rewards
+            _, cov_t = exact_gp(K[rows][:, rows], K[rows], K, torch.zeros(len(rows), dtype=torch.float64), LAM)
+            rls_t = cov_t.diagonal().clamp_min(0) / LAM
+            assert i == int(torch.argmax(mean_fb + b.beta * rls_t.sqrt()))
+            assert b._batch_rls[k] == pytest.approx(float(rls_t[i]), abs=1e-8)
+            level *= 1.0 + float(rls_fb[i])
+            assert (level > 3.0) == (k == len(batch) - 1)  # Π(1 + σ²_fb) <= C̃ until the last pick
+        assert close(b.posterior.watched()[0], mean_fb, 1e-8)  # the mean is frozen in the batch
+        checked += len(batch) >= 2
+        b.tell(torch.tensor(batch), f[batch])
+    assert checked == 3
+
+
+@pytest.mark.parametrize("discard", [False, True])
+def test_after_the_batch_the_posterior_is_the_exact_gp_of_the_told_rewards(discard):
+    arms, f = _arms()
+    b = _bandit(arms, batch_bound=4.0, beta=0.6)
+    _run(b, f, 15)
+    batch = b.ask()
+    while len(batch) < 3:
+        b.tell(batch, f[batch])
+        batch = b.ask()
+    order = torch.flip(batch, [0])  # told in another order than asked
+    if discard:
+        b.tell(order[:-1], f[order[:-1]])
+        b.discard(order[-1:])  # the first pick (a hallucinated row) never comes back
+    else:
+        b.tell(order, f[order])
+    idx, y = _told(b)
+    ref = ExactPosterior(GaussianKernel(LS), LAM).fit(arms[idx], y)
+    for u, v in zip(b.posterior.watched(), ref(arms)):
+        assert close(u, v, 1e-8)
+    K = rbf(arms[idx], arms[idx], LS)
+    log_det = float(torch.logdet(torch.eye(len(idx), dtype=torch.float64) + K / LAM))
+    assert b.log_det == pytest.approx(log_det, abs=1e-8)  # Σ log(1 + σ²_{s-1}(x_s)) over the told points
+    _run(b, f, b.t + 10)
+
+
+def test_theory_width_is_batch_bound_times_gpucb_beta():
+    arms, f = _arms()
+    b = _bandit(arms, beta="theory", batch_bound=2.5, F=1.5, delta=0.1)
+    for _ in range(6):
+        b.ask()
+        expected = gpucb_beta(b.log_det, noise_std=math.sqrt(LAM), lam=LAM, F=1.5, delta=0.1)
+        assert b.beta == pytest.approx(2.5 * expected, rel=1e-12)
+        idx = b.pending
+        b.tell(idx, f[idx])
+
+
+@pytest.mark.parametrize("mid_batch", [False, True])
+def test_checkpoint_resume_is_an_identical_continuation(mid_batch):
+    arms, f = _arms()
+    a = _bandit(arms, batch_bound=3.0)
+    _run(a, f, 25)
+    if mid_batch:
+        idx = a.ask()
+        while len(idx) < 2:
+            a.tell(idx, f[idx])
+            idx = a.ask()
+        a.tell(idx[-1:], f[idx[-1:]])
+    b = _bandit(arms, batch_bound=3.0, seed=99)
+    b.load_state_dict(a.state_dict())
+    if mid_batch:
+        rest = a.pending
+        a.tell(rest, f[rest])
+        b.tell(rest, f[rest])
+    _run(a, f, 70)
+    _run(b, f, 70)
+    assert a.history == b.history and a.batch_sizes == b.batch_sizes and a.log_det == pytest.approx(b.log_det, abs=1e-9)
+
+
+def test_product_rule_batches_are_no_longer_than_bbkbs_sum_rule():
+    # same exact variances (BBKB with every pulled arm in its dictionary): Weierstrass, 1 + Σ s <= Π(1 + s)
+    from torchbkb import BBKB
+
+    arms, f = _arms(A=100)
+    g = _bandit(arms, batch_bound=3.0, beta=0.4)
+    s = BBKB(arms, GaussianKernel(LS), noise=LAM, q_bar=1e9, beta=0.4, batch_bound=3.0, seed=1)
+    first = g.ask()
+    g.tell(first, f[first])
+    s.ask()
+    s.tell(first, f[first])
+    gb, sb = g.ask(), s.ask()
+    assert len(gb) <= len(sb) and gb.tolist() == sb[: len(gb)].tolist()
+
+
+@pytest.mark.parametrize(
+    "kw, msg",
+    [
+        (dict(batch_bound=0.9), "batch_bound"),
+        (dict(batch_bound=float("inf")), "batch_bound"),
+        (dict(max_batch_size=0), "max_batch_size"),
+        (dict(beta="x"), "beta"),
+    ],
+)
+def test_bad_arguments(kw, msg):
+    arms, _ = _arms(A=10)
+    with pytest.raises(InputDataError, match=msg):
+        _bandit(arms, **kw)

@@ -1,0 +1,217 @@
+"""BBKB -- batch budgeted kernel bandit (001, Algorithm 1): adaptive batches, delayed resparsification.
+
+A batch starts from the posterior of the last resparsification (dictionary ``S_fb``, mean ``μ̃_fb``,
+RLS variances ``σ̃²_fb``, all cached for every arm). Inside the batch (:func:`~torchbkb.batch_selection.select_batch`):
+
+* the dictionary and the mean stay fixed; each pick is hallucinated into ``V`` by a rank-one update
+  (no reward), so the in-batch variances ``σ̃²_t`` are exactly those of a DTC posterior on ``S_fb``
+  refitted with the picks (``DTCPosterior.update(x, y=None)``);
+* the UCB is ``μ̃_fb + α̃ σ̃_t``; UCBs only decrease, so after a pick only the arms whose stale UCB is at
+  least the chosen arm's new UCB are recomputed (lazy UCB: ``O(A·m)`` at most, usually far less);
+* the batch goes on while ``1 + Σ_{s in batch} σ̃²_fb(x_s) <= C̃``; the pick that crosses ``C̃`` is
+  the last one of the batch (Algorithm 1, line 5).
+
+When every point of the batch is told (or discarded), the dictionary is resampled from the pulled
+arms with probabilities ``min(1, q̄ σ̃²_fb)`` (per pull), the arms are re-embedded (only if the
+dictionary changed), ``V`` and the mean are refitted from the pull counts and every arm is rescored --
+the same code as BKB (:class:`~torchbkb.bandits.bkb.SketchedKernelBandit`). The first batch is one
+uniform arm and ``S_1 = {x_1}``.
+
+Memory: the kernel rows ``k(s, arms)`` of the dictionary and the embedding ``z(arms)`` are cached,
+`(m, A)` and `(A, m)` in the arms' dtype (so only the points entering the dictionary cost kernel
+evaluations at a resparsification); float32 arms halve it, the `m × m` factorizations stay float64.
+
+Checkpoints: :meth:`state_dict` can be taken at any time, including between ``ask`` and the last
+``tell`` of a batch (the pending arms are restored and the batch completes identically);
+:func:`torchbkb.run` writes one after every batch.
+
+Example:
+    >>> import torch
+    >>> from torchbkb.bandits import BBKB
+    >>> from torchbkb.kernels import GaussianKernel
+    >>> arms = torch.rand(500, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    >>> f = 1 - ((arms - 0.3) ** 2).sum(-1)
+    >>> bandit = BBKB(arms, GaussianKernel(0.3), noise=0.01, beta=0.05, batch_bound=2.0, seed=0)
+    >>> while bandit.t < 300:
+    ...     batch = bandit.ask(); bandit.tell(batch, f[batch])
+    >>> max(bandit.batch_sizes) > 10, bandit.num_resparsifications < 100    # batches grow
+    (True, True)
+    >>> float(f.max() - f[bandit.ask()].min()) < 0.05
+    True
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any, Callable
+
+import torch
+
+from torchbkb.bandits.bkb import SketchedKernelBandit
+from torchbkb.batch_selection import BatchSelection, select_batch
+from torchbkb.confidence import bbkb_beta
+from torchbkb.errors import InputDataError
+from torchbkb.nystrom import DEFAULT_CHUNK
+
+__all__ = ["BBKB"]
+
+
+class BBKB(SketchedKernelBandit):
+    """Batch budgeted kernel bandit (BBKB).
+
+    Args:
+        arms: `(A, d)` arm set (only `(A, m)` features and a few `(A,)` vectors are kept).
+        kernel: a ``gpytorch.kernels.Kernel`` or callable ``(X1, X2) -> Tensor``.
+        noise: ``λ > 0``.
+        q_bar: oversampling ``q̄`` of the dictionary resampling (001 Theorem 2 asks
+            ``q̄ >= 72 C̃ log(4T/δ)``; the paper's experiments use ``q̄ = 2``).
+        beta: ``"theory"`` -- the batch multiplier is ``α̃ = C̃ β̃_fb`` with ``β̃_fb`` of 001 Theorem 2
+            (:func:`torchbkb.confidence.bbkb_beta`); or a float, which **is** the multiplier ``α̃`` of
+            ``σ̃`` in the in-batch UCB ``μ̃_fb + α̃ σ̃_t`` (RLS scale; ``C̃`` does not multiply it, so a
+            user tunes the exploration actually used). A GP-scale multiplier ``b`` (``μ + b·σ_GP``) is
+            ``α̃ = b·√λ`` since ``σ_GP = √λ σ̃``.
+        batch_bound: ``C̃ >= 1``; a batch continues while ``1 + Σ_{s in batch} σ̃²_fb(x_s) <= C̃``
+            (``C̃ = 1`` gives batches of one).
+        max_batch_size: optional cap on the batch length (e.g. the number of workers).
+        seed: generator seed (first arm, dictionary draws).
+        F: bound on ``‖f‖_H`` (theory β).
+        delta: failure probability (theory β).
+        noise_std: ``ξ`` of the theory β (default ``√λ``).
+        lazy: lazy UCB updates inside a batch (``False`` recomputes every arm after each pick: the
+            same batches, slower -- for testing).
+        chunk_size: arms embedded/scored at once.
+
+    Attributes:
+        dictionary: `(m,)` long, arm indices of the dictionary ``S_fb``.
+        beta: the multiplier ``α̃`` used for the last batch.
+        beta_tilde: ``β̃_fb`` of the last batch (``nan`` with a constant ``beta``).
+        log_sum: ``Σ_s log(1 + 3 σ̃²_{fb[s-1]}(x_s))`` over the told points (the theory β's sum).
+        batch_sizes: length of every batch asked, in order.
+        num_resparsifications: dictionary resamplings (one per completed batch).
+        embeddings_computed: re-embeddings of the arms (only when the dictionary changed).
+        ucb_evaluations: UCBs recomputed inside batches, in total (lazy: far below ``A·T``).
+        time_in_batch: seconds spent selecting batches (hallucinated updates, lazy UCB).
+        time_resparsify: seconds spent at batch ends (resampling, re-embedding, refit, rescoring).
+        last_selection: the :class:`~torchbkb.batch_selection.BatchSelection` of the last batch
+            (in-batch variances of the picks, UCB evaluations; ``None`` for the uniform first batch).
+
+    Example:
+        >>> import torch
+        >>> from torchbkb.kernels import GaussianKernel
+        >>> arms = torch.linspace(0, 1, 200)[:, None]
+        >>> bandit = BBKB(arms, GaussianKernel(0.1), noise=0.1, beta="theory", batch_bound=3.0, seed=0)
+        >>> first = bandit.ask(); len(first)               # x_1 is uniform: a batch of one
+        1
+        >>> bandit.tell(first, torch.sin(6 * arms[first, 0]))
+        >>> bandit.dictionary_size, bandit.num_resparsifications             # S_1 = {x_1}
+        (1, 1)
+        >>> batch = bandit.ask()
+        >>> bandit.beta == 3.0 * bandit.beta_tilde                              # α̃ = C̃ β̃_fb
+        True
+    """
+
+    def __init__(
+        self,
+        arms: torch.Tensor,
+        kernel: Callable,
+        *,
+        noise: float,
+        q_bar: float = 2.0,
+        beta: float | str = "theory",
+        batch_bound: float = 2.0,
+        max_batch_size: int | None = None,
+        seed: int | None = None,
+        F: float = 1.0,
+        delta: float = 0.01,
+        noise_std: float | None = None,
+        lazy: bool = True,
+        chunk_size: int = DEFAULT_CHUNK,
+    ):
+        super().__init__(arms, kernel, noise=noise, q_bar=q_bar, beta=beta, seed=seed, F=F, delta=delta, noise_std=noise_std, chunk_size=chunk_size)
+        try:
+            C = float(batch_bound)
+        except (TypeError, ValueError):
+            raise InputDataError(f"batch_bound: expected a float C̃ >= 1, got {batch_bound!r}") from None
+        if not 1.0 <= C < math.inf:
+            raise InputDataError(f"batch_bound: expected a finite C̃ >= 1, got {batch_bound!r}")
+        if max_batch_size is not None and (isinstance(max_batch_size, bool) or int(max_batch_size) != max_batch_size or int(max_batch_size) < 1):
+            raise InputDataError(f"max_batch_size: expected an integer >= 1 or None, got {max_batch_size!r}")
+        self.batch_bound = C
+        self.max_batch_size = None if max_batch_size is None else int(max_batch_size)
+        self.lazy = bool(lazy)
+        self.beta_tilde = float("nan")
+        self.log_sum = 0.0
+        self.batch_sizes: list[int] = []
+        self.num_resparsifications = 0
+        self.ucb_evaluations = 0
+        self.time_in_batch = 0.0
+        self.time_resparsify = 0.0
+        self.last_selection: BatchSelection | None = None
+
+    # ------------------------------------------------------------------ widths
+    def current_beta(self) -> float:
+        """The multiplier ``α̃`` of the next batch: ``C̃ β̃_fb`` (theory) or the user's constant."""
+        if self.beta_mode != "theory":
+            return float(self.beta_mode)
+        return self.batch_bound * self.current_beta_tilde()
+
+    def current_beta_tilde(self) -> float:
+        """``β̃_fb`` of 001 Theorem 2 from the told points so far."""
+        return bbkb_beta(self.log_sum, noise_std=self.noise_std, lam=self.lam, F=self.F, delta=self.delta)
+
+    # ------------------------------------------------------------------ algorithm
+    def _select(self) -> torch.Tensor:
+        start = time.perf_counter()
+        self.beta_tilde = self.current_beta_tilde() if self.beta_mode == "theory" else float("nan")
+        self.beta = self.current_beta()
+        if self.t == 0:  # Algorithm 1, line 1: x_1 uniform
+            idx = self._random_arm()
+            self.last_selection = None
+        else:
+            if self._posterior is None:  # empty dictionary: z ≡ 0, V = λ I_0
+                Z = self.arms.new_zeros((self.num_arms, 0))
+                V_inv = self.arms.new_zeros((0, 0), dtype=torch.float64)
+            else:
+                Z, V_inv = self.arm_features(), self._posterior.V_inv
+            with torch.no_grad():
+                sel = select_batch(Z, self._mask_excluded(self._mean), self._rls, V_inv, self.beta, self.batch_bound, self.max_batch_size, lazy=self.lazy, validate=False)
+            idx = sel.indices
+            self.last_selection = sel
+            self.ucb_evaluations += sel.ucb_evaluations
+        self.batch_sizes.append(int(idx.numel()))
+        self.time_in_batch += time.perf_counter() - start
+        return idx
+
+    def _update(self) -> None:
+        start = time.perf_counter()
+        told = self.last_told[0]
+        if told.numel():  # σ̃²_fb of the told picks: their variance when the batch started
+            self.log_sum += float(torch.log1p(3.0 * self._rls[told].to(torch.float64)).sum())
+        super()._update()  # resample S with q̄ σ̃²_fb, re-embed if S changed, refit, rescore
+        self.num_resparsifications += 1
+        self.time_resparsify += time.perf_counter() - start
+
+    # ------------------------------------------------------------------ checkpoints
+    def _algorithm_state(self) -> dict[str, Any]:
+        state = super()._algorithm_state()
+        state.update(
+            beta_tilde=self.beta_tilde,
+            log_sum=self.log_sum,
+            batch_sizes=list(self.batch_sizes),
+            num_resparsifications=self.num_resparsifications,
+            ucb_evaluations=self.ucb_evaluations,
+            time_in_batch=self.time_in_batch,
+            time_resparsify=self.time_resparsify,
+        )
+        return state
+
+    def _load_algorithm_state(self, state: dict[str, Any]) -> None:
+        super()._load_algorithm_state(state)
+        self.beta_tilde = float(state["beta_tilde"])
+        self.log_sum = float(state["log_sum"])
+        self.batch_sizes = list(state["batch_sizes"])
+        self.num_resparsifications = int(state["num_resparsifications"])
+        self.ucb_evaluations = int(state["ucb_evaluations"])
+        self.time_in_batch = float(state["time_in_batch"])
+        self.time_resparsify = float(state["time_resparsify"])

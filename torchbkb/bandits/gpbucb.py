@@ -1,0 +1,198 @@
+"""GP-BUCB (Desautels, Krause & Burdick 2014) with adaptive batches -- the exact batch baseline of 001.
+
+Inside a batch the posterior mean is frozen at ``μ_fb`` and every pick is hallucinated into the exact
+GP (``ExactPosterior.update(x, None)``: the Cholesky factor grows, the mean stays), so the in-batch
+variances ``σ²_t`` are exact. The next pick is ``argmax μ_fb + α σ_t`` (RLS scale, ``σ² = var/λ``) and
+the batch goes on while the product rule ``Π_{s in batch} (1 + σ²_fb(x_s)) <= C̃`` holds (the pick that
+crosses ``C̃`` is the batch's last) -- the termination 001 Sec. 3 compares with BBKB's sum rule; by the
+Weierstrass product inequality it always gives batches no longer than BBKB's for the same variances.
+
+When the rewards arrive the hallucinated rows keep their place in the Cholesky factor and only get
+their rewards (:meth:`~torchbkb.ExactPosterior.observe`, ``O(n² + A·n)``); if some picks were
+discarded the hallucinations are undone (:meth:`~torchbkb.ExactPosterior.truncate`) and the told
+rows are added again.
+
+Cost: every in-batch pick is an eager ``O(A·t)`` update of all arms' exact variances (no lazy UCB:
+the exact variance of an arm needs its whole column of ``L⁻¹ K_{X,A}``), like GP-UCB's step -- fine
+for an exact baseline, not for large ``t``.
+
+``beta="theory"``: ``α = C̃ β`` with ``β`` of :func:`torchbkb.confidence.gpucb_beta` on the exact
+``log det(I + K_t/λ) = Σ_s log(1 + σ²_{s-1}(x_s))`` (``σ²_{s-1}`` with the earlier picks of the batch
+hallucinated) -- the same rescaling by ``C̃`` that 001 Theorem 2 applies to BBKB. A float ``beta`` is
+``α`` itself.
+
+Example:
+    >>> import torch
+    >>> from torchbkb.bandits import GPBUCB
+    >>> from torchbkb.kernels import GaussianKernel
+    >>> arms = torch.linspace(0, 1, 100, dtype=torch.float64)[:, None]
+    >>> f = torch.sin(6 * arms[:, 0])
+    >>> bandit = GPBUCB(arms, GaussianKernel(0.2), noise=0.01, beta=0.1, batch_bound=2.0, seed=0)
+    >>> while bandit.t < 40:
+    ...     batch = bandit.ask(); bandit.tell(batch, f[batch])
+    >>> bandit.batch_sizes[0], max(bandit.batch_sizes) > 1
+    (1, True)
+    >>> float(f.max() - f[bandit.ask()].min()) < 0.01
+    True
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any, Callable
+
+import torch
+
+from torchbkb.bandits.gpucb import GPUCB
+from torchbkb.errors import InputDataError
+
+__all__ = ["GPBUCB"]
+
+
+class GPBUCB(GPUCB):
+    """Exact GP-BUCB with the adaptive product termination rule.
+
+    Args:
+        arms: `(A, d)`.
+        kernel: a ``gpytorch.kernels.Kernel`` or callable ``(X1, X2) -> Tensor``.
+        noise: ``λ > 0``.
+        beta: a float -- the multiplier ``α`` of ``σ`` (RLS scale) in the in-batch UCB -- or
+            ``"theory"`` (``α = C̃ β_t``, see the module docstring).
+        batch_bound: ``C̃ >= 1``; a batch continues while ``Π (1 + σ²_fb(x_s)) <= C̃``.
+        max_batch_size: optional cap on the batch length.
+        seed: generator seed (the first arm is uniform).
+        noise_std, F, delta: parameters of the theory width.
+
+    Attributes:
+        beta: the multiplier ``α`` of the last batch.
+        batch_sizes: length of every batch asked.
+        time_in_batch: seconds spent selecting batches (hallucinated exact updates).
+        time_update: seconds spent incorporating rewards.
+    """
+
+    def __init__(
+        self,
+        arms: torch.Tensor,
+        kernel: Callable,
+        *,
+        noise: float,
+        beta: float | str = "theory",
+        batch_bound: float = 2.0,
+        max_batch_size: int | None = None,
+        seed: int | None = None,
+        noise_std: float | None = None,
+        F: float = 1.0,
+        delta: float = 0.01,
+    ):
+        super().__init__(arms, kernel, noise=noise, beta=beta, seed=seed, noise_std=noise_std, F=F, delta=delta)
+        try:
+            C = float(batch_bound)
+        except (TypeError, ValueError):
+            raise InputDataError(f"batch_bound: expected a float C̃ >= 1, got {batch_bound!r}") from None
+        if not 1.0 <= C < math.inf:
+            raise InputDataError(f"batch_bound: expected a finite C̃ >= 1, got {batch_bound!r}")
+        if max_batch_size is not None and (isinstance(max_batch_size, bool) or int(max_batch_size) != max_batch_size or int(max_batch_size) < 1):
+            raise InputDataError(f"max_batch_size: expected an integer >= 1 or None, got {max_batch_size!r}")
+        self.batch_bound = C
+        self.max_batch_size = None if max_batch_size is None else int(max_batch_size)
+        self.batch_sizes: list[int] = []
+        self.time_in_batch = 0.0
+        self.time_update = 0.0
+        self._batch: list[int] = []  # picks of the open batch, in order
+        self._batch_rls: list[float] = []  # σ²_{t-1}(x_t) of each pick when it was picked (RLS scale)
+        self._n_fb = 0  # rows of the posterior at the batch start
+
+    def current_beta(self) -> float:
+        """The multiplier ``α`` of the next batch."""
+        if self.beta_mode != "theory":
+            return float(self.beta_mode)
+        return self.batch_bound * super().current_beta()
+
+    def _select(self) -> torch.Tensor:
+        start = time.perf_counter()
+        self.beta = self.current_beta()
+        post = self.posterior
+        self._n_fb = post.num_train
+        if self.t == 0:
+            picks = [int(self._random_arm())]
+            self._batch_rls = [float(self.kdiag[picks[0]]) / self.lam]
+        else:
+            mean_fb, var_fb = post.watched()
+            mean_fb = self._mask_excluded(mean_fb.clone())  # frozen; hallucinations leave it unchanged anyway
+            rls_fb = (var_fb / self.lam).tolist()
+            picks, in_batch, level = [], [], 1.0
+            with torch.no_grad():
+                while True:
+                    rls_t = post.watched()[1] / self.lam  # exact, with the earlier picks hallucinated
+                    i = int(torch.argmax(mean_fb + self.beta * rls_t.sqrt()))  # lowest index on ties
+                    picks.append(i)
+                    in_batch.append(float(rls_t[i]))
+                    level *= 1.0 + rls_fb[i]
+                    if level > self.batch_bound or (self.max_batch_size is not None and len(picks) >= self.max_batch_size):
+                        break
+                    post.update(self.arms[i], None)  # hallucinate: O(A·t)
+            self._batch_rls = in_batch
+        self._batch = picks
+        self.batch_sizes.append(len(picks))
+        self.time_in_batch += time.perf_counter() - start
+        return self._long(picks)
+
+    def _update(self) -> None:
+        start = time.perf_counter()
+        idx, y = self.last_told
+        told = list(zip(idx.tolist(), y.tolist()))
+        hallucinated = self._batch[:-1]  # rows n_fb, n_fb + 1, ... of the posterior
+        rows_y: list[float] = []
+        for arm in hallucinated:  # match each hallucinated row with a told reward of the same arm
+            j = next((k for k, (a, _) in enumerate(told) if a == arm), None)
+            if j is None:
+                break
+            rows_y.append(told.pop(j)[1])
+        post, dtype = self.posterior, self.arms.dtype
+        with torch.no_grad():
+            if len(rows_y) == len(hallucinated):  # every hallucinated pick was told: keep the rows
+                if rows_y:
+                    rows = torch.arange(self._n_fb, self._n_fb + len(rows_y))
+                    post.observe(rows, torch.tensor(rows_y, dtype=dtype, device=self.arms.device))
+                self.log_det += sum(math.log1p(max(r, 0.0)) for r in self._batch_rls[: len(rows_y)])
+            else:  # some pick was discarded: undo the hallucinations, add the told rows
+                post.truncate(self._n_fb)
+                told = list(zip(idx.tolist(), y.tolist()))
+            for arm, yi in told:  # the last pick (and anything not hallucinated)
+                var_i = post.watched()[1][arm]
+                self.log_det += math.log1p(float(var_i) / self.lam)
+                post.update(self.arms[arm], torch.tensor(yi, dtype=dtype, device=self.arms.device))
+        self._batch, self._batch_rls = [], []
+        self.time_update += time.perf_counter() - start
+
+    # ------------------------------------------------------------------ checkpoints
+    def _algorithm_state(self) -> dict[str, Any]:
+        state = super()._algorithm_state()
+        state.update(
+            batch=list(self._batch),
+            batch_rls=list(self._batch_rls),
+            batch_sizes=list(self.batch_sizes),
+            time_in_batch=self.time_in_batch,
+            time_update=self.time_update,
+        )
+        return state
+
+    def _load_algorithm_state(self, state: dict[str, Any]) -> None:
+        self.log_det, self.beta = float(state["log_det"]), float(state["beta"])
+        self._batch, self._batch_rls = list(state["batch"]), list(state["batch_rls"])
+        self.batch_sizes = list(state["batch_sizes"])
+        self.time_in_batch, self.time_update = float(state["time_in_batch"]), float(state["time_update"])
+        # the rows of the completed batches: the history minus what was told of the open batch
+        done = len(self.history["index"]) - len(self._told_idx)
+        idx = torch.as_tensor(self.history["index"][:done], dtype=torch.long, device=self.arms.device)
+        y = torch.as_tensor(self.history["reward"][:done], dtype=self.arms.dtype, device=self.arms.device)
+        self._reset_posterior()
+        with torch.no_grad():
+            if done:
+                self.posterior.fit(self.arms[idx], y)
+                self.posterior.watch(self.arms)
+            self._n_fb = self.posterior.num_train
+            if self._pending or self._told_idx:  # an open batch: hallucinate its picks again
+                for arm in self._batch[:-1]:
+                    self.posterior.update(self.arms[arm], None)
