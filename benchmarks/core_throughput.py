@@ -5,15 +5,19 @@ Gaussian kernel of width σ² = 5 (the BBKB paper's), this measures in one proce
 
 * ``embed``: ``NystromEmbedding(S)(X)`` -> ``Z`` `(A, m)` (kernel ``k(X, S)``, `(A×d)(d×m)`, an ``exp``, and
   one `(A×m)·(m×m)` product with the projection), chunked over arms;
+* ``embed_fused_kernel``: a reference re-implementation of ``embed`` with the Gaussian kernel fused
+  (:func:`embed_fused_kernel`) -- the rate a fused ``GaussianKernel.forward`` would reach;
 * ``score``: ``DTCPosterior.score_embedded(Z, kdiag)`` -> ``μ̃, σ̃²`` `(A,)` (one `(A×m)·(m×m)` product with
   ``V⁻¹`` plus ``O(A·m)``), chunked over arms;
-The four are timed round-robin (gemm, embed, fused, score, gemm, ...) so that they share the machine's
-conditions; the table reports the minimum over repeats.
-
-* ``gemm``: the baseline, a bare ``torch.matmul(Z, W, out=buf)`` of `(A, m)` by `(m, m)` in the same dtype
+* ``gemm``: their baseline, a bare ``torch.matmul(Z, W, out=buf)`` of `(A, m)` by `(m, m)` in the same dtype
   (output preallocated, so the baseline measures the machine's GEMM rate, not page faults);
-* ``embed_fused_kernel``: a reference re-implementation of ``embed`` with the Gaussian kernel fused
-  (:func:`embed_fused_kernel`) -- the rate a fused ``GaussianKernel.forward`` would reach.
+* ``score_cross``: ``DTCPosterior.score_cross(K, kdiag)`` from cached kernel rows ``K = k(X, S)`` `(A, m)`
+  (what BKB/BBKB do since they cache ``k(S, arms)``): one `(A×m)·(m×m)` product with ``M = Wᵀ(I/λ − V⁻¹)W``
+  plus ``O(A·m)``, against its own baseline ``matmul(K, W_m, out=buf)`` (``gemm_m``).
+
+The first four are timed round-robin (gemm, embed, fused, score, gemm, ...), then ``gemm_m`` and
+``score_cross`` the same way, so that each operation and its baseline share the machine's conditions;
+the table reports the minimum over repeats.
 
 Both core operations contain exactly one `(A×m)·(m×m)` product, so the achieved fraction of the GEMM
 rate is ``t_gemm / t_op`` (DESIGN §6 target: ≥ 50 %). Peak memory is the extra resident memory of each
@@ -148,6 +152,13 @@ def measure_memory(A: int, m: int, dtype: torch.dtype, device: torch.device, see
         del res
         post.chunk_size = chunk
         out["score_unchunked_peak_extra_bytes"] = mem.extra
+        del Z
+        K = emb.kernel(X, emb.inducing_points)  # (A, m) cached kernel rows
+        with PeakMemory(device) as mem:
+            res = post.score_cross(K, kdiag)
+            sync(device)
+        del res
+        out["score_cross_peak_extra_bytes"] = mem.extra
     return out
 
 
@@ -159,7 +170,7 @@ def _memory_in_subprocess(A: int, m: int, dtype: torch.dtype, seed: int) -> dict
     res = subprocess.run(cmd, capture_output=True, text=True, cwd=str(Path(__file__).resolve().parents[1]))
     if res.returncode != 0:
         print(f"  memory child failed: {res.stderr[-500:]}", flush=True)
-        return {"embed_peak_extra_bytes": None, "score_peak_extra_bytes": None, "score_unchunked_peak_extra_bytes": None}
+        return {k: None for k in ("embed_peak_extra_bytes", "score_peak_extra_bytes", "score_unchunked_peak_extra_bytes", "score_cross_peak_extra_bytes")}
     return json.loads(res.stdout.strip().splitlines()[-1])
 
 
@@ -226,8 +237,15 @@ def measure(A: int, m: int, dtype: torch.dtype, device: torch.device, repeats: i
         }
         for name, timing in time_interleaved(fns, device=device, repeats=repeats, warmup=warmup).items():
             out[name] = timing.to_dict()
-        del buf
-    del Z, W, X, emb, post, kdiag
+        del buf, Z
+        K = emb.kernel(X, emb.inducing_points)  # (A, m): the cached kernel rows of BKB/BBKB
+        Wm = torch.randn(m, m, generator=gen, dtype=torch.float64).to(device=device, dtype=dtype)
+        buf = torch.empty_like(K)
+        fns = {"gemm_m": lambda: torch.matmul(K, Wm, out=buf), "score_cross": lambda: post.score_cross(K, kdiag)}
+        for name, timing in time_interleaved(fns, device=device, repeats=repeats, warmup=warmup).items():
+            out[name] = timing.to_dict()
+        del buf, K
+    del W, X, emb, post, kdiag
     gc.collect()
     out.update(measure_memory(A, m, dtype, device, seed) if device.type == "cuda" else _memory_in_subprocess(A, m, dtype, seed))
     out["embed_output_bytes"] = A * r * elt
@@ -239,6 +257,8 @@ def measure(A: int, m: int, dtype: torch.dtype, device: torch.device, repeats: i
     for op in ("embed", "score", "embed_fused_kernel"):
         out[f"{op}_gflops_equiv"] = flops / out[op]["min"] / 1e9
         out[f"{op}_fraction_of_gemm"] = tg / out[op]["min"]
+    out["score_cross_fraction_of_gemm"] = out["gemm_m"]["min"] / out["score_cross"]["min"]  # same (A×m)(m×m) shape
+    out["score_cross_bound_bytes"] = (2 * A + 4 * min(chunk, A) * m) * elt
     return out
 
 
@@ -256,10 +276,11 @@ def plot(rows: list[dict], out_dir) -> str:
     ax.set_xticks(xs, labels, fontsize=6)
     ax.legend(fontsize=7)
     ax = axes[0][1]
-    w = 0.27
-    ax.bar([x - w for x in xs], [100 * r["embed_fraction_of_gemm"] for r in rows], width=w, label="embed", color="tab:orange")
-    ax.bar(xs, [100 * r["embed_fused_kernel_fraction_of_gemm"] for r in rows], width=w, label="embed, fused kernel (proposed)", color="tab:green")
-    ax.bar([x + w for x in xs], [100 * r["score_fraction_of_gemm"] for r in rows], width=w, label="score", color="tab:red")
+    w = 0.2
+    ax.bar([x - 1.5 * w for x in xs], [100 * r["embed_fraction_of_gemm"] for r in rows], width=w, label="embed", color="tab:orange")
+    ax.bar([x - 0.5 * w for x in xs], [100 * r["embed_fused_kernel_fraction_of_gemm"] for r in rows], width=w, label="embed, fused kernel (proposed)", color="tab:green")
+    ax.bar([x + 0.5 * w for x in xs], [100 * r["score_fraction_of_gemm"] for r in rows], width=w, label="score_embedded", color="tab:red")
+    ax.bar([x + 1.5 * w for x in xs], [100 * r["score_cross_fraction_of_gemm"] for r in rows], width=w, label="score_cross", color="tab:purple")
     ax.axhline(50, color="red", ls="--", lw=1, label="target 50 %")
     ax.set_ylabel("% of the same-shape GEMM rate")
     ax.set_xticks(xs, labels, fontsize=6)
@@ -295,7 +316,8 @@ def main(argv: list[str] | None = None) -> dict:
                 print(
                     f"  {row['dtype']:>7} A={A:>8} m={m}: gemm {row['gemm']['min']:.4f}s ({row['gemm_gflops']:.1f} GFLOP/s)  "
                     f"embed {row['embed']['min']:.4f}s ({100 * row['embed_fraction_of_gemm']:.0f}%)  "
-                    f"score {row['score']['min']:.4f}s ({100 * row['score_fraction_of_gemm']:.0f}%)",
+                    f"score {row['score']['min']:.4f}s ({100 * row['score_fraction_of_gemm']:.0f}%)  "
+                    f"score_cross {row['score_cross']['min']:.4f}s ({100 * row['score_cross_fraction_of_gemm']:.0f}%)",
                     flush=True,
                 )
 
@@ -317,6 +339,9 @@ def main(argv: list[str] | None = None) -> dict:
             "score peak MiB (chunked)": mb(r["score_peak_extra_bytes"]),
             "O(chunk·m+A) bound MiB": mb(r["score_bound_bytes"]),
             "score peak MiB (unchunked)": mb(r["score_unchunked_peak_extra_bytes"]),
+            "score_cross [s]": r["score_cross"]["min"],
+            "score_cross % GEMM": 100 * r["score_cross_fraction_of_gemm"],
+            "score_cross peak MiB": mb(r["score_cross_peak_extra_bytes"]),
             "embed peak MiB / output MiB": f"{mb(r['embed_peak_extra_bytes']):.0f} / {mb(r['embed_output_bytes']):.0f}",
         }
         for r in rows
