@@ -9,7 +9,8 @@ Each factory maps ``(arms, settings, seed)`` to a fresh bandit. Names:
   ``BoTorch-UCB-cond`` -- the same, extended with ``condition_on_observations``;
 * ``EpsGreedy`` (``settings.epsilon``), ``Random``.
 
-Phase 2 adds ``BBKB`` / ``GPBUCB`` here once ``torchbkb.BBKB`` / ``torchbkb.GPBUCB`` land.
+* ``BBKB`` / ``BBKB-theory`` -- batched BKB (001 Alg. 1), constant in-batch width ``settings.beta`` or
+  ``α̃ = C̃·β̃`` (001 Thm 2); ``GPBUCB`` / ``GPBUCB-theory`` -- exact GP-BUCB with the same batch rule.
 """
 
 from __future__ import annotations
@@ -45,6 +46,36 @@ def _gpucb_const(arms, s, seed):
 @register_algorithm("GPUCB-theory", capped=True, description="exact GP-UCB, self-normalized β")
 def _gpucb_theory(arms, s, seed):
     return _gpucb(arms, s, seed, "theory")
+
+
+def _bbkb(arms, s: BanditSettings, seed: int, beta):
+    return torchbkb.BBKB(
+        arms, s.kernel().to(arms.device), noise=s.lam, q_bar=s.q_bar, beta=beta, batch_bound=s.batch_bound, F=s.F, delta=s.delta, noise_std=s.noise_std, seed=seed
+    )
+
+
+@register_algorithm("BBKB", description="BBKB (001 Alg. 1), constant β")
+def _bbkb_const(arms, s, seed):
+    return _bbkb(arms, s, seed, s.beta)
+
+
+@register_algorithm("BBKB-theory", description="BBKB, α̃ = C̃·β̃ of 001 Theorem 2")
+def _bbkb_theory(arms, s, seed):
+    return _bbkb(arms, s, seed, "theory")
+
+
+def _gpbucb(arms, s: BanditSettings, seed: int, beta):
+    return torchbkb.GPBUCB(arms, s.kernel().to(arms.device), noise=s.lam, beta=beta, batch_bound=s.batch_bound, F=s.F, delta=s.delta, noise_std=s.noise_std, seed=seed)
+
+
+@register_algorithm("GPBUCB", capped=True, description="exact GP-BUCB (Desautels et al.), constant β")
+def _gpbucb_const(arms, s, seed):
+    return _gpbucb(arms, s, seed, s.beta)
+
+
+@register_algorithm("GPBUCB-theory", capped=True, description="exact GP-BUCB, α = C̃·β (exact log-det)")
+def _gpbucb_theory(arms, s, seed):
+    return _gpbucb(arms, s, seed, "theory")
 
 
 @register_algorithm("BoTorch-UCB", capped=True, description="SingleTaskGP+UCB+optimize_acqf_discrete, rebuilt per step")

@@ -331,6 +331,7 @@ class BanditSettings:
         beta: the constant width (RLS scale) used by the constant-β variants.
         noise_std: ``ξ`` of the theory β (``None``: ``√λ``).
         epsilon: exploration rate of ε-greedy.
+        batch_bound: BBKB/GP-BUCB batch-termination bound ``C̃`` (001 Alg. 1; the paper does not state it).
     """
 
     lengthscale: float = math.sqrt(5.0)
@@ -341,6 +342,7 @@ class BanditSettings:
     beta: float = 1.0
     noise_std: float | None = None
     epsilon: float = 0.1
+    batch_bound: float = 2.0
 
     def kernel(self):
         from torchbkb.kernels import GaussianKernel

@@ -427,10 +427,12 @@ class DTCPosterior(nn.Module):
         return {"ZtZ": ZtZ, "Zty": Zty, "V_inv": spd_inverse(_add_diag(ZtZ, self.lam), name="V"), "weights": weights}
 
     def _set_state(self, state, X, y, counts, pending_X, pending_counts) -> None:
-        for name, value in state.items():
-            setattr(self, name, value) if name in self._buffers else self.register_buffer(name, value)
-        for name, value in (("train_X", X), ("train_y", y), ("train_counts", counts), ("pending_X", pending_X), ("pending_counts", pending_counts)):
-            setattr(self, name, value) if name in self._buffers else self.register_buffer(name, value)
+        buffers = self._buffers  # every name is a tensor buffer after __init__: plain dict stores
+        for name, value in (*state.items(), ("train_X", X), ("train_y", y), ("train_counts", counts), ("pending_X", pending_X), ("pending_counts", pending_counts)):
+            if name in buffers:
+                buffers[name] = value
+            else:
+                self.register_buffer(name, value)
         self._since_refactor = 0
         self._emb_version = self.embedding.version
         self._op = None

@@ -158,10 +158,13 @@ class SketchedKernelBandit(KernelBandit):
                         self._update_kernel_rows(list(order), blocks)
                     m = len(self._order)
                     S_idx = self._long(self._order)  # dictionary in cache-slot order
-                    emb = NystromEmbedding(self.kernel, self.arms[S_idx], chunk_size=self.chunk_size)
                     self._Z = None  # the arms' features z(arms) are derived on demand (arm_features)
                     self.embeddings_computed += 1
-                    self._posterior = DTCPosterior(emb, noise=self.lam, chunk_size=self.chunk_size)
+                    if self._posterior is None:
+                        emb = NystromEmbedding(self.kernel, self.arms[S_idx], chunk_size=self.chunk_size)
+                        self._posterior = DTCPosterior(emb, noise=self.lam, chunk_size=self.chunk_size)
+                    else:  # one m×m eigendecomposition; the posterior is refitted just below
+                        self._posterior.embedding.set_inducing_points(self.arms[S_idx])
                 K_AS = self._K_buf[:, : len(self._order)]  # (A, m) view of the cached kernel columns
                 W_T = self._posterior.embedding.projection.to(self.arms.dtype).T  # (m, r)
                 n = self.counts[pulled].to(self.arms.dtype)
