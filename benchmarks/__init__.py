@@ -2,29 +2,49 @@
 
 Run from the repository root::
 
-    python -m benchmarks                       # every benchmark at its default size
-    python -m benchmarks --quick               # smoke-test sizes (about a minute in all)
-    python -m benchmarks --full                # the papers' sizes (hours)
-    python -m benchmarks --only regret,scaling --device cuda --out results/
+    python -m benchmarks                       # the main job: the regret suite on Cadata (~10 min, 2 cores)
+    python -m benchmarks --quick               # the same at smoke-test size (under a minute)
+    python -m benchmarks --full                # the papers' sizes: Abalone and Cadata, T = 10⁴, 10 repetitions
+    python -m benchmarks --all                 # every benchmark below at its default size (about an hour)
+    python -m benchmarks --only scaling,batch --device cuda --out results/
 
 Each benchmark writes ``<out>/<name>.json`` (config, machine, raw numbers) and PNG plots, and prints
 a results table. They are also runnable one by one: ``python -m benchmarks.core_throughput --quick``.
 
 Benchmarks (name -> module):
 
+* ``regret`` -- **the main job**: BBKB paper Sec. 4 / Fig. 1 and its batch-size figure: BBKB, BKB, GP-UCB,
+  GP-BUCB, ε-greedy and the BoTorch exact-GP peer on Cadata (and Abalone with ``--full``);
 * ``variance_starvation`` -- BKB paper Fig. 1 (exact GP vs DTC/BKB vs SoR);
-* ``core_throughput`` -- issue 2: embed/score A = 10⁵..10⁶ arms vs a bare GEMM, peak memory;
 * ``scaling`` -- BKB per-step time vs A (10³..10⁶) and vs t (to 10⁴), log-log slopes;
 * ``sequential`` -- issue 3: BKB vs GPUCB per-step time vs t and A; the DESIGN §6 anchor with BoTorch;
-* ``regret`` -- the BBKB paper's Sec. 4 settings on Cadata (and Abalone with ``--full``), all algorithms.
+* ``core_throughput`` -- issue 2: embed/score A = 10⁵..10⁶ arms vs a bare GEMM, peak memory;
+* ``batch`` -- issue 8: BBKB vs GP-BUCB/GP-UCB/BKB at T = 10⁴ on Cadata, extrapolated exact peers;
+* ``botorch_peer`` -- issue 4: one BO iteration, BKBModel vs SingleTaskGP, n = 500..5,000;
+* ``sbpe`` -- issue 6: S-BPE vs exact BPE, interval coverage and time;
+* ``online`` -- issue 7: PKAWV vs Kernel-AWV / online KRR / FOGD, regret and time per round.
 
 Algorithms are looked up in a registry (:mod:`benchmarks.common`, entries in :mod:`benchmarks.algorithms`).
 """
 
+MAIN = "regret"  # what `python -m benchmarks` runs without --only/--all
+
 BENCHMARKS = {
+    "regret": "benchmarks.regret",
     "variance_starvation": "benchmarks.variance_starvation",
-    "core_throughput": "benchmarks.core_throughput",
     "scaling": "benchmarks.scaling",
     "sequential": "benchmarks.sequential",
-    "regret": "benchmarks.regret",
+    "core_throughput": "benchmarks.core_throughput",
+    "batch": "benchmarks.batch",
+    "botorch_peer": "benchmarks.botorch_peer",
+    "sbpe": "benchmarks.sbpe",
+    "online": "benchmarks.online",
+}
+
+# The common options each benchmark understands (None: all of them); the runner drops the others, saying so.
+OPTIONS = {
+    "batch": {"--quick", "--device", "--dtype", "--threads", "--out"},
+    "botorch_peer": {"--quick", "--device", "--threads", "--out"},
+    "sbpe": {"--quick", "--threads", "--out"},
+    "online": {"--quick", "--threads", "--out"},
 }

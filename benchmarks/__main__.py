@@ -7,7 +7,7 @@ import importlib
 import sys
 import time
 
-from benchmarks import BENCHMARKS
+from benchmarks import BENCHMARKS, MAIN, OPTIONS
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -18,7 +18,9 @@ def main(argv: list[str] | None = None) -> int:
     size.add_argument("--full", action="store_true", help="the papers' sizes (hours)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default=None, choices=["float32", "float64"], help="default float64 (core_throughput: both)")
-    p.add_argument("--only", default=None, help=f"comma-separated subset of {', '.join(BENCHMARKS)}")
+    which = p.add_mutually_exclusive_group()
+    which.add_argument("--only", default=None, help=f"comma-separated subset of {', '.join(BENCHMARKS)} (default: {MAIN})")
+    which.add_argument("--all", action="store_true", help="run every benchmark")
     p.add_argument("--out", default="results")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=None)
@@ -30,20 +32,33 @@ def main(argv: list[str] | None = None) -> int:
             doc = (importlib.import_module(mod).__doc__ or "").strip().splitlines()[0]
             print(f"{name:22s} {doc}")
         return 0
-    names = list(BENCHMARKS) if not args.only else [n.strip() for n in args.only.split(",") if n.strip()]
+    if args.only:
+        names = [n.strip() for n in args.only.split(",") if n.strip()]
+    else:
+        names = list(BENCHMARKS) if args.all else [MAIN]
     unknown = [n for n in names if n not in BENCHMARKS]
     if unknown:
         p.error(f"--only: expected names from {list(BENCHMARKS)}, got {unknown}")
-    common = ["--device", args.device, "--out", args.out, "--seed", str(args.seed)]
-    common += ["--quick"] if args.quick else ["--full"] if args.full else []
-    common += ["--dtype", args.dtype] if args.dtype else []
-    common += ["--threads", str(args.threads)] if args.threads else []
-    common += ["--no-progress"] if args.no_progress else []
+    common = [("--device", args.device), ("--out", args.out), ("--seed", str(args.seed))]
+    common += [("--quick", None)] if args.quick else [("--full", None)] if args.full else []
+    common += [("--dtype", args.dtype)] if args.dtype else []
+    common += [("--threads", str(args.threads))] if args.threads else []
+    common += [("--no-progress", None)] if args.no_progress else []
+    explicit = {a.split("=")[0] for a in argv if a.startswith("--")}
     times = {}
     for name in names:
         print(f"\n=== {name} ===", flush=True)
+        supported = OPTIONS.get(name)
+        passed, dropped = [], []
+        for flag, value in common:
+            if supported is None or flag in supported:
+                passed += [flag] if value is None else [flag, value]
+            elif flag in explicit:
+                dropped.append(flag)
+        if dropped:
+            print(f"({name} does not take {', '.join(dropped)}; running without)", flush=True)
         t0 = time.perf_counter()
-        importlib.import_module(BENCHMARKS[name]).main(common)
+        importlib.import_module(BENCHMARKS[name]).main(passed)
         times[name] = time.perf_counter() - t0
     print("\n" + "  ".join(f"{n}: {t:.0f}s" for n, t in times.items()) + f"  (total {sum(times.values()):.0f}s)")
     return 0

@@ -38,7 +38,6 @@ Writes ``results/batch.json`` and ``results/batch.png`` (``--out`` changes the f
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import math
 import os
@@ -51,11 +50,11 @@ import numpy as np
 import torch
 
 import torchbkb
+import torchbkb.datasets
 from torchbkb import BBKB, BKB, GPBUCB, GPUCB
 from torchbkb.kernels import GaussianKernel
 
 ROOT = Path(__file__).resolve().parents[1]
-CALIFORNIA = ROOT / "torchbkb" / "datasets" / "data" / "california_housing.csv.gz"
 WIDTH, LAM, Q_BAR, F_NORM, C_TILDE, B_GP = 5.0, 0.2, 2.0, 20.0, 2.0, 2.0
 ALPHA_CONST = B_GP * math.sqrt(LAM)  # μ + 2 σ_GP = μ + 2√λ σ̃
 GROWTH = {  # exponent of the per-step cost in t (see run_one's extrapolation)
@@ -76,15 +75,10 @@ ANCHORS = {  # the authors' NumPy BBKB measured on this kind of machine (issue 8
 
 
 def load_cadata(dtype: torch.dtype, device: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """Arms `(20640, 8)` (standardized features) and rewards `(20640,)` (MedHouseVal, float64).
-
-    A local loader so the benchmark runs on its own; ``torchbkb.datasets.load("cadata")`` can replace it.
-    """
-    with gzip.open(CALIFORNIA, "rt") as fh:
-        data = np.loadtxt(fh, delimiter=",", skiprows=1)
-    X = data[:, :8]
-    X = (X - X.mean(0)) / X.std(0)
-    return torch.tensor(X, dtype=dtype, device=device), torch.tensor(data[:, 8], dtype=torch.float64, device=device)
+    """Arms `(20640, 8)` (standardized features) and rewards `(20640,)` (raw MedHouseVal, float64)."""
+    arms, _ = torchbkb.datasets.load("cadata", dtype=dtype, device=device)
+    _, f = torchbkb.datasets.load("cadata", dtype=torch.float64, device=device, standardize_rewards=False)
+    return arms, f
 
 
 def make_bandit(method: str, beta: str, arms: torch.Tensor, T: int, seed: int):
@@ -305,7 +299,7 @@ def plot(results: list[dict], path: Path, T: int) -> None:
     plt.close(fig)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="smoke test (< 60 s): T = 2,000, short caps, one seed")
     ap.add_argument("--T", type=int, default=None, help="horizon (default 10,000; 2,000 with --quick)")
@@ -317,7 +311,7 @@ def main() -> None:
                          "OpenMP thread that gets descheduled makes every parallel region wait -- measured 8x slower)")
     ap.add_argument("--skip-float64-check", action="store_true", help="skip the extra float64 BBKB run")
     ap.add_argument("--out", default=str(ROOT / "results"))
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     T = args.T or (2000 if args.quick else 10_000)

@@ -52,10 +52,16 @@ def base_parser(description: str) -> argparse.ArgumentParser:
     return p
 
 
-def setup(args: argparse.Namespace) -> tuple[torch.device, torch.dtype]:
-    """Apply the common options (threads) and return ``(device, dtype)``."""
-    if args.threads is not None:
-        torch.set_num_threads(int(args.threads))
+def setup(args: argparse.Namespace, *, default_threads: int | None = None) -> tuple[torch.device, torch.dtype]:
+    """Apply the common options (threads) and return ``(device, dtype)``.
+
+    ``default_threads`` applies when ``--threads`` is not given: the bandit loops pass 1, since their
+    per-step matrices are small and a second OpenMP thread only adds synchronization (on a shared 2-core
+    VM it made them several times slower). The thread count is recorded in the JSON (:func:`machine_info`).
+    """
+    threads = args.threads if args.threads is not None else default_threads
+    if threads is not None:
+        torch.set_num_threads(int(threads))
     return resolve_device(args.device), resolve_dtype(args.dtype)
 
 

@@ -215,14 +215,14 @@ def adversarial_run(factory, n: int, d: int, rng: np.random.Generator, candidate
 
 
 # ---------------------------------------------------------------------- main
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="smoke-test sizes (< 60 s)")
     ap.add_argument("--out", default=str(ROOT / "results"), help="output folder")
     ap.add_argument("--threads", type=int, default=1,
                     help="torch.set_num_threads (default 1: per-round work is small, and intra-op threads only add "
                          "synchronization, badly so on a shared machine; 0 keeps torch's default)")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     out = Path(args.out)

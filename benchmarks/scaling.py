@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> dict:
     p = base_parser(__doc__.splitlines()[0])
     args = p.parse_args(argv)
     cfg = dict(SIZES[size_of(args)])
-    device, dtype = setup(args)
+    device, dtype = setup(args, default_threads=1)
     progress = not args.no_progress
     t0 = time.perf_counter()
 

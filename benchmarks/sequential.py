@@ -173,7 +173,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--skip-anchor", action="store_true")
     args = p.parse_args(argv)
     cfg = dict(SIZES[size_of(args)])
-    device, dtype = setup(args)
+    device, dtype = setup(args, default_threads=1)
     progress = not args.no_progress
     t0 = time.perf_counter()
     payload = {"size": size_of(args), "config": cfg, "beta": BETA}

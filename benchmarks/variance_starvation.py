@@ -214,7 +214,7 @@ def main(argv: list[str] | None = None) -> dict:
     cfg = dict(SIZES[size_of(args)])
     if args.seeds is not None:
         cfg["seeds"] = args.seeds
-    device, dtype = setup(args)
+    device, dtype = setup(args, default_threads=1)
     kw = dict(grid_size=cfg["grid"], lengthscale=args.lengthscale, lam=args.lam, q_bar=args.q_bar, device=device, dtype=dtype)
     t0 = time.perf_counter()
     panels = simulate(args.seed, **kw)

@@ -69,9 +69,10 @@ def test_sequential_quick(tmp_path):
 
 
 def test_regret_quick(tmp_path):
-    _, doc = _run("regret", tmp_path, "--algorithms", "BKB,GPUCB,Random")
+    _, doc = _run("regret", tmp_path, "--algorithms", "BBKB,BKB,GPUCB,GPBUCB,Random")
     s = {x["algorithm"]: x for x in doc["datasets"]["cadata"]["summaries"]}
-    assert set(s) == {"BKB", "GPUCB", "Random"}
+    assert set(s) == {"BBKB", "BKB", "GPUCB", "GPBUCB", "Random"}
+    assert s["BBKB"]["batches"] < s["BKB"]["batches"]  # adaptive batches: fewer than T
     assert all(0 <= x["normalized_regret"] for x in s.values())
     assert (tmp_path / "regret_cadata.png").exists()
 
@@ -117,3 +118,33 @@ def test_fused_kernel_reference_equals_embedding(dtype):
     emb = NystromEmbedding(GaussianKernel(lengthscale=1.3, outputscale=0.7), X[:40], chunk_size=1024)
     with torch.no_grad():
         assert torch.allclose(embed_fused_kernel(emb, X), emb(X), atol=1e-4 if dtype == torch.float32 else 1e-10)
+
+
+@pytest.mark.parametrize(
+    "name, args, outputs",
+    [
+        ("batch", ["--T", "300", "--skip-float64-check", "--threads", "1"], ["batch.json", "batch.png"]),
+        ("botorch_peer", ["--sizes", "100"], ["botorch_peer_quick.json", "botorch_peer_quick.png"]),
+        ("sbpe", ["--threads", "1"], ["sbpe.json", "sbpe.png"]),
+        ("online", ["--threads", "1"], ["online.json", "online.png"]),
+    ],
+)
+def test_issue_benchmarks_quick(tmp_path, name, args, outputs):
+    """The per-issue benchmarks run end to end at smoke size and write their JSON (with the machine) and PNG."""
+    import importlib
+
+    importlib.import_module(BENCHMARKS[name]).main(["--quick", "--out", str(tmp_path), *args])
+    for out in outputs:
+        assert (tmp_path / out).stat().st_size > 0, out
+    doc = json.loads((tmp_path / outputs[0]).read_text())
+    assert "machine" in json.dumps(doc)
+
+
+def test_runner_defaults_to_main_job_and_drops_unknown_options(tmp_path, capsys):
+    from benchmarks import MAIN
+    from benchmarks.__main__ import main
+
+    assert MAIN == "regret"
+    rc = main(["--only", "sbpe", "--quick", "--seed", "3", "--out", str(tmp_path), "--threads", "1"])
+    assert rc == 0 and (tmp_path / "sbpe.json").exists()
+    assert "sbpe does not take --seed" in capsys.readouterr().out
