@@ -66,3 +66,33 @@ def test_not_a_kernel():
 def test_gaussian_kernel_bad_hyperparameters(v):
     with pytest.raises(InputDataError, match="expected a finite number > 0"):
         GaussianKernel(lengthscale=v)
+
+
+@pytest.mark.parametrize("ard", [False, True])
+@pytest.mark.parametrize("scaled", [False, True])
+def test_fast_rbf_path_matches_gpytorch(ard, scaled):
+    """(Scale)RBFKernel is evaluated by one GEMM + exp; values and gradients equal GPyTorch's own path."""
+    torch.manual_seed(0)
+    base = gpytorch.kernels.RBFKernel(ard_num_dims=3 if ard else None).double()
+    base.lengthscale = torch.tensor([[0.7, 1.3, 2.0]] if ard else [[0.9]], dtype=torch.float64)
+    k = gpytorch.kernels.ScaleKernel(base).double() if scaled else base
+    if scaled:
+        k.outputscale = torch.tensor(1.7, dtype=torch.float64)
+    adapter = as_kernel(k)
+    assert adapter._rbf is not None
+    X1 = (1e3 + torch.randn(2, 7, 3, dtype=torch.float64)).requires_grad_()  # far from the origin
+    X2 = 1e3 + torch.randn(2, 4, 3, dtype=torch.float64)
+    fast = adapter(X1, X2)
+    ref = k(X1, X2).to_dense()
+    assert torch.allclose(fast, ref, atol=1e-10)
+    g_fast = torch.autograd.grad(fast.sum(), [X1, base.raw_lengthscale])
+    g_ref = torch.autograd.grad(k(X1, X2).to_dense().sum(), [X1, base.raw_lengthscale])
+    for a, b in zip(g_fast, g_ref):
+        assert torch.allclose(a, b, atol=1e-9)
+
+
+def test_other_gpytorch_kernels_take_the_generic_path():
+    assert as_kernel(gpytorch.kernels.MaternKernel())._rbf is None
+    assert as_kernel(gpytorch.kernels.RBFKernel(batch_shape=torch.Size([2])))._rbf is None
+    assert as_kernel(gpytorch.kernels.RBFKernel(active_dims=[0]))._rbf is None
+    assert as_kernel(gpytorch.kernels.ScaleKernel(gpytorch.kernels.MaternKernel()))._rbf is None

@@ -33,7 +33,7 @@ from torch import nn
 
 from torchbkb.errors import InputDataError, check_positive
 
-__all__ = ["KernelAdapter", "GaussianKernel", "as_kernel"]
+__all__ = ["KernelAdapter", "GaussianKernel", "as_kernel", "gaussian_cross"]
 
 
 class GaussianKernel(nn.Module):
@@ -65,13 +65,30 @@ class GaussianKernel(nn.Module):
     def forward(self, X1: torch.Tensor, X2: torch.Tensor) -> torch.Tensor:
         """Args: X1 `(*b, n1, d)`, X2 `(*b, n2, d)`. Returns: `(*b, n1, n2)`."""
         ls = self.lengthscale.to(X1.dtype)
-        A, B = X1 / ls, X2 / ls
-        sq = (A * A).sum(-1).unsqueeze(-1) + (B * B).sum(-1).unsqueeze(-2) - 2.0 * (A @ B.transpose(-1, -2))
-        return self.outputscale.to(X1.dtype) * torch.exp(-0.5 * sq.clamp_min(0.0))
+        return self.outputscale.to(X1.dtype) * gaussian_cross(X1 / ls, X2 / ls)
 
     def diag(self, X: torch.Tensor) -> torch.Tensor:
         """Args: X `(*b, n, d)`. Returns: `(*b, n)` constant ``outputscale``."""
         return self.outputscale.to(X.dtype).expand(X.shape[:-1]).clone()
+
+
+def gaussian_cross(A: torch.Tensor, B: torch.Tensor) -> torch.Tensor:
+    """``exp(-‖a - b‖² / 2)`` for all pairs of rows of already-scaled inputs, via one matrix product.
+
+    Both inputs are centred on the mean of ``B`` first (``B`` is the small side in torchbkb: inducing
+    points), so the expansion ``‖a‖² + ‖b‖² - 2 aᵀb`` does not cancel catastrophically for inputs far
+    from the origin (GPyTorch's ``sq_dist`` does the same).
+
+    Args:
+        A: `(*b, n1, d)`; B: `(*b, n2, d)`.
+
+    Returns:
+        `(*b, n1, n2)`.
+    """
+    c = B.mean(-2, keepdim=True)
+    A, B = A - c, B - c
+    sq = (A * A).sum(-1).unsqueeze(-1) + (B * B).sum(-1).unsqueeze(-2) - 2.0 * (A @ B.transpose(-1, -2))
+    return torch.exp(-0.5 * sq.clamp_min(0.0))
 
 
 class KernelAdapter(nn.Module):
@@ -94,6 +111,10 @@ class KernelAdapter(nn.Module):
         self.kernel = kernel if isinstance(kernel, nn.Module) else _CallableModule(kernel)
         self._diag_fn = diag
         self._is_gpytorch = _is_gpytorch_kernel(kernel)
+        self._rbf = _plain_rbf_parts(kernel) if self._is_gpytorch else None
+
+    def extra_repr(self) -> str:
+        return "fast RBF path" if self._rbf is not None else ""
 
     def forward(self, X1: torch.Tensor, X2: torch.Tensor) -> torch.Tensor:
         """Dense cross-covariance.
@@ -105,6 +126,12 @@ class KernelAdapter(nn.Module):
         Returns:
             `(*b, n1, n2)` tensor ``k(X1, X2)``.
         """
+        if self._rbf is not None:  # (Scale)RBFKernel: one GEMM + exp instead of GPyTorch's lazy path
+            rbf, scale = self._rbf
+            ls = rbf.lengthscale.reshape(-1).to(X1.dtype)  # (1,) or (d,)
+            if ls.numel() in (1, X1.shape[-1]) and X1.shape[-1] == X2.shape[-1]:
+                K = gaussian_cross(X1 / ls, X2 / ls)
+                return K if scale is None else scale.outputscale.to(X1.dtype) * K
         out = self.kernel(X1, X2)
         if hasattr(out, "to_dense"):
             out = out.to_dense()
@@ -163,3 +190,18 @@ def _is_gpytorch_kernel(kernel: object) -> bool:
     except ImportError:  # pragma: no cover - gpytorch is a dependency
         return False
     return isinstance(kernel, Kernel)
+
+
+def _plain_rbf_parts(kernel) -> tuple | None:
+    """``(rbf, scale)`` if ``kernel`` is ``RBFKernel`` or ``ScaleKernel(RBFKernel)`` with no batch shape and
+    no active dims (scale is ``None`` for a bare ``RBFKernel``), else ``None`` (the generic GPyTorch path)."""
+    from gpytorch.kernels import RBFKernel, ScaleKernel
+
+    scale = None
+    if type(kernel) is ScaleKernel:
+        scale, kernel = kernel, kernel.base_kernel
+        if scale.batch_shape != torch.Size([]) or scale.active_dims is not None:
+            return None
+    if type(kernel) is not RBFKernel or kernel.batch_shape != torch.Size([]) or kernel.active_dims is not None:
+        return None
+    return kernel, scale
