@@ -102,7 +102,8 @@ def test_kors_variant_matches_the_paper_algorithm(dtype, device, awv):
     assert set(idx) <= set(f.dictionary.indices.tolist()) and f.num_skipped == len(f.dictionary) - len(idx)
     assert torch.equal(f.basis.points.cpu(), X[idx])
     ref = nystrom_pkawv_paper(rbf(X, X), y, 1.0, lambda t: [i for i in idx if i <= t], awv=awv)
-    assert close(res.predictions, ref, atol=1e-7)
+    # float64 state either way; float32 outputs carry their own rounding (~6e-8 per unit of |ŷ|)
+    assert close(res.predictions, ref, atol=1e-7 if dtype == torch.float64 else 1e-5)
     assert close(f.predict(X[:5].to(device, dtype)), _nystrom_predict(X, y, idx, X[:5], awv), atol=tol(dtype))
 
 
