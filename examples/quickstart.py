@@ -9,30 +9,18 @@ Run from the repository root:  python examples/quickstart.py
 
 from __future__ import annotations
 
-import csv
-import gzip
 import time
-from pathlib import Path
 
 import torch
 
 import torchbkb
+from torchbkb.datasets import load
 from torchbkb.kernels import GaussianKernel
-
-DATA = Path(torchbkb.__file__).parent / "datasets" / "data" / "california_housing.csv.gz"
-
-
-def load_cadata() -> tuple[torch.Tensor, torch.Tensor]:
-    with gzip.open(DATA, "rt") as f:
-        rows = list(csv.reader(f))[1:]
-    data = torch.tensor([[float(v) for v in r] for r in rows], dtype=torch.float64)
-    X, y = data[:, :-1], data[:, -1]
-    return (X - X.mean(0)) / X.std(0), (y - y.mean()) / y.std()
 
 
 def main() -> None:
     torch.manual_seed(0)
-    X, y = load_cadata()
+    X, y = load("cadata")  # standardized arms (20640, 8) and rewards (20640,)
     n, lam = 2000, 0.2
     idx = torch.randperm(len(X))[:n]
     Xtr, ytr, Xte, yte = X[idx], y[idx], X[:5000], y[:5000]

@@ -96,3 +96,25 @@ def test_other_gpytorch_kernels_take_the_generic_path():
     assert as_kernel(gpytorch.kernels.RBFKernel(batch_shape=torch.Size([2])))._rbf is None
     assert as_kernel(gpytorch.kernels.RBFKernel(active_dims=[0]))._rbf is None
     assert as_kernel(gpytorch.kernels.ScaleKernel(gpytorch.kernels.MaternKernel()))._rbf is None
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("shape", [(), (3,)])
+def test_gaussian_cross_fused_no_grad_path_equals_the_formula(dtype, shape):
+    """The in-place (no autograd) path, with the outputscale folded into the exponent, equals the formula."""
+    from torchbkb.kernels import gaussian_cross
+
+    g = torch.Generator().manual_seed(1)
+    A = 5.0 + torch.randn(*shape, 50, 4, generator=g, dtype=torch.float64)
+    B = 5.0 + torch.randn(*shape, 7, 4, generator=g, dtype=torch.float64)
+    s = torch.tensor(2.5, dtype=torch.float64)
+    ref = s * torch.exp(-0.5 * ((A.unsqueeze(-2) - B.unsqueeze(-3)) ** 2).sum(-1))
+    with torch.no_grad():
+        fast = gaussian_cross(A.to(dtype), B.to(dtype), s.to(dtype))
+        plain = gaussian_cross(A.to(dtype), B.to(dtype))
+    assert fast.dtype == dtype and fast.shape == ref.shape
+    tol = 1e-12 if dtype == torch.float64 else 1e-5
+    assert torch.allclose(fast.double(), ref, atol=tol) and torch.allclose(plain.double(), ref / s, atol=tol)
+    assert float(fast.max()) <= 2.5 * (1 + 1e-6)  # the cap: k(x, x') <= s
+    Ag = A.clone().requires_grad_()
+    assert torch.allclose(gaussian_cross(Ag, B, s), ref, atol=1e-12)

@@ -65,30 +65,42 @@ class GaussianKernel(nn.Module):
     def forward(self, X1: torch.Tensor, X2: torch.Tensor) -> torch.Tensor:
         """Args: X1 `(*b, n1, d)`, X2 `(*b, n2, d)`. Returns: `(*b, n1, n2)`."""
         ls = self.lengthscale.to(X1.dtype)
-        return self.outputscale.to(X1.dtype) * gaussian_cross(X1 / ls, X2 / ls)
+        return gaussian_cross(X1 / ls, X2 / ls, self.outputscale.to(X1.dtype))
 
     def diag(self, X: torch.Tensor) -> torch.Tensor:
         """Args: X `(*b, n, d)`. Returns: `(*b, n)` constant ``outputscale``."""
         return self.outputscale.to(X.dtype).expand(X.shape[:-1]).clone()
 
 
-def gaussian_cross(A: torch.Tensor, B: torch.Tensor) -> torch.Tensor:
-    """``exp(-‖a - b‖² / 2)`` for all pairs of rows of already-scaled inputs, via one matrix product.
+def gaussian_cross(A: torch.Tensor, B: torch.Tensor, outputscale: torch.Tensor | None = None) -> torch.Tensor:
+    """``s · exp(-‖a - b‖² / 2)`` for all pairs of rows of already-scaled inputs, via one matrix product.
 
     Both inputs are centred on the mean of ``B`` first (``B`` is the small side in torchbkb: inducing
     points), so the expansion ``‖a‖² + ‖b‖² - 2 aᵀb`` does not cancel catastrophically for inputs far
-    from the origin (GPyTorch's ``sq_dist`` does the same).
+    from the origin (GPyTorch's ``sq_dist`` does the same). Without autograd the `(n1, n2)` block is
+    made by one fused ``addmm`` and in-place passes, with ``s`` folded into the exponent.
 
     Args:
         A: `(*b, n1, d)`; B: `(*b, n2, d)`.
+        outputscale: optional scalar tensor ``s > 0`` (default 1).
 
     Returns:
         `(*b, n1, n2)`.
     """
     c = B.mean(-2, keepdim=True)
     A, B = A - c, B - c
-    sq = (A * A).sum(-1).unsqueeze(-1) + (B * B).sum(-1).unsqueeze(-2) - 2.0 * (A @ B.transpose(-1, -2))
-    return torch.exp(-0.5 * sq.clamp_min(0.0))
+    an, bn = (A * A).sum(-1).unsqueeze(-1), (B * B).sum(-1).unsqueeze(-2)  # (*b, n1, 1), (*b, 1, n2)
+    if torch.is_grad_enabled() and (A.requires_grad or B.requires_grad or (outputscale is not None and outputscale.requires_grad)):
+        K = torch.exp(-0.5 * (an + bn - 2.0 * (A @ B.transpose(-1, -2))).clamp_min(0.0))
+        return K if outputscale is None else outputscale * K
+    # no autograd: one fused GEMM, then in place: -½(‖a‖² - 2aᵀb + ‖b‖²) + log s, capped at log s, exp
+    log_s = torch.zeros((), dtype=A.dtype, device=A.device) if outputscale is None else outputscale.to(A.dtype).log()
+    shift = bn - 2.0 * log_s  # (*b, 1, n2)
+    if A.dim() == 2:
+        K = torch.addmm(an, A, B.T, beta=1.0, alpha=-2.0)
+    else:
+        K = (A @ B.transpose(-1, -2)).mul_(-2.0).add_(an)
+    return K.add_(shift).mul_(-0.5).clamp_(max=log_s).exp_()
 
 
 class KernelAdapter(nn.Module):
@@ -130,8 +142,7 @@ class KernelAdapter(nn.Module):
             rbf, scale = self._rbf
             ls = rbf.lengthscale.reshape(-1).to(X1.dtype)  # (1,) or (d,)
             if ls.numel() in (1, X1.shape[-1]) and X1.shape[-1] == X2.shape[-1]:
-                K = gaussian_cross(X1 / ls, X2 / ls)
-                return K if scale is None else scale.outputscale.to(X1.dtype) * K
+                return gaussian_cross(X1 / ls, X2 / ls, None if scale is None else scale.outputscale.to(X1.dtype))
         out = self.kernel(X1, X2)
         if hasattr(out, "to_dense"):
             out = out.to_dense()
