@@ -107,19 +107,6 @@ def test_registry_and_helpers():
     assert "1.23" in table and "| -" in table
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-def test_fused_kernel_reference_equals_embedding(dtype):
-    from benchmarks.core_throughput import embed_fused_kernel
-    from torchbkb import NystromEmbedding
-    from torchbkb.kernels import GaussianKernel
-
-    gen = torch.Generator().manual_seed(0)
-    X = torch.randn(3000, 4, generator=gen, dtype=torch.float64).to(dtype)
-    emb = NystromEmbedding(GaussianKernel(lengthscale=1.3, outputscale=0.7), X[:40], chunk_size=1024)
-    with torch.no_grad():
-        assert torch.allclose(embed_fused_kernel(emb, X), emb(X), atol=1e-4 if dtype == torch.float32 else 1e-10)
-
-
 @pytest.mark.parametrize(
     "name, args, outputs",
     [

@@ -155,3 +155,23 @@ def test_bad_queries():
         emb(torch.tensor([[0.0, float("nan")]], dtype=torch.float64))
     with pytest.raises(InputDataError, match="chunk_size"):
         NystromEmbedding(GaussianKernel(1.0), torch.rand(2, 2), chunk_size=0)
+
+
+def test_forward_into_preallocated_out_equals_forward():
+    from torchbkb.kernels import GaussianKernel
+
+    g = torch.Generator().manual_seed(0)
+    X = torch.randn(2, 700, 3, generator=g, dtype=torch.float64)
+    emb = NystromEmbedding(GaussianKernel(lengthscale=1.3, outputscale=0.7), X[0, :25], chunk_size=128)
+    ref = emb(X)
+    buf = torch.full((2, 700, emb.rank), float("nan"), dtype=torch.float64)
+    with torch.no_grad():
+        got = emb(X, out=buf)
+    assert got.data_ptr() == buf.data_ptr() and torch.allclose(got, ref, atol=1e-12)
+    with torch.no_grad():  # a long no-grad input without out= takes the same chunked path
+        assert torch.allclose(emb(X.reshape(1400, 3)), ref.reshape(1400, -1), atol=1e-12)
+    for bad in (torch.empty(2, 700, emb.rank + 1, dtype=torch.float64), torch.empty(2, 700, emb.rank), torch.empty(2, emb.rank, 700, dtype=torch.float64).mT):
+        with pytest.raises(InputDataError, match="out: expected"):
+            emb(X, out=bad)
+    with pytest.raises(InputDataError, match="autograd"):
+        emb(X.clone().requires_grad_(), out=buf)

@@ -126,22 +126,41 @@ class NystromEmbedding(nn.Module):
         return keep_dtype_on_apply(self, ("projection",), fn, recurse, super()._apply)
 
     # ------------------------------------------------------------------ embedding
-    def forward(self, X: torch.Tensor) -> torch.Tensor:
+    def forward(self, X: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         """Embed points.
 
         Args:
             X: `(*b, n, d)` with the dtype and device of the inducing points.
+            out: optional preallocated `(*b, n, r)` output (same dtype and device, contiguous), written
+                chunk by chunk with ``matmul(out=)``; not for autograd. Embedding 10⁶ points repeatedly
+                into one buffer saves the page faults of a fresh `(n, r)` output.
 
         Returns:
-            `(*b, n, r)` features ``z(X)``; differentiable w.r.t. ``X``.
+            `(*b, n, r)` features ``z(X)`` (``out`` if given); differentiable w.r.t. ``X`` when ``out`` is not.
         """
         self.check_input(X)
         batch, d = X.shape[:-1], X.shape[-1]
         flat = X.reshape(-1, d)  # (B*n, d): rows are independent
         W_T = self.projection.to(X.dtype).T  # (m, r)
         S = self.inducing_points
-        Z = chunked_rows(lambda Xc: self.kernel(Xc, S) @ W_T, flat, self.chunk_size)
-        return Z.reshape(*batch, self.rank)  # (*b, n, r)
+        grad = torch.is_grad_enabled() and (X.requires_grad or S.requires_grad)
+        if out is None and (grad or flat.shape[0] <= self.chunk_size):
+            Z = chunked_rows(lambda Xc: self.kernel(Xc, S) @ W_T, flat, self.chunk_size)
+            return Z.reshape(*batch, self.rank)  # (*b, n, r)
+        if out is None:
+            out = X.new_empty((*batch, self.rank))
+        else:
+            want = (*batch, self.rank)
+            if not isinstance(out, torch.Tensor) or tuple(out.shape) != want or out.dtype != X.dtype or out.device != X.device or not out.is_contiguous():
+                got = f"{tuple(out.shape)} {out.dtype} on {out.device}" if isinstance(out, torch.Tensor) else type(out).__name__
+                raise InputDataError(f"out: expected a contiguous tensor of shape {want}, {X.dtype} on {X.device}, got {got}")
+            if grad:
+                raise InputDataError("out: expected no autograd through the embedding when writing into out=, got inputs that require grad")
+        out_flat = out.view(-1, self.rank)  # (B*n, r)
+        c = self.chunk_size
+        for i in range(0, flat.shape[0], c):  # kernel block (c, m), projected straight into the output rows
+            torch.matmul(self.kernel(flat[i : i + c], S), W_T, out=out_flat[i : i + c])
+        return out
 
     def kernel_diag(self, X: torch.Tensor) -> torch.Tensor:
         """``k(x, x)`` for `(*b, n, d)` inputs, returned as `(*b, n)`."""
