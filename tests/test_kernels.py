@@ -118,3 +118,15 @@ def test_gaussian_cross_fused_no_grad_path_equals_the_formula(dtype, shape):
     assert float(fast.max()) <= 2.5 * (1 + 1e-6)  # the cap: k(x, x') <= s
     Ag = A.clone().requires_grad_()
     assert torch.allclose(gaussian_cross(Ag, B, s), ref, atol=1e-12)
+
+
+def test_gaussian_kernel_left_on_the_cpu_follows_its_inputs(dtype, device):
+    """Its scalar hyperparameters are 0-dim buffers: a kernel never moved with .to() still evaluates (and
+    returns its diagonal) on the inputs' device, like a plain function of them."""
+    X = torch.rand(5, 2, dtype=dtype, device=device)
+    k = GaussianKernel(lengthscale=0.5, outputscale=1.5)  # buffers stay on the CPU
+    with torch.no_grad():
+        K = k(X, X[:3])
+    assert K.device == X.device and K.dtype == dtype and k.diag(X).device == X.device
+    assert torch.allclose(k.diag(X).double().cpu(), torch.full((5,), 1.5, dtype=torch.float64))
+    assert torch.allclose(K.double().cpu(), 1.5 * rbf(X.double().cpu(), X[:3].double().cpu(), 0.5), atol=1e-5)

@@ -69,7 +69,7 @@ class GaussianKernel(nn.Module):
 
     def diag(self, X: torch.Tensor) -> torch.Tensor:
         """Args: X `(*b, n, d)`. Returns: `(*b, n)` constant ``outputscale``."""
-        return self.outputscale.to(X.dtype).expand(X.shape[:-1]).clone()
+        return self.outputscale.to(device=X.device, dtype=X.dtype).expand(X.shape[:-1]).clone()
 
 
 def gaussian_cross(A: torch.Tensor, B: torch.Tensor, outputscale: torch.Tensor | None = None) -> torch.Tensor:
@@ -94,7 +94,7 @@ def gaussian_cross(A: torch.Tensor, B: torch.Tensor, outputscale: torch.Tensor |
         K = torch.exp(-0.5 * (an + bn - 2.0 * (A @ B.transpose(-1, -2))).clamp_min(0.0))
         return K if outputscale is None else outputscale * K
     # no autograd: one fused GEMM, then in place: -½(‖a‖² - 2aᵀb + ‖b‖²) + log s, capped at log s, exp
-    log_s = torch.zeros((), dtype=A.dtype, device=A.device) if outputscale is None else outputscale.to(A.dtype).log()
+    log_s = torch.zeros((), dtype=A.dtype, device=A.device) if outputscale is None else outputscale.to(device=A.device, dtype=A.dtype).log()
     shift = bn - 2.0 * log_s  # (*b, 1, n2)
     if A.dim() == 2:
         K = torch.addmm(an, A, B.T, beta=1.0, alpha=-2.0)
@@ -140,7 +140,7 @@ class KernelAdapter(nn.Module):
         """
         if self._rbf is not None:  # (Scale)RBFKernel: one GEMM + exp instead of GPyTorch's lazy path
             rbf, scale = self._rbf
-            ls = rbf.lengthscale.reshape(-1).to(X1.dtype)  # (1,) or (d,)
+            ls = rbf.lengthscale.reshape(-1).to(device=X1.device, dtype=X1.dtype)  # (1,) or (d,)
             if ls.numel() in (1, X1.shape[-1]) and X1.shape[-1] == X2.shape[-1]:
                 return gaussian_cross(X1 / ls, X2 / ls, None if scale is None else scale.outputscale.to(X1.dtype))
         out = self.kernel(X1, X2)
