@@ -317,6 +317,8 @@ def main(argv: list[str] | None = None) -> None:
                     help="torch.set_num_threads (default 1: most operations are small, and on a shared 2-core VM a second "
                          "OpenMP thread that gets descheduled makes every parallel region wait -- measured 8x slower)")
     ap.add_argument("--skip-float64-check", action="store_true", help="skip the extra float64 BBKB run")
+    ap.add_argument("--methods", default=None, help="comma-separated METHOD:BETA subset, e.g. BBKB:constant,GP-UCB:constant")
+    ap.add_argument("--no-caps", action="store_true", help="run every method to T (on a GPU the exact GP-UCB gets there)")
     ap.add_argument("--out", default=str(ROOT / "results"))
     args = ap.parse_args(argv)
     if args.threads:
@@ -330,6 +332,14 @@ def main(argv: list[str] | None = None) -> None:
         else [("BBKB", "constant", None), ("BBKB", "theory", 100), ("BKB", "constant", 60), ("GP-UCB", "constant", 60), ("GP-BUCB", "constant", 60),
               ("BKB", "theory", 40), ("GP-UCB", "theory", 40), ("GP-BUCB", "theory", 40)]
     )
+    if args.methods:
+        want = {tuple(m.split(":")) for m in args.methods.split(",") if m}
+        unknown = want - {(m, b) for m, b, _ in caps}
+        if unknown:
+            ap.error(f"--methods: expected METHOD:BETA from {[f'{m}:{b}' for m, b, _ in caps]}, got {sorted(unknown)}")
+        caps = [c for c in caps if (c[0], c[1]) in want]
+    if args.no_caps:
+        caps = [(m, b, None) for m, b, _ in caps]
     dtype = getattr(torch, args.dtype)
     arms, f = load_cadata(dtype, args.device)
     out = Path(args.out)
