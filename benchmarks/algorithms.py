@@ -20,62 +20,28 @@ from benchmarks.common import BanditSettings, register_algorithm
 from benchmarks.peers import BoTorchUCB
 
 
-def _bkb(arms, s: BanditSettings, seed: int, beta):
-    return torchbkb.BKB(arms, s.kernel().to(arms.device), noise=s.lam, q_bar=s.q_bar, beta=beta, F=s.F, delta=s.delta, noise_std=s.noise_std, seed=seed)
+def _register_pair(name: str, cls, description: str, theory_description: str, *, capped: bool = False, batched: bool = False, sketched: bool = False) -> None:
+    """Register ``name`` (constant width ``settings.beta``) and ``name-theory`` (the theorem's width)."""
+
+    def factory(beta_of):
+        def make(arms, s: BanditSettings, seed: int):
+            extra = {}
+            if sketched:
+                extra["q_bar"] = s.q_bar
+            if batched:
+                extra["batch_bound"] = s.batch_bound
+            return cls(arms, s.kernel().to(arms.device), noise=s.lam, beta=beta_of(s), F=s.F, delta=s.delta, noise_std=s.noise_std, seed=seed, **extra)
+
+        return make
+
+    register_algorithm(name, capped=capped, description=description)(factory(lambda s: s.beta))
+    register_algorithm(f"{name}-theory", capped=capped, description=theory_description)(factory(lambda s: "theory"))
 
 
-@register_algorithm("BKB", description="BKB (000 Alg. 1), constant β")
-def _bkb_const(arms, s, seed):
-    return _bkb(arms, s, seed, s.beta)
-
-
-@register_algorithm("BKB-theory", description="BKB, β̃ₜ of 000 Theorem 2")
-def _bkb_theory(arms, s, seed):
-    return _bkb(arms, s, seed, "theory")
-
-
-def _gpucb(arms, s: BanditSettings, seed: int, beta):
-    return torchbkb.GPUCB(arms, s.kernel().to(arms.device), noise=s.lam, beta=beta, F=s.F, delta=s.delta, noise_std=s.noise_std, seed=seed)
-
-
-@register_algorithm("GPUCB", capped=True, description="exact GP-UCB, incremental, constant β")
-def _gpucb_const(arms, s, seed):
-    return _gpucb(arms, s, seed, s.beta)
-
-
-@register_algorithm("GPUCB-theory", capped=True, description="exact GP-UCB, self-normalized β")
-def _gpucb_theory(arms, s, seed):
-    return _gpucb(arms, s, seed, "theory")
-
-
-def _bbkb(arms, s: BanditSettings, seed: int, beta):
-    return torchbkb.BBKB(
-        arms, s.kernel().to(arms.device), noise=s.lam, q_bar=s.q_bar, beta=beta, batch_bound=s.batch_bound, F=s.F, delta=s.delta, noise_std=s.noise_std, seed=seed
-    )
-
-
-@register_algorithm("BBKB", description="BBKB (001 Alg. 1), constant β")
-def _bbkb_const(arms, s, seed):
-    return _bbkb(arms, s, seed, s.beta)
-
-
-@register_algorithm("BBKB-theory", description="BBKB, α̃ = C̃·β̃ of 001 Theorem 2")
-def _bbkb_theory(arms, s, seed):
-    return _bbkb(arms, s, seed, "theory")
-
-
-def _gpbucb(arms, s: BanditSettings, seed: int, beta):
-    return torchbkb.GPBUCB(arms, s.kernel().to(arms.device), noise=s.lam, beta=beta, batch_bound=s.batch_bound, F=s.F, delta=s.delta, noise_std=s.noise_std, seed=seed)
-
-
-@register_algorithm("GPBUCB", capped=True, description="exact GP-BUCB (Desautels et al.), constant β")
-def _gpbucb_const(arms, s, seed):
-    return _gpbucb(arms, s, seed, s.beta)
-
-
-@register_algorithm("GPBUCB-theory", capped=True, description="exact GP-BUCB, α = C̃·β (exact log-det)")
-def _gpbucb_theory(arms, s, seed):
-    return _gpbucb(arms, s, seed, "theory")
+_register_pair("BKB", torchbkb.BKB, "BKB (000 Alg. 1), constant β", "BKB, β̃ₜ of 000 Theorem 2", sketched=True)
+_register_pair("GPUCB", torchbkb.GPUCB, "exact GP-UCB, incremental, constant β", "exact GP-UCB, self-normalized β", capped=True)
+_register_pair("BBKB", torchbkb.BBKB, "BBKB (001 Alg. 1), constant β", "BBKB, α̃ = C̃·β̃ of 001 Theorem 2", batched=True, sketched=True)
+_register_pair("GPBUCB", torchbkb.GPBUCB, "exact GP-BUCB (Desautels et al.), constant β", "exact GP-BUCB, α = C̃·β (exact log-det)", capped=True, batched=True)
 
 
 @register_algorithm("BoTorch-UCB", capped=True, description="SingleTaskGP+UCB+optimize_acqf_discrete, rebuilt per step")
