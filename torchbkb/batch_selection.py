@@ -24,6 +24,7 @@ Example:
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import torch
@@ -133,6 +134,23 @@ def select_batch(
         ucb_evaluations=evaluations,
         V_inv=V_t,
     )
+
+
+def check_batch_limits(batch_bound: float, max_batch_size: int | None = None) -> tuple[float, int | None]:
+    """Validate BBKB/GP-BUCB's batch limits: a finite ``C̃ >= 1`` and ``None`` or an integer ``>= 1``.
+
+    Returns:
+        ``(C̃, max_batch_size)`` as ``(float, int | None)``.
+    """
+    try:
+        C = float(batch_bound)
+    except (TypeError, ValueError):
+        raise InputDataError(f"batch_bound: expected a float C̃ >= 1, got {batch_bound!r}") from None
+    if not 1.0 <= C < math.inf:
+        raise InputDataError(f"batch_bound: expected a finite C̃ >= 1, got {batch_bound!r}")
+    if max_batch_size is not None and (isinstance(max_batch_size, bool) or int(max_batch_size) != max_batch_size or int(max_batch_size) < 1):
+        raise InputDataError(f"max_batch_size: expected an integer >= 1 or None, got {max_batch_size!r}")
+    return C, None if max_batch_size is None else int(max_batch_size)
 
 
 def _refresh(Z, idx, rls0, U, coefs, b, V_t, V_0, mean, alpha):

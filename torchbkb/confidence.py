@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 
-from torchbkb.errors import InputDataError
+from torchbkb.errors import InputDataError, check_int
 
 __all__ = [
     "bkb_beta",
@@ -206,8 +206,7 @@ def vakili_beta_finite(
         >>> vakili_beta_finite(0.1, 50, 2.0, 0.1, 0.01, 0.0) == vakili_beta(0.1 / 100, 2.0, 0.1, 0.01, 0.0)
         True
     """
-    if isinstance(num_points, bool) or not isinstance(num_points, int) or num_points < 1:
-        raise InputDataError(f"num_points: expected an integer >= 1, got {num_points!r}")
+    check_int(num_points, "num_points")
     _check_vakili(delta, rkhs_norm, subgaussian, noise, lambda_max)
     d = float(delta) / (num_points * (2 if two_sided else 1))
     return vakili_beta(d, rkhs_norm, subgaussian, noise, lambda_max, scale=scale)
@@ -267,10 +266,8 @@ def vakili_beta_continuous(
         >>> math.isclose(vakili_beta_continuous(0.1, 100, 1.0, 0.1, 0.01, 0.0, dim=2, two_sided=False), ref)
         True
     """
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise InputDataError(f"n: expected an integer >= 1, got {n!r}")
-    if isinstance(dim, bool) or not isinstance(dim, int) or dim < 1:
-        raise InputDataError(f"dim: expected an integer >= 1, got {dim!r}")
+    check_int(n, "n")
+    check_int(dim, "dim")
     for name, v in (("c", c), ("kmax", kmax)):
         if not (isinstance(v, (int, float)) and 0.0 < float(v) < math.inf):
             raise InputDataError(f"{name}: expected a finite number > 0, got {v!r}")
@@ -301,8 +298,7 @@ def vakili_continuous_halfwidth(std, n: int, beta: float):
         >>> vakili_continuous_halfwidth(0.5, 4, 2.0)     # 2/4 + 2 (0.5 + 2/2)
         3.5
     """
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise InputDataError(f"n: expected an integer >= 1, got {n!r}")
+    check_int(n, "n")
     return 2.0 / n + float(beta) * (std + 2.0 / math.sqrt(n))
 
 

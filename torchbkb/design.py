@@ -31,7 +31,7 @@ from typing import Callable, NamedTuple
 import torch
 
 from torchbkb.dtc_posterior import DTCPosterior
-from torchbkb.errors import InputDataError, TorchBKBError, check_matrix, check_positive
+from torchbkb.errors import InputDataError, TorchBKBError, check_generator, check_int, check_matrix, check_positive
 from torchbkb.kernels import KernelAdapter, as_kernel
 from torchbkb.nystrom import DEFAULT_CHUNK, NystromEmbedding
 from torchbkb.recursive_rls import DEFAULT_OVERSAMPLE, _check_oversample, nystrom_lambda_max, recursive_rls
@@ -48,8 +48,7 @@ def theory_rls_delta(delta: float, batches: int = 1) -> Callable[[int], float]:
         0.007599
     """
     check_positive(delta, "delta")
-    if isinstance(batches, bool) or not isinstance(batches, int) or batches < 1:
-        raise InputDataError(f"batches: expected an integer >= 1, got {batches!r}")
+    check_int(batches, "batches")
     return lambda j: min(3.0 * float(delta) / (math.pi**2 * batches * max(int(j), 1) ** 2), 0.999 / 32.0)
 
 
@@ -111,12 +110,9 @@ class UncertaintyExplorer:
         self.kernel: KernelAdapter = as_kernel(kernel)
         self.lam = check_positive(noise, "noise")
         _check_oversample(oversample)
-        if isinstance(refresh, bool) or not isinstance(refresh, int) or refresh < 1:
-            raise InputDataError(f"refresh: expected an integer >= 1, got {refresh!r}")
-        if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
-            raise InputDataError(f"chunk_size: expected an integer >= 1, got {chunk_size!r}")
-        if generator is not None and not isinstance(generator, torch.Generator):
-            raise InputDataError(f"generator: expected a torch.Generator, got {type(generator).__name__}")
+        check_int(refresh, "refresh")
+        check_int(chunk_size, "chunk_size")
+        generator = check_generator(generator, 0)
         if rls_delta is None:
             rls_delta = theory_rls_delta(0.01)
         elif not callable(rls_delta):
@@ -129,7 +125,7 @@ class UncertaintyExplorer:
         self.base_size = base_size
         self.rls_delta = rls_delta
         self.refresh = int(refresh)
-        self.generator = generator if generator is not None else torch.Generator().manual_seed(0)
+        self.generator = generator
         self.chunk_size = int(chunk_size)
         with torch.no_grad():
             self.kdiag = self.kernel.diag(self.candidates).detach()  # (A,)
@@ -180,8 +176,7 @@ class UncertaintyExplorer:
         Returns:
             `(n,)` long, the candidate indices picked by this call.
         """
-        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
-            raise InputDataError(f"n: expected an integer >= 0, got {n!r}")
+        check_int(n, "n", 0)
         return torch.as_tensor([self.step() for _ in range(n)], dtype=torch.long, device=self.candidates.device).reshape(-1)
 
     def finalize(self) -> "UncertaintyExplorer":
@@ -310,15 +305,12 @@ def uncertainty_design(
         >>> res.inducing_indices.numel() <= 25, res.lambda_max <= 0.01
         (True, True)
     """
-    if isinstance(num_points, bool) or not isinstance(num_points, int) or num_points < 1:
-        raise InputDataError(f"num_points: expected an integer >= 1, got {num_points!r}")
+    check_int(num_points, "num_points")
     from torchbkb.loop import _as_callable  # here: loop -> bandits -> sbpe -> design would be an import cycle
 
     check_matrix(candidates, "candidates", min_rows=1)
     objective = _as_callable(objective, candidates.shape[0])  # the run loop's tensor-or-callable rule
-    if generator is None:
-        generator = torch.Generator()
-        generator.manual_seed(int(seed)) if seed is not None else generator.seed()
+    generator = check_generator(generator, seed)
     ex = UncertaintyExplorer(
         candidates,
         kernel,

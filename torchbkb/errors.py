@@ -102,3 +102,25 @@ def check_positive(value: float, name: str) -> float:
     if not (v > 0.0) or v == float("inf"):
         raise InputDataError(f"{name}: expected a finite number > 0, got {value!r}")
     return v
+
+
+def check_int(value: object, name: str, minimum: int = 1) -> int:
+    """Return ``value`` if it is an ``int`` (not a ``bool``) ``>= minimum``, else raise :class:`InputDataError`."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise InputDataError(f"{name}: expected an integer >= {minimum}, got {value!r}")
+    return value
+
+
+def check_generator(generator: object, seed: int | None = None) -> torch.Generator:
+    """``generator`` if given (it must be a ``torch.Generator``), else a new CPU generator seeded with ``seed``
+    (from fresh entropy when ``seed`` is ``None``)."""
+    if generator is not None:
+        if not isinstance(generator, torch.Generator):
+            raise InputDataError(f"generator: expected a torch.Generator, got {type(generator).__name__}")
+        return generator
+    generator = torch.Generator()
+    if seed is not None:
+        generator.manual_seed(int(seed))
+    else:
+        generator.seed()
+    return generator

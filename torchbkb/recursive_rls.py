@@ -34,7 +34,7 @@ from typing import Callable, NamedTuple
 
 import torch
 
-from torchbkb.errors import InputDataError, check_matrix, check_positive, check_same_device_dtype
+from torchbkb.errors import InputDataError, check_generator, check_int, check_matrix, check_positive, check_same_device_dtype
 from torchbkb.kernels import KernelAdapter, as_kernel
 from torchbkb.nystrom import NystromEmbedding
 from torchbkb.utils.linalg import compute_dtype, safe_cholesky
@@ -154,15 +154,9 @@ def recursive_rls(
         raise InputDataError(f"delta: expected 0 < delta < 1/32 (Lemma 3.8), got {delta!r}")
     if base_size is None:
         base_size = DEFAULT_BASE_SIZE
-    if isinstance(base_size, bool) or not isinstance(base_size, int) or base_size < 1:
-        raise InputDataError(f"base_size: expected an integer >= 1, got {base_size!r}")
-    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
-        raise InputDataError(f"chunk_size: expected an integer >= 1, got {chunk_size!r}")
-    if generator is not None and not isinstance(generator, torch.Generator):
-        raise InputDataError(f"generator: expected a torch.Generator, got {type(generator).__name__}")
-    if generator is None:
-        generator = torch.Generator()
-        generator.manual_seed(int(seed)) if seed is not None else generator.seed()
+    check_int(base_size, "base_size")
+    check_int(chunk_size, "chunk_size")
+    generator = check_generator(generator, seed)
 
     n = X.shape[0]
     X = X.detach()
@@ -279,8 +273,7 @@ def nystrom_lambda_max(
     if atol is not None and not (isinstance(atol, (int, float)) and 0.0 <= float(atol) < math.inf):
         raise InputDataError(f"atol: expected a finite number >= 0, got {atol!r}")
     for name, v in (("max_iter", max_iter), ("dense_max", dense_max), ("chunk_size", chunk_size)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise InputDataError(f"{name}: expected an integer >= 1, got {v!r}")
+        check_int(v, name)
     n = X.shape[0]
     X = X.detach()
     with torch.no_grad():

@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from torchbkb.errors import InputDataError, check_finite, check_positive
+from torchbkb.errors import InputDataError, check_finite, check_generator, check_positive
 
 __all__ = ["RLSDictionary"]
 
@@ -45,14 +45,7 @@ class RLSDictionary(nn.Module):
     def __init__(self, q_bar: float = 2.0, generator: torch.Generator | None = None, *, seed: int | None = None):
         super().__init__()
         self.register_buffer("q_bar", torch.tensor(check_positive(q_bar, "q_bar"), dtype=torch.float64))
-        if generator is not None and not isinstance(generator, torch.Generator):
-            raise InputDataError(f"generator: expected a torch.Generator, got {type(generator).__name__}")
-        if generator is None:
-            generator = torch.Generator()
-            if seed is not None:
-                generator.manual_seed(int(seed))
-            else:
-                generator.seed()
+        generator = check_generator(generator, seed)
         self.generator = generator
 
     def inclusion_probability(self, rls: torch.Tensor, counts: torch.Tensor | None = None) -> torch.Tensor:

@@ -34,7 +34,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from torchbkb.errors import InputDataError, TorchBKBError, check_finite, check_matrix, check_positive
+from torchbkb.errors import InputDataError, TorchBKBError, check_finite, check_generator, check_matrix, check_positive
 from torchbkb.kernels import KernelAdapter, as_kernel
 
 __all__ = ["Bandit", "KernelBandit", "check_beta"]
@@ -63,11 +63,7 @@ class Bandit:
             raise InputDataError(f"arms: expected shape (A, d), got {tuple(arms.shape)}")
         self.arms = arms.detach()
         self.seed = seed
-        self.generator = torch.Generator()
-        if seed is None:
-            self.generator.seed()
-        else:
-            self.generator.manual_seed(int(seed))
+        self.generator = check_generator(None, seed)
         A = arms.shape[0]
         self.counts = torch.zeros(A, dtype=torch.long, device=arms.device)
         self.reward_sums = torch.zeros(A, dtype=torch.float64, device=arms.device)

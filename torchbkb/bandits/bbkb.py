@@ -42,16 +42,14 @@ Example:
 
 from __future__ import annotations
 
-import math
 import time
 from typing import Any, Callable
 
 import torch
 
 from torchbkb.bandits.bkb import SketchedKernelBandit
-from torchbkb.batch_selection import BatchSelection, select_batch
+from torchbkb.batch_selection import BatchSelection, check_batch_limits, select_batch
 from torchbkb.confidence import bbkb_beta
-from torchbkb.errors import InputDataError
 from torchbkb.nystrom import DEFAULT_CHUNK
 
 __all__ = ["BBKB"]
@@ -129,16 +127,7 @@ class BBKB(SketchedKernelBandit):
         chunk_size: int = DEFAULT_CHUNK,
     ):
         super().__init__(arms, kernel, noise=noise, q_bar=q_bar, beta=beta, seed=seed, F=F, delta=delta, noise_std=noise_std, chunk_size=chunk_size)
-        try:
-            C = float(batch_bound)
-        except (TypeError, ValueError):
-            raise InputDataError(f"batch_bound: expected a float C̃ >= 1, got {batch_bound!r}") from None
-        if not 1.0 <= C < math.inf:
-            raise InputDataError(f"batch_bound: expected a finite C̃ >= 1, got {batch_bound!r}")
-        if max_batch_size is not None and (isinstance(max_batch_size, bool) or int(max_batch_size) != max_batch_size or int(max_batch_size) < 1):
-            raise InputDataError(f"max_batch_size: expected an integer >= 1 or None, got {max_batch_size!r}")
-        self.batch_bound = C
-        self.max_batch_size = None if max_batch_size is None else int(max_batch_size)
+        self.batch_bound, self.max_batch_size = check_batch_limits(batch_bound, max_batch_size)
         self.lazy = bool(lazy)
         self.beta_tilde = float("nan")
         self.log_sum = 0.0

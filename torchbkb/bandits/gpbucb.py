@@ -45,7 +45,7 @@ from typing import Any, Callable
 import torch
 
 from torchbkb.bandits.gpucb import GPUCB
-from torchbkb.errors import InputDataError
+from torchbkb.batch_selection import check_batch_limits
 
 __all__ = ["GPBUCB"]
 
@@ -86,16 +86,7 @@ class GPBUCB(GPUCB):
         delta: float = 0.01,
     ):
         super().__init__(arms, kernel, noise=noise, beta=beta, seed=seed, noise_std=noise_std, F=F, delta=delta)
-        try:
-            C = float(batch_bound)
-        except (TypeError, ValueError):
-            raise InputDataError(f"batch_bound: expected a float C̃ >= 1, got {batch_bound!r}") from None
-        if not 1.0 <= C < math.inf:
-            raise InputDataError(f"batch_bound: expected a finite C̃ >= 1, got {batch_bound!r}")
-        if max_batch_size is not None and (isinstance(max_batch_size, bool) or int(max_batch_size) != max_batch_size or int(max_batch_size) < 1):
-            raise InputDataError(f"max_batch_size: expected an integer >= 1 or None, got {max_batch_size!r}")
-        self.batch_bound = C
-        self.max_batch_size = None if max_batch_size is None else int(max_batch_size)
+        self.batch_bound, self.max_batch_size = check_batch_limits(batch_bound, max_batch_size)
         self.batch_sizes: list[int] = []
         self.time_in_batch = 0.0
         self.time_update = 0.0

@@ -57,7 +57,7 @@ from torchbkb.bandits.base import KernelBandit
 from torchbkb.confidence import vakili_beta_continuous, vakili_beta_finite, vakili_continuous_halfwidth
 from torchbkb.design import UncertaintyExplorer, theory_rls_delta
 from torchbkb.dtc_posterior import DTCPosterior
-from torchbkb.errors import InputDataError, TorchBKBError, check_positive
+from torchbkb.errors import InputDataError, TorchBKBError, check_int, check_positive
 from torchbkb.nystrom import DEFAULT_CHUNK, NystromEmbedding
 from torchbkb.recursive_rls import DEFAULT_OVERSAMPLE, _check_oversample, nystrom_lambda_max, recursive_rls
 
@@ -78,8 +78,7 @@ def sbpe_batch_sizes(budget: int) -> list[int]:
         >>> sbpe_batch_sizes(1000)            # 32, 179, 424, then 365 of 652
         [32, 179, 424, 365]
     """
-    if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1:
-        raise InputDataError(f"budget: expected an integer >= 1, got {budget!r}")
+    check_int(budget, "budget")
     sizes, prev, left = [], 1, budget
     while left > 0:
         x = budget * prev
@@ -165,8 +164,7 @@ class SBPE(KernelBandit):
             raise InputDataError(f"interval: expected 'finite' or 'continuous', got {interval!r}")
         check_positive(discretization_c, "discretization_c")
         _check_oversample(oversample)
-        if isinstance(refresh, bool) or not isinstance(refresh, int) or refresh < 1:
-            raise InputDataError(f"refresh: expected an integer >= 1, got {refresh!r}")
+        check_int(refresh, "refresh")
         if subgaussian is not None and not (isinstance(subgaussian, (int, float)) and 0.0 <= float(subgaussian) < math.inf):
             raise InputDataError(f"subgaussian: expected a finite number >= 0, got {subgaussian!r}")
         if not (isinstance(rkhs_norm, (int, float)) and 0.0 <= float(rkhs_norm) < math.inf):

@@ -38,8 +38,9 @@ from botorch.acquisition.objective import PosteriorTransform
 from botorch.models.model import Model
 from torch import Tensor
 
+from torchbkb.batch_selection import check_batch_limits
 from torchbkb.confidence import bkb_beta, vakili_beta, vakili_beta_finite
-from torchbkb.errors import InputDataError, check_positive
+from torchbkb.errors import InputDataError
 
 __all__ = ["BKBUpperConfidenceBound", "BBKBUpperConfidenceBound", "theory_beta", "vakili_theory_beta"]
 
@@ -272,9 +273,7 @@ class BBKBUpperConfidenceBound(BKBUpperConfidenceBound):
 
         if not isinstance(model, BKBModel):
             raise InputDataError(f"model: expected a BKBModel, got {type(model).__name__}")
-        C = check_positive(batch_bound, "batch_bound")
-        if C < 1.0:
-            raise InputDataError(f"batch_bound: expected C̃ >= 1, got {batch_bound!r}")
+        C, _ = check_batch_limits(batch_bound)
         if isinstance(beta, str):
             beta = _beta_rls(model, beta, F, delta, epsilon, noise_std) * C
         super().__init__(model, beta=beta, posterior_transform=posterior_transform, maximize=maximize)

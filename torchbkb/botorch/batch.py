@@ -24,9 +24,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from torchbkb.batch_selection import select_batch
+from torchbkb.batch_selection import check_batch_limits, select_batch
 from torchbkb.botorch.acquisition import _beta_rls
-from torchbkb.errors import InputDataError, check_positive
+from torchbkb.errors import InputDataError
 from torchbkb.nystrom import DEFAULT_CHUNK
 
 __all__ = ["optimize_acqf_bbkb"]
@@ -79,9 +79,7 @@ def optimize_acqf_bbkb(
         got = tuple(choices.shape) if isinstance(choices, Tensor) else type(choices).__name__
         raise InputDataError(f"choices: expected shape (A >= 1, {model._input_dim}), got {got}")
     model._check_X(choices, "choices")
-    C = check_positive(batch_bound, "batch_bound")
-    if C < 1.0:
-        raise InputDataError(f"batch_bound: expected C̃ >= 1, got {batch_bound!r}")
+    C, _ = check_batch_limits(batch_bound)
     if int(chunk_size) < 1:
         raise InputDataError(f"chunk_size: expected an integer >= 1, got {chunk_size!r}")
     if isinstance(beta, str):

@@ -12,7 +12,7 @@ from typing import NamedTuple
 
 import torch
 
-from torchbkb.errors import InputDataError
+from torchbkb.errors import InputDataError, check_int
 
 __all__ = ["Problem", "grid_arms", "random_arms"]
 
@@ -67,7 +67,7 @@ def random_arms(
     Returns:
         `(A, d)`.
     """
-    A, d = _check_count(A, "A"), _check_count(d, "d")
+    A, d = check_int(A, "A"), check_int(d, "d")
     _check_dtype(dtype)
     gen = torch.Generator().manual_seed(int(seed))
     return torch.rand(A, d, generator=gen, dtype=torch.float64).to(dtype=dtype, device=device)
@@ -95,17 +95,11 @@ def grid_arms(
         >>> grid_arms(2, 2).tolist()
         [[0.0, 0.0], [0.0, 1.0], [1.0, 0.0], [1.0, 1.0]]
     """
-    n, d = _check_count(n_per_dim, "n_per_dim"), _check_count(d, "d")
+    n, d = check_int(n_per_dim, "n_per_dim"), check_int(d, "d")
     _check_dtype(dtype)
     axis = torch.linspace(0.0, 1.0, n, dtype=torch.float64) if n > 1 else torch.full((1,), 0.5, dtype=torch.float64)
     mesh = torch.meshgrid(*([axis] * d), indexing="ij")  # d tensors of shape (n, ..., n)
     return torch.stack([m.reshape(-1) for m in mesh], dim=-1).to(dtype=dtype, device=device)  # (n^d, d)
-
-
-def _check_count(value, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise InputDataError(f"{name}: expected an integer >= 1, got {value!r}")
-    return value
 
 
 def _check_dtype(dtype) -> None:

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import torch
 
-from torchbkb.errors import InputDataError, check_positive
+from torchbkb.errors import check_generator, check_int, check_positive
 from torchbkb.online.stream import OnlineLearner
 
 __all__ = ["FOGD"]
@@ -67,19 +67,11 @@ class FOGD(OnlineLearner):
     ):
         super().__init__()
         for name, v in (("d", d), ("num_features", num_features)):
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise InputDataError(f"{name}: expected an integer >= 1, got {v!r}")
+            check_int(v, name)
         sigma = check_positive(lengthscale, "lengthscale")
         self.register_buffer("lr", torch.tensor(check_positive(lr, "lr"), dtype=torch.float64))
         self.register_buffer("lengthscale", torch.tensor(sigma, dtype=torch.float64))
-        if generator is not None and not isinstance(generator, torch.Generator):
-            raise InputDataError(f"generator: expected a torch.Generator, got {type(generator).__name__}")
-        if generator is None:
-            generator = torch.Generator()
-            if seed is not None:
-                generator.manual_seed(int(seed))
-            else:
-                generator.seed()
+        generator = check_generator(generator, seed)
         U = torch.randn(num_features, d, generator=generator, dtype=torch.float64) / sigma
         self.register_buffer("frequencies", U)
         self.register_buffer("weights", None)

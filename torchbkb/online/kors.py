@@ -38,7 +38,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from torchbkb.errors import InputDataError, check_matrix, check_positive
+from torchbkb.errors import InputDataError, check_generator, check_matrix, check_positive
 from torchbkb.kernels import KernelAdapter, as_kernel
 
 __all__ = ["KORSDictionary"]
@@ -96,14 +96,7 @@ class KORSDictionary(nn.Module):
         if not (0.0 <= eps < float("inf")):
             raise InputDataError(f"epsilon: expected a finite number >= 0, got {epsilon!r}")
         self.register_buffer("epsilon", torch.tensor(eps, dtype=torch.float64))
-        if generator is not None and not isinstance(generator, torch.Generator):
-            raise InputDataError(f"generator: expected a torch.Generator, got {type(generator).__name__}")
-        if generator is None:
-            generator = torch.Generator()
-            if seed is not None:
-                generator.manual_seed(int(seed))
-            else:
-                generator.seed()
+        generator = check_generator(generator, seed)
         self.generator = generator
         self.register_buffer("points", None)
         self._dtype: torch.dtype | None = None  # dtype of the first input; later inputs must match

@@ -40,7 +40,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from torchbkb.errors import InputDataError
+from torchbkb.errors import InputDataError, check_int
 from torchbkb.kernels import KernelAdapter, as_kernel
 from torchbkb.online._storage import GrowableRows
 
@@ -65,8 +65,7 @@ class IncrementalNystromBasis(nn.Module):
 
     def __init__(self, kernel, *, chunk_size: int = 16384):
         super().__init__()
-        if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
-            raise InputDataError(f"chunk_size: expected an integer >= 1, got {chunk_size!r}")
+        check_int(chunk_size, "chunk_size")
         self.kernel: KernelAdapter = as_kernel(kernel)
         self.chunk_size = chunk_size
         self.register_buffer("points", None)

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from torchbkb.errors import InputDataError, check_finite, check_matrix, check_same_device_dtype
+from torchbkb.errors import InputDataError, check_finite, check_int, check_matrix, check_same_device_dtype
 
 __all__ = ["StreamResult", "OnlineLearner"]
 
@@ -222,8 +222,7 @@ class OnlineLearner(nn.Module):
             raise InputDataError(f"task: expected one of {TASKS}, got {task!r}")
         if task == "classification" and not bool(((y == 1) | (y == -1)).all()):
             raise InputDataError("y: expected labels in {-1, +1} for task='classification', got other values")
-        if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
-            raise InputDataError(f"chunk_size: expected an integer >= 1, got {chunk_size!r}")
+        check_int(chunk_size, "chunk_size")
         if max_time is not None and not (float(max_time) > 0):
             raise InputDataError(f"max_time: expected a number of seconds > 0 or None, got {max_time!r}")
         n = X.shape[0]
