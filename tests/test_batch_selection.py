@@ -107,3 +107,20 @@ def test_validate_false_gives_the_same_batch():
     a = select_batch(Z, mean, rls, post.V_inv, alpha=1.0, batch_bound=3.0)
     b = select_batch(Z, mean, rls, post.V_inv, alpha=1.0, batch_bound=3.0, validate=False)
     assert a.indices.tolist() == b.indices.tolist() and torch.equal(a.rls_in_batch, b.rls_in_batch)
+
+
+@pytest.mark.parametrize("alpha", [0.0, 1.5])
+def test_a_winning_arm_with_zero_variance_ends_the_batch(alpha):
+    """σ̃²_fb = 0 (rounding can clamp a well-sampled arm there) leaves the sum rule stuck: the batch ends
+    instead of repeating that arm forever; an arm with positive variance still repeats under α = 0."""
+    _, post, Z, mean, rls = _problem(0)
+    top = int(torch.argmax(mean))
+    mean = mean.clone()
+    mean[top] = mean.max() + 10.0  # the winner whatever the width
+    rls = rls.clone()
+    rls[top] = 0.0
+    sel = select_batch(Z, mean, rls, post.V_inv, alpha=alpha, batch_bound=2.0)
+    assert sel.indices.tolist() == [top]
+    rls[top] = 0.25
+    sel = select_batch(Z, mean, rls, post.V_inv, alpha=0.0, batch_bound=2.0)
+    assert sel.indices.tolist() == [top] * 5  # 1 + 4 · 0.25 = 2 <= C̃, the fifth pick crosses it

@@ -120,6 +120,10 @@ def select_batch(
         U, coefs = U_buf[:, :b], coef_buf[:b]  # (r, b), (b,) -- only read while b <= r
         u_i = _refresh(Z, [i], rls0, U, coefs, b, V_t, V_inv, mean_c, alpha)
         new_rls_i, new_ucb_i = u_i[0][0], u_i[1][0]
+        if s <= 0.0 and not bool(new_ucb_i < ucb[i]):
+            # σ̃²_fb of the pick is 0 (to rounding): the stop rule does not move and its UCB cannot drop,
+            # so every later pick would be this arm again, forever -- end the batch here
+            break
         cur_rls[i], ucb[i] = new_rls_i, new_ucb_i
         mask = ucb >= new_ucb_i if lazy else torch.ones_like(ucb, dtype=torch.bool)
         idx = mask.nonzero().squeeze(1)  # (M,)

@@ -39,9 +39,9 @@ from torch import nn
 
 from torchbkb.errors import InputDataError, TorchBKBError, check_finite, check_positive
 from torchbkb.nystrom import NystromEmbedding
-from torchbkb.utils.linalg import compute_dtype, keep_dtype_on_apply, spd_inverse
+from torchbkb.utils.linalg import compute_dtype, keep_dtype_on_apply, safe_cholesky, spd_inverse
 
-__all__ = ["DTCPosterior", "RankOneDowndate"]
+__all__ = ["DTCPosterior", "RankOneDowndate", "ridge_solve", "scoring_operator", "score_kernel_rows", "fit_kernel_row_operator"]
 
 
 class RankOneDowndate(NamedTuple):
@@ -317,16 +317,7 @@ class DTCPosterior(nn.Module):
         """
         self._check_fresh()
         M, a = self._scoring_operator(K.dtype)
-        n, c = K.shape[-2], self.chunk_size
-        parts = []
-        for i in range(0, max(n, 1), c):
-            Kc = K[..., i : i + c, :]  # (*b, c, m)
-            mean = (Kc @ a.unsqueeze(-1)).squeeze(-1)
-            quad = ((Kc @ M) * Kc).sum(-1)
-            parts.append((mean, (kdiag[..., i : i + c] / self.lam - quad).clamp_min(0.0)))
-        if len(parts) == 1:
-            return parts[0]
-        return torch.cat([p[0] for p in parts], dim=-1), torch.cat([p[1] for p in parts], dim=-1)
+        return score_kernel_rows(K, kdiag, M, a, self.lam, self.chunk_size)
 
     def joint(self, Xq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Joint DTC posterior over a small set of points, GP scale.
@@ -378,12 +369,7 @@ class DTCPosterior(nn.Module):
         change goes through :meth:`_set_state`, :meth:`update_features` or ``_apply``, which drop it).
         """
         if self._op is None:
-            W = self.embedding.projection.to(self.V_inv.dtype)  # (r, m)
-            r = W.shape[0]
-            inner = torch.eye(r, dtype=W.dtype, device=W.device) / self.lam - self.V_inv  # (*b, r, r), PSD
-            M = W.transpose(-1, -2) @ inner @ W
-            a = (self.weights.unsqueeze(-2) @ W).squeeze(-2)
-            self._op = (0.5 * (M + M.transpose(-1, -2)), a)
+            self._op = scoring_operator(self.embedding.projection, self.V_inv, self.weights, self.lam)
         M, a = self._op
         return M.to(dtype), a.to(dtype)
 
@@ -416,8 +402,7 @@ class DTCPosterior(nn.Module):
         if Z.shape[-2] == 0:  # the prior: V = λI, no factorization needed
             V_inv = torch.eye(r, dtype=dtype, device=Z.device).expand(*batch, r, r) / self.lam
             return {"ZtZ": ZtZ_obs, "Zty": Zty, "V_inv": V_inv.clone(), "weights": Zty.clone()}
-        V_inv_obs = spd_inverse(_add_diag(ZtZ_obs, self.lam), name="V")
-        weights = (V_inv_obs @ Zty.unsqueeze(-1)).squeeze(-1)  # (*b, r)
+        V_inv_obs, weights = ridge_solve(ZtZ_obs, Zty, self.lam)
         Zp, cp = Z[..., n_obs:, :], c[..., n_obs:]
         if Zp.shape[-2] == 0:
             return {"ZtZ": ZtZ_obs, "Zty": Zty, "V_inv": V_inv_obs, "weights": weights}
@@ -478,6 +463,107 @@ class DTCPosterior(nn.Module):
                     f"{xname}: expected batch shape broadcastable with {tuple(self.train_X.shape[:-2])}, got {tuple(X.shape[:-2])}"
                 ) from None
         return X.detach(), (None if y is None else y.detach()), counts.detach()
+
+
+def ridge_solve(ZtZ: torch.Tensor, Zty: torch.Tensor, lam: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """``V⁻¹`` and the weights ``V⁻¹ Zᵀ C y`` for ``V = Zᵀ C Z + λ I``.
+
+    Args:
+        ZtZ: `(*b, r, r)` ``Zᵀ C Z``.
+        Zty: `(*b, r)` ``Zᵀ C y``.
+        lam: ``λ > 0``.
+
+    Returns:
+        ``(V_inv, weights)``, `(*b, r, r)` and `(*b, r)`, in the compute dtype of ``ZtZ``.
+    """
+    V_inv = spd_inverse(_add_diag(ZtZ, lam), name="V")
+    return V_inv, (V_inv @ Zty.to(V_inv.dtype).unsqueeze(-1)).squeeze(-1)
+
+
+def scoring_operator(W: torch.Tensor, V_inv: torch.Tensor, weights: torch.Tensor, lam: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """``M = Wᵀ (I/λ - V⁻¹) W`` and ``a = Wᵀ w``: the DTC posterior as operators on kernel rows ``k_S(x)``.
+
+    ``(k(x,x) - ‖z‖²)/λ + zᵀV⁻¹z = k(x,x)/λ - k_S(x)ᵀ M k_S(x)`` and ``μ̃(x) = k_S(x)ᵀ a`` for ``z = W k_S(x)``.
+
+    Args:
+        W: `(r, m)` whitening of ``K_S`` (``Wᵀ W = K_S⁺``).
+        V_inv: `(*b, r, r)`.
+        weights: `(*b, r)`.
+        lam: ``λ``.
+
+    Returns:
+        ``(M, a)``: `(*b, m, m)` symmetric and `(*b, m)`, in ``V_inv``'s dtype.
+    """
+    W = W.to(V_inv.dtype)
+    r = W.shape[0]
+    inner = torch.eye(r, dtype=W.dtype, device=W.device) / lam - V_inv  # (*b, r, r), PSD
+    M = W.transpose(-1, -2) @ inner @ W
+    a = (weights.unsqueeze(-2) @ W).squeeze(-2)
+    return 0.5 * (M + M.transpose(-1, -2)), a
+
+
+def fit_kernel_row_operator(
+    W: torch.Tensor, Z: torch.Tensor, counts: torch.Tensor, reward_sums: torch.Tensor, lam: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Fit the DTC posterior of weighted observations and return it as operators on kernel rows.
+
+    With ``V = Zᵀ N Z + λ I = C Cᵀ``: ``M = Wᵀ (I/λ - V⁻¹) W`` and ``a = Wᵀ V⁻¹ Zᵀ (N y)``
+    (:func:`scoring_operator`). The difference ``I/λ - V⁻¹`` is taken in the `(r, r)` feature space,
+    where both terms are ``O(1/λ)``, before ``W`` (whose entries grow like ``1/√(smallest eigenvalue of
+    K_S)``) is applied: subtracting ``Wᵀ W/λ - Wᵀ V⁻¹ W`` after it loses the small variances of
+    well-sampled points to rounding.
+
+    Args:
+        W: `(r, m)` whitening of ``K_S`` (``Wᵀ W = K_S⁺``), compute dtype.
+        Z: `(p, r)` features ``z(x) = W k_S(x)`` of the observed points, same dtype.
+        counts: `(p,)` positive weights ``N``.
+        reward_sums: `(p,)` ``N y`` (sum of the rewards observed at each point).
+        lam: ``λ > 0``.
+
+    Returns:
+        ``(M, a, V_inv)``: `(m, m)`, `(m,)` and the `(r, r)` ``V⁻¹``.
+    """
+    V = (Z.T * counts.to(Z.dtype)) @ Z  # (r, r)
+    V.diagonal().add_(lam)
+    V_inv = torch.cholesky_inverse(safe_cholesky(V, name="V"))
+    V_inv = 0.5 * (V_inv + V_inv.T)
+    M, a = scoring_operator(W, V_inv, V_inv @ (Z.T @ reward_sums.to(Z.dtype)).to(V_inv.dtype), lam)
+    return M, a, V_inv
+
+
+def score_kernel_rows(
+    K: torch.Tensor, kdiag: torch.Tensor, M: torch.Tensor, a: torch.Tensor, lam: float, chunk_size: int, *, transposed: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mean ``k_Sᵀ a`` and RLS variance ``k/λ - k_Sᵀ M k_S`` (clamped at 0) of points given by their
+    kernel rows, chunked over the points: one `(c × m)·(m × m)` product per chunk.
+
+    Args:
+        K: `(*b, n, m)` kernel rows ``k(x, s_j)``; with ``transposed``, `(m, n)` ``k(s_j, x)`` (a cache
+            of one contiguous row per inducing point, read without transposing).
+        kdiag: `(*b, n)` ``k(x, x)``.
+        M, a: :func:`scoring_operator` output, cast to ``K``'s dtype by the caller.
+        lam: ``λ``.
+        chunk_size: points per chunk.
+
+    Returns:
+        ``(mean, rls)``, each `(*b, n)`.
+    """
+    n, c = (K.shape[-1] if transposed else K.shape[-2]), chunk_size
+    parts = []
+    for i in range(0, max(n, 1), c):
+        if transposed:
+            Kc = K[:, i : i + c]  # (m, c)
+            P = torch.cat([M, a.unsqueeze(0)]) @ Kc  # (m + 1, c): M k_S and the mean in one product
+            mean = P[-1]
+            quad = P[:-1].mul_(Kc).sum(0)
+        else:
+            Kc = K[..., i : i + c, :]  # (*b, c, m)
+            mean = (Kc @ a.unsqueeze(-1)).squeeze(-1)
+            quad = ((Kc @ M) * Kc).sum(-1)
+        parts.append((mean, (kdiag[..., i : i + c] / lam - quad).clamp_min_(0.0)))
+    if len(parts) == 1:
+        return parts[0]
+    return torch.cat([p[0] for p in parts], dim=-1), torch.cat([p[1] for p in parts], dim=-1)
 
 
 def _add_diag(A: torch.Tensor, value: float) -> torch.Tensor:

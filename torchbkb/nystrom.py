@@ -31,7 +31,7 @@ from torch import nn
 
 from torchbkb.errors import InputDataError, check_matrix, check_same_device_dtype
 from torchbkb.kernels import KernelAdapter, as_kernel
-from torchbkb.utils.linalg import keep_dtype_on_apply, psd_inv_sqrt
+from torchbkb.utils.linalg import inv_sqrt_factor, keep_dtype_on_apply
 
 __all__ = ["NystromEmbedding", "chunked_rows"]
 
@@ -118,7 +118,7 @@ class NystromEmbedding(nn.Module):
         S = S.detach()
         with torch.no_grad():
             K = self.kernel(S, S)  # (m, m)
-            W = psd_inv_sqrt(K, self.rtol, name="K_S")  # (r, m)
+            W = inv_sqrt_factor(K, self.rtol, name="K_S")  # (r, m)
         return S, W
 
     def _apply(self, fn, recurse: bool = True):

@@ -59,22 +59,26 @@ class RLSDictionary(nn.Module):
             `(n,)` probabilities in ``rls``'s dtype.
         """
         rls, counts = self._check(rls, counts)
+        return self._probability(rls, counts)
+
+    def _probability(self, rls: torch.Tensor, counts: torch.Tensor | None) -> torch.Tensor:
         p = (self.q_bar.to(rls.dtype) * rls).clamp(0.0, 1.0)
         if counts is None:
             return p
         return 1.0 - torch.pow(1.0 - p, counts.to(rls.dtype))
 
-    def resample(self, rls: torch.Tensor, counts: torch.Tensor | None = None) -> torch.Tensor:
+    def resample(self, rls: torch.Tensor, counts: torch.Tensor | None = None, *, validate: bool = True) -> torch.Tensor:
         """Draw the new dictionary.
 
         Args:
             rls: `(n,)` RLS-scale variances of the candidates under the previous posterior.
             counts: `(n,)` pull counts (an arm with count 0 never enters).
+            validate: check the inputs (callers that produced them, like the bandits, skip it).
 
         Returns:
             `(n,)` bool mask of the candidates kept.
         """
-        p = self.inclusion_probability(rls, counts)
+        p = self.inclusion_probability(rls, counts) if validate else self._probability(rls, counts)
         u = torch.rand(p.shape, generator=self.generator, dtype=torch.float64, device=self.generator.device)
         return u.to(p.device) < p.to(torch.float64)
 

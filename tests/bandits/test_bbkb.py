@@ -113,7 +113,7 @@ def test_resampling_uses_the_batch_start_variances_and_pull_counts(monkeypatch):
     _run(b, f, 30)
     seen = []
     original = b.sampler.resample
-    monkeypatch.setattr(b.sampler, "resample", lambda rls, counts: seen.append((rls, counts)) or original(rls, counts))
+    monkeypatch.setattr(b.sampler, "resample", lambda rls, counts, **kw: seen.append((rls, counts)) or original(rls, counts, **kw))
     for _ in range(3):
         idx = b.ask()
         rls_fb = b.scores()[1].clone()

@@ -158,11 +158,11 @@ class BBKB(SketchedKernelBandit):
             idx = self._random_arm()
             self.last_selection = None
         else:
-            if self._posterior is None:  # empty dictionary: z ≡ 0, V = λ I_0
+            if self._W is None:  # empty dictionary: z ≡ 0, V = λ I_0
                 Z = self.arms.new_zeros((self.num_arms, 0))
                 V_inv = self.arms.new_zeros((0, 0), dtype=torch.float64)
             else:
-                Z, V_inv = self.arm_features(), self._posterior.V_inv
+                Z, V_inv = self.arm_features(), self.V_inverse()
             with torch.no_grad():
                 sel = select_batch(Z, self._mask_excluded(self._mean), self._rls, V_inv, self.beta, self.batch_bound, self.max_batch_size, lazy=self.lazy, validate=False)
             idx = sel.indices

@@ -35,12 +35,16 @@ import torch
 
 from torchbkb.bandits.base import KernelBandit
 from torchbkb.confidence import alpha_from_epsilon, bkb_beta
-from torchbkb.dtc_posterior import DTCPosterior
-from torchbkb.errors import InputDataError, TorchBKBError, check_positive
+from torchbkb.dtc_posterior import DTCPosterior, fit_kernel_row_operator, score_kernel_rows
+from torchbkb.errors import InputDataError, TorchBKBError, check_int, check_positive
 from torchbkb.nystrom import DEFAULT_CHUNK, NystromEmbedding
 from torchbkb.rls_dictionary import RLSDictionary
+from torchbkb.utils.linalg import inv_sqrt_factor
 
 __all__ = ["BKB", "SketchedKernelBandit"]
+
+#: default memory for the kernel rows of the pulled arms (:class:`SketchedKernelBandit`).
+ROW_CACHE_BYTES = 256 * 2**20
 
 
 class SketchedKernelBandit(KernelBandit):
@@ -59,6 +63,10 @@ class SketchedKernelBandit(KernelBandit):
         beta: ``"theory"`` or a constant width (RLS scale).
         seed, F, delta, noise_std: see :class:`~torchbkb.bandits.base.KernelBandit`.
         chunk_size: arms embedded/scored at once.
+        row_cache_bytes: memory for the kernel rows ``k(x, arms)`` `(A,)` of every pulled arm, computed
+            once at its first pull: a point re-entering the dictionary (with Bernoulli resampling at
+            every step a large part of it changes) is then copied instead of re-evaluated. When the
+            pulled arms no longer fit, the cache is dropped and entering rows are computed.
 
     Attributes:
         dictionary: `(m,)` long, arm indices of the current dictionary.
@@ -80,18 +88,24 @@ class SketchedKernelBandit(KernelBandit):
         delta: float = 0.01,
         noise_std: float | None = None,
         chunk_size: int = DEFAULT_CHUNK,
+        row_cache_bytes: int = ROW_CACHE_BYTES,
     ):
         super().__init__(arms, kernel, noise=noise, beta=beta, seed=seed, noise_std=noise_std, F=F, delta=delta)
         self.q_bar = check_positive(q_bar, "q_bar")
         self.chunk_size = int(chunk_size)
+        self.row_cache_bytes = check_int(row_cache_bytes, "row_cache_bytes", minimum=0)
+        self._P_buf: torch.Tensor | None = None  # (capacity, A) k(x, arms) of the pulled arms, by first pull
+        self._P_pos: dict[int, int] | None = {}  # arm -> row of _P_buf; None once the cache is dropped
         self.sampler = RLSDictionary(self.q_bar, generator=self.generator)
         self.dictionary = self._long([])
         self.beta = float("nan")
         self.deff = 0.0
         self.embeddings_computed = 0
-        self._posterior: DTCPosterior | None = None
+        self._posterior: DTCPosterior | None = None  # built on demand from the state below
+        self._W: torch.Tensor | None = None  # (r, m) whitening of K_S in cache-slot order (Wᵀ W = K_S⁺)
+        self._V_inv: torch.Tensor | None = None  # (r, r) V⁻¹, V = Zᵀ N Z + λ I on the pulled arms
         self._Z: torch.Tensor | None = None  # (A, r) cached embedding of all arms
-        self._K_buf: torch.Tensor | None = None  # (A, capacity) cached kernel columns k(arms, s), first m used
+        self._K_buf: torch.Tensor | None = None  # (capacity, A) cached kernel rows k(s, arms), first m used
         self._order: list[int] = []  # the dictionary's arms in cache-slot order (the embedding's order)
         self._slot_block: list[int] = []  # for each slot, the id of the kernel block its row was computed in
         self._blocks: dict[int, list[int]] = {}  # block id -> the arms evaluated together in that call
@@ -107,7 +121,16 @@ class SketchedKernelBandit(KernelBandit):
 
     @property
     def posterior(self) -> DTCPosterior | None:
-        """The current :class:`~torchbkb.DTCPosterior` (``None`` before the first reward)."""
+        """The current DTC posterior as a :class:`~torchbkb.DTCPosterior` on the dictionary and all pulls
+        (``None`` while the dictionary is empty). The bandit itself scores from cached kernel rows and
+        never needs it; it is built (one embedding and one fit) on first access after each update.
+        """
+        if self._posterior is None and self._W is not None:
+            pulled = (self.counts > 0).nonzero().squeeze(1)
+            emb = NystromEmbedding(self.kernel, self.arms[self._long(self._order)], chunk_size=self.chunk_size)
+            n = self.counts[pulled].to(self.arms.dtype)
+            y_mean = (self.reward_sums[pulled] / self.counts[pulled]).to(self.arms.dtype)
+            self._posterior = DTCPosterior(emb, noise=self.lam, chunk_size=self.chunk_size).fit(self.arms[pulled], y_mean, n)
         return self._posterior
 
     def scores(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -117,20 +140,26 @@ class SketchedKernelBandit(KernelBandit):
     def arm_features(self) -> torch.Tensor:
         """`(A, r)` Nyström features ``z(arms)`` of the current dictionary, computed from the cached kernel
         rows on first use after each dictionary change (one `(A × m)·(m × r)` product)."""
-        if self._posterior is None:
+        if self._W is None:
             raise TorchBKBError(f"{type(self).__name__}: expected a dictionary (after the first reward), got none")
         if self._Z is None:
-            W_T = self._posterior.embedding.projection.to(self.arms.dtype).T  # (m, r)
-            self._Z = self._K_buf[:, : len(self._order)] @ W_T  # (A, r)
+            self._Z = self._K_buf[: len(self._order)].T @ self._W.to(self.arms.dtype).T  # (A, r)
         return self._Z
+
+    def V_inverse(self) -> torch.Tensor:
+        """`(r, r)` ``V⁻¹`` of the current posterior (``V = Zᵀ N Z + λ I`` on the pulled arms' features)."""
+        if self._V_inv is None:
+            raise TorchBKBError(f"{type(self).__name__}: expected a dictionary (after the first reward), got none")
+        return self._V_inv
 
     # ------------------------------------------------------------------ resparsification
     def _update(self) -> None:
+        self._cache_pulled_rows(self.last_told[0].tolist())
         pulled = (self.counts > 0).nonzero().squeeze(1)  # unique pulled arms
         if self.dictionary.numel() == 0 and self.t <= self.last_told[0].numel():
             new_dict = self.last_told[0][:1]  # S_1 = {x_1}
         else:
-            keep = self.sampler.resample(self._rls[pulled].to(torch.float64), self.counts[pulled])
+            keep = self.sampler.resample(self._rls[pulled].to(torch.float64), self.counts[pulled], validate=False)
             new_dict = pulled[keep]
         self._rebuild(new_dict)
 
@@ -145,43 +174,67 @@ class SketchedKernelBandit(KernelBandit):
         with torch.no_grad():
             if new_dict.numel() == 0:  # S = ∅: z ≡ 0, the DTC posterior is the prior
                 self._posterior, self._Z, self._K_buf, self._order = None, None, None, []
+                self._W = self._V_inv = None
                 self._slot_block, self._blocks = [], {}
                 self._mean = torch.zeros_like(self._mean)
                 self._rls = self.kdiag / self.lam
             else:
-                changed = self._posterior is None or not torch.equal(new_dict, self.dictionary)
+                changed = self._W is None or not torch.equal(new_dict, self.dictionary)
                 if changed:
                     if order is None:
                         self._update_kernel_rows(new_dict.tolist())
                     else:
                         self._K_buf, self._order, self._slot_block, self._blocks = None, [], [], {}
                         self._update_kernel_rows(list(order), blocks)
-                    m = len(self._order)
                     S_idx = self._long(self._order)  # dictionary in cache-slot order
+                    K_SS = self._K_buf[: len(self._order), S_idx]  # (m, m) from the cached rows
+                    self._W = inv_sqrt_factor(K_SS, name="K_S")  # (r, m): one m×m factorization
                     self._Z = None  # the arms' features z(arms) are derived on demand (arm_features)
                     self.embeddings_computed += 1
-                    if self._posterior is None:
-                        emb = NystromEmbedding(self.kernel, self.arms[S_idx], chunk_size=self.chunk_size)
-                        self._posterior = DTCPosterior(emb, noise=self.lam, chunk_size=self.chunk_size)
-                    else:  # one m×m eigendecomposition; the posterior is refitted just below
-                        self._posterior.embedding.set_inducing_points(self.arms[S_idx])
-                K_AS = self._K_buf[:, : len(self._order)]  # (A, m) view of the cached kernel columns
-                W_T = self._posterior.embedding.projection.to(self.arms.dtype).T  # (m, r)
-                n = self.counts[pulled].to(self.arms.dtype)
-                y_mean = (self.reward_sums[pulled] / self.counts[pulled]).to(self.arms.dtype)
-                # V from the counts on the pulled arms' features, O(min(t, A)·m²); inputs validated by tell()
-                self._posterior._fit_validated(self.arms[pulled], y_mean, n, features=K_AS[pulled] @ W_T)
-                # all arms scored from their kernel rows: one (A × m)·(m × m) product
-                self._mean, self._rls = self._posterior.score_cross(K_AS, self.kdiag)
+                K_SA = self._K_buf[: len(self._order)]  # (m, A) view of the cached kernel rows
+                W = self._W
+                n = self.counts[pulled].to(W.dtype)
+                Z = (W @ K_SA[:, pulled].to(W.dtype)).T  # (p, r) features of the pulled arms
+                # V = Zᵀ N Z + λ I from the counts, O(min(t, A)·m²); rewards validated by tell()
+                M, a, self._V_inv = fit_kernel_row_operator(W, Z, n, self.reward_sums[pulled], self.lam)
+                # all arms scored from their kernel rows: one (m × m)·(m × A) product
+                self._mean, self._rls = score_kernel_rows(K_SA, self.kdiag, M.to(K_SA.dtype), a.to(K_SA.dtype), self.lam, self.chunk_size, transposed=True)
+                self._posterior = None  # built on demand (the posterior property)
         self.dictionary = new_dict
         self.deff = float((self.counts[pulled].to(torch.float64) * self._rls[pulled].to(torch.float64)).sum())
 
+    def _cache_pulled_rows(self, arms: list[int]) -> None:
+        """Add ``k(x, arms)`` of newly pulled arms to the pulled-row cache, each row computed alone (so a
+        resumed run recomputes it bitwise); drop the cache when it would outgrow ``row_cache_bytes``."""
+        if self._P_pos is None:
+            return
+        new = [a for a in dict.fromkeys(arms) if a not in self._P_pos]
+        if not new:
+            return
+        A = self.num_arms
+        n = len(self._P_pos) + len(new)
+        if n * A * self.arms.element_size() > self.row_cache_bytes:
+            self._P_buf, self._P_pos = None, None
+            return
+        buf = self._P_buf
+        if buf is None or buf.shape[0] < n:  # grow geometrically, within the budget
+            cap = min(max(16, 2 * n), max(n, self.row_cache_bytes // (A * self.arms.element_size())))
+            grown = self.arms.new_empty((cap, A))
+            if buf is not None:
+                grown[: len(self._P_pos)] = buf[: len(self._P_pos)]
+            buf = self._P_buf = grown
+        with torch.no_grad():
+            for a in new:
+                row = len(self._P_pos)
+                buf[row] = self.kernel(self.arms[a : a + 1], self.arms)[0]
+                self._P_pos[a] = row
+
     def _update_kernel_rows(self, new_dict: list[int], blocks: list[list[int]] | None = None) -> None:
-        """Make the cache ``self._K_buf[:, :m]`` hold ``k(arms, s)`` `(A,)` for every dictionary point ``s``.
+        """Make the cache ``self._K_buf[:m]`` hold ``k(s, arms)`` `(A,)` for every dictionary point ``s``.
 
         Rows of points that stay are not touched; a leaving point's slot is given to an entering point
         (or to the last row, to keep the cache compact). The points entering together are evaluated in
-        one ``k(arms, X_entering)`` `(A, e)` call, and the cache remembers these blocks: a kernel block can
+        one ``k(X_entering, arms)`` `(e, A)` call, and the cache remembers these blocks: a kernel block can
         differ in the last bits from its columns computed alone, so a run resumed from a checkpoint
         recomputes every row inside the very block it was computed in (``blocks``, checkpoint loading
         only) and rebuilds the same cache, the same embedding and the same choices, bitwise. Cost:
@@ -201,7 +254,7 @@ class SketchedKernelBandit(KernelBandit):
         for p in reversed(holes[len(compute) :]):  # no entering point left for these: compact
             last = len(order) - 1
             if p != last:
-                buf[:, p] = buf[:, last]
+                buf[p] = buf[last]
                 order[p], slot_block[p] = order[last], slot_block[last]
             order.pop()
             slot_block.pop()
@@ -210,12 +263,21 @@ class SketchedKernelBandit(KernelBandit):
             order.append(a)
             slot_block.append(-1)
         m, A = len(order), self.num_arms
-        if buf is None or buf.shape[1] < m:  # grow the cache geometrically
-            grown = self.arms.new_empty((A, max(16, 2 * m)))
+        if buf is None or buf.shape[0] < m:  # grow the cache geometrically
+            grown = self.arms.new_empty((max(16, 2 * m), A))
             if buf is not None:
-                keep = min(buf.shape[1], m)
-                grown[:, :keep] = buf[:, :keep]
+                keep = min(buf.shape[0], m)
+                grown[:keep] = buf[:keep]
             buf = grown
+        if compute and blocks is None and self._P_pos is not None and all(order[p] in self._P_pos for p in compute):
+            # every entering point is a pulled arm with a cached row (computed alone): copy the rows
+            self._K_buf = buf
+            buf.index_copy_(0, self._long(compute), self._P_buf[self._long([self._P_pos[order[p]] for p in compute])])
+            for p in compute:
+                self._blocks[self._next_block] = [order[p]]  # a block of one: the row as computed alone
+                slot_block[p] = self._next_block
+                self._next_block += 1
+            compute = []
         if compute:
             if blocks is None:  # one block: the points entering now
                 block_list = [[order[p] for p in compute]]
@@ -227,12 +289,14 @@ class SketchedKernelBandit(KernelBandit):
                 bid = self._next_block
                 self._next_block += 1
                 self._blocks[bid] = list(members)
-                cols = self.kernel(self.arms, self.arms[self._long(members)])  # (A, e): one call per block
-                for j, a in enumerate(members):
-                    p = slot_of.get(a)
-                    if p is not None:
-                        buf[:, p] = cols[:, j]
-                        slot_block[p] = bid
+                rows = self.kernel(self.arms[self._long(members)], self.arms)  # (e, A): one call per block
+                js = [j for j, a in enumerate(members) if a in slot_of]
+                slots = [slot_of[members[j]] for j in js]
+                if len(js) < len(members):
+                    rows = rows[self._long(js)]
+                buf.index_copy_(0, self._long(slots), rows)  # one scatter for the whole block
+                for p in slots:
+                    slot_block[p] = bid
         live = set(slot_block)
         self._blocks = {b: mem for b, mem in self._blocks.items() if b in live}
         self._K_buf, self._order, self._slot_block = buf, order, slot_block
@@ -249,7 +313,10 @@ class SketchedKernelBandit(KernelBandit):
         }
 
     def _load_algorithm_state(self, state: dict[str, Any]) -> None:
+        self._P_buf, self._P_pos = None, {}
+        self._cache_pulled_rows(list(dict.fromkeys(self.history["index"])))  # each row alone, as first computed
         self._posterior, self._Z, self._K_buf, self._order = None, None, None, []
+        self._W = self._V_inv = None
         self._slot_block, self._blocks = [], {}
         self.dictionary = self._long([])
         if self.t > 0:  # no order/blocks: an older checkpoint (rows recomputed one block)

@@ -31,7 +31,7 @@ import torch
 
 from torchbkb.errors import NumericsError, NumericsWarning
 
-__all__ = ["UPCAST_MAX", "compute_dtype", "safe_cholesky", "spd_inverse", "psd_inv_sqrt", "default_rtol", "keep_dtype_on_apply"]
+__all__ = ["UPCAST_MAX", "compute_dtype", "safe_cholesky", "spd_inverse", "psd_inv_sqrt", "inv_sqrt_factor", "default_rtol", "keep_dtype_on_apply"]
 
 #: Matrices up to this size are factorized in float64 whatever their input dtype.
 UPCAST_MAX = 16384
@@ -135,6 +135,49 @@ def psd_inv_sqrt(K: torch.Tensor, rtol: float | None = None, *, name: str = "K_S
     keep = s > rtol * smax
     s, U = s[keep], U[:, keep]  # (r,), (m, r)
     return U.T / s.sqrt().unsqueeze(-1)  # (r, m)
+
+
+def inv_sqrt_factor(K: torch.Tensor, rtol: float | None = None, *, name: str = "K_S") -> torch.Tensor:
+    """A whitening ``W`` with ``Wᵀ W = K⁺``: ``L⁻¹`` from a Cholesky factor when ``K`` is well conditioned,
+    :func:`psd_inv_sqrt` (``eigh``, null space dropped) otherwise.
+
+    Any ``W`` with ``Wᵀ W = K⁺`` gives the same Nyström inner products ``(W k)ᵀ (W k') = kᵀ K⁺ k'``, so the
+    two branches define the same embedding up to a rotation of its features. The Cholesky branch
+    (``m³/3`` flops, about 10× faster than ``eigh`` at ``m = 100``) is taken when the factorization
+    succeeds and every pivot ``L_ii²`` -- the variance of point ``i`` given the points before it -- is
+    above ``100 · rtol · max_i L_ii²`` (a backward-stable factorization whose smallest pivot is well above
+    rounding); a duplicated or nearly collinear point fails the test and the eigendecomposition handles
+    it exactly as before.
+
+    Args:
+        K: `(m, m)` symmetric positive semidefinite.
+        rtol: relative eigenvalue threshold of the ``eigh`` branch (default :func:`default_rtol`); the
+            Cholesky branch's relative pivot threshold is ``100 · rtol``.
+        name: the matrix's name in errors.
+
+    Returns:
+        `(r, m)` ``W`` (``r = m``, lower triangular, on the Cholesky branch) in :func:`compute_dtype`.
+
+    Example:
+        >>> import torch
+        >>> K = torch.tensor([[2.0, 1.0], [1.0, 2.0]], dtype=torch.float64)
+        >>> W = inv_sqrt_factor(K)
+        >>> bool(torch.allclose(W.T @ W, torch.linalg.inv(K)))
+        True
+        >>> tuple(inv_sqrt_factor(torch.ones(2, 2, dtype=torch.float64)).shape)   # rank one: eigh branch
+        (1, 2)
+    """
+    m = K.shape[-1]
+    if rtol is None:
+        rtol = default_rtol(m, K.dtype)
+    dtype = compute_dtype(K.dtype, m)
+    L, info = torch.linalg.cholesky_ex(K.to(dtype))  # reads the lower triangle only
+    if int(info) == 0:
+        piv = L.diagonal() ** 2
+        if bool(piv.min() > 100.0 * rtol * piv.max()):
+            eye = torch.eye(m, dtype=dtype, device=K.device)
+            return torch.linalg.solve_triangular(L, eye, upper=False)  # (m, m), L⁻¹
+    return psd_inv_sqrt(K, rtol, name=name)
 
 
 def keep_dtype_on_apply(module, names: tuple[str, ...], fn, recurse: bool, super_apply):
