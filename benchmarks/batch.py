@@ -82,12 +82,12 @@ def load_cadata(dtype: torch.dtype, device: str) -> tuple[torch.Tensor, torch.Te
     return arms, f
 
 
-def make_bandit(method: str, beta: str, arms: torch.Tensor, T: int, seed: int):
+def make_bandit(method: str, beta: str, arms: torch.Tensor, T: int, seed: int, batch_bound: float = C_TILDE):
     kernel = GaussianKernel.from_width(WIDTH).to(arms.device)
     b = ALPHA_CONST if beta == "constant" else "theory"
     common = dict(noise=LAM, beta=b, seed=seed, F=F_NORM, delta=1.0 / T)
     if method == "BBKB":
-        return BBKB(arms, kernel, q_bar=Q_BAR, batch_bound=C_TILDE, **common)
+        return BBKB(arms, kernel, q_bar=Q_BAR, batch_bound=batch_bound, **common)
     if method == "GP-BUCB":
         return GPBUCB(arms, kernel, batch_bound=C_TILDE, **common)
     if method == "BKB":
@@ -121,8 +121,8 @@ def power_law(ts: list[float], times: list[float]) -> tuple[float, float] | None
     return float(math.exp(loga)), float(p)
 
 
-def run_one(method: str, beta: str, arms, f, T: int, cap: float | None, seed: int, device: str) -> dict:
-    bandit = make_bandit(method, beta, arms, T, seed)
+def run_one(method: str, beta: str, arms, f, T: int, cap: float | None, seed: int, device: str, batch_bound: float = C_TILDE) -> dict:
+    bandit = make_bandit(method, beta, arms, T, seed, batch_bound)
     _sync(device)
     cpu0, wall0 = time.process_time(), time.perf_counter()
     hist = torchbkb.run(bandit, f, T, progress=False, time_limit=cap)
@@ -319,6 +319,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--skip-float64-check", action="store_true", help="skip the extra float64 BBKB run")
     ap.add_argument("--methods", default=None, help="comma-separated METHOD:BETA subset, e.g. BBKB:constant,GP-UCB:constant")
     ap.add_argument("--no-caps", action="store_true", help="run every method to T (on a GPU the exact GP-UCB gets there)")
+    ap.add_argument("--c-scan", default=None,
+                    help="only run BBKB (constant β) for these comma-separated C̃ over the seeds, next to exact GP-UCB at T "
+                         "from results/cuda/batch.json if present; writes batch_c_scan.json")
     ap.add_argument("--out", default=str(ROOT / "results"))
     args = ap.parse_args(argv)
     if args.threads:
@@ -358,6 +361,8 @@ def main(argv: list[str] | None = None) -> None:
     print(f"California housing: A = {arms.shape[0]}, d = {arms.shape[1]}, T = {T}, {args.dtype} on {args.device}, "
           f"{torch.get_num_threads()} threads, load {os.getloadavg()[0]:.1f}", flush=True)
     start = time.perf_counter()
+    if args.c_scan:
+        return c_scan([float(c) for c in args.c_scan.split(",")], arms, f, T, seeds, args, machine, out, start)
     results = []
     for method, beta, cap in caps:
         for seed in range(seeds if (method, beta) in (("BBKB", "constant"), ("GP-UCB", "constant")) else 1):
@@ -413,6 +418,41 @@ def main(argv: list[str] | None = None) -> None:
     print(table(main_results, T))
     print(json.dumps(summary, indent=1, default=float))
     print(f"wrote {out / 'batch.json'} and {out / 'batch.png'} in {time.perf_counter() - start:.0f} s")
+
+
+def c_scan(bounds: list[float], arms, f, T: int, seeds: int, args, machine: dict, out: Path, start: float) -> None:
+    """BBKB with a constant width for several C̃ on the same seeds; exact GP-UCB's regret at T from the
+    uncapped GPU run (regret does not depend on the machine beyond rounding), when it is there."""
+    rows, runs = [], []
+    ref_path = ROOT / "results" / "cuda" / "batch.json"
+    gpucb = {}
+    if ref_path.exists():
+        ref = json.loads(ref_path.read_text())
+        for r in ref["results"]:
+            if r["method"] == "GP-UCB" and r["beta"] == "constant" and r["complete"] and r["T_target"] == T:
+                gpucb[r["seed"]] = r["normalized_regret"]
+    for C in bounds:
+        rs = [run_one("BBKB", "constant", arms, f, T, None, seed, args.device, batch_bound=C) for seed in range(seeds)]
+        for r in rs:
+            r.pop("curve"), r.pop("batch_curve")
+            r["batch_bound"] = C
+        runs += rs
+        regs = [r["normalized_regret"] for r in rs]
+        row = {"C_tilde": C, "seeds": list(range(seeds)), "wall_s": [r["wall_s"] for r in rs], "normalized_regret": regs,
+               "median_normalized_regret": float(np.median(regs)), "batches": [r["batches"] for r in rs]}
+        if all(s in gpucb for s in range(seeds)):
+            row["gpucb_normalized_regret_at_T"] = [gpucb[s] for s in range(seeds)]
+            row["ratio_of_medians"] = row["median_normalized_regret"] / float(np.median(row["gpucb_normalized_regret_at_T"]))
+        rows.append(row)
+        print(f"  C̃ = {C}: R/Runif {[round(x, 5) for x in regs]} (median {row['median_normalized_regret']:.5f}"
+              f"{', ' + format(row['ratio_of_medians'], '.2f') + 'x GP-UCB' if 'ratio_of_medians' in row else ''}), "
+              f"wall {[round(r['wall_s'], 1) for r in rs]} s, batches {row['batches']}", flush=True)
+    payload = {"benchmark": "BBKB constant width, C̃ scan (001 Sec. 4 settings)", "command": "python benchmarks/batch.py --c-scan " + args.c_scan,
+               "gpucb_reference": str(ref_path.relative_to(ROOT)) if gpucb else None, "machine": machine, "T": T, "rows": rows, "runs": runs,
+               "total_benchmark_s": time.perf_counter() - start}
+    with open(out / "batch_c_scan.json", "w") as fh:
+        json.dump(payload, fh, indent=1, default=float)
+    print(f"wrote {out / 'batch_c_scan.json'}")
 
 
 if __name__ == "__main__":

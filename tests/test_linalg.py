@@ -49,3 +49,20 @@ def test_no_warning_when_well_conditioned():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         safe_cholesky(torch.eye(3))
+
+
+def test_inv_sqrt_factor_takes_cholesky_when_well_conditioned_and_eigh_otherwise(monkeypatch):
+    from torchbkb.utils.linalg import inv_sqrt_factor
+
+    X = torch.rand(12, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    K = torch.exp(-torch.cdist(X, X) ** 2 / (2 * 0.3**2))
+    calls = []
+    real = torch.linalg.eigh
+    monkeypatch.setattr(torch.linalg, "eigh", lambda A: calls.append(A.shape) or real(A))
+    W = inv_sqrt_factor(K)
+    assert W.shape == (12, 12) and torch.equal(W, W.tril()) and not calls  # L⁻¹, no eigendecomposition
+    assert torch.allclose(W.T @ W, torch.linalg.inv(K), rtol=1e-6, atol=1e-6 * float(torch.linalg.inv(K).abs().max()))
+    Kd = torch.exp(-torch.cdist(torch.cat([X, X[:3]]), torch.cat([X, X[:3]])) ** 2 / (2 * 0.3**2))  # 3 duplicates
+    W = inv_sqrt_factor(Kd)
+    assert W.shape == (12, 15) and calls == [(15, 15)]  # the pivot test sends it to eigh: rank 12
+    assert torch.allclose(W.T @ W, torch.linalg.pinv(Kd, hermitian=True), atol=1e-6 * float(torch.linalg.inv(K).abs().max()))

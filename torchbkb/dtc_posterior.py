@@ -122,8 +122,11 @@ class DTCPosterior(nn.Module):
 
     def _apply(self, fn, recurse: bool = True):
         # .to(dtype) moves the float64 r×r state across devices but never rounds it
-        self._op = None
-        return keep_dtype_on_apply(self, ("ZtZ", "Zty", "V_inv", "weights", "noise"), fn, recurse, super()._apply)
+        before = (self.V_inv, self.weights, self.embedding.projection)
+        out = keep_dtype_on_apply(self, ("ZtZ", "Zty", "V_inv", "weights", "noise"), fn, recurse, super()._apply)
+        if any(a is not b for a, b in zip(before, (self.V_inv, self.weights, self.embedding.projection))):
+            self._op = None  # moved or cast: the scoring operator is derived again (a no-op .to() keeps it:
+        return out  # BoTorch's analytic acquisitions call .to(X) on every forward)
 
     # ------------------------------------------------------------------ fitting
     def fit(

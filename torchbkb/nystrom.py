@@ -1,9 +1,11 @@
 """Nyström embedding ``z(x) = K_S^{+1/2} k_S(x)`` (BKB paper 000, Sec. 3.1).
 
-With ``K_S = U diag(s) Uᵀ`` (``eigh``), eigenvalues below ``rtol · max(s)`` are dropped and
-``z(x) = diag(s)^(-1/2) Uᵀ k_S(x)``, so ``z(x)ᵀ z(x') = k_S(x)ᵀ K_S⁺ k_S(x')`` -- the Nyström kernel.
-The output dimension is the numerical rank ``r <= m`` of ``K_S``: a duplicated or collinear inducing
-point adds nothing and changes no inner product.
+``z(x) = W k_S(x)`` with any ``W`` such that ``Wᵀ W = K_S⁺``, so ``z(x)ᵀ z(x') = k_S(x)ᵀ K_S⁺ k_S(x')`` --
+the Nyström kernel. When ``K_S`` is well conditioned ``W = L⁻¹`` from its Cholesky factor (``m³/3``
+flops); otherwise ``K_S = U diag(s) Uᵀ`` (``eigh``), eigenvalues below ``rtol · max(s)`` are dropped and
+``W = diag(s)^(-1/2) Uᵀ`` (:func:`~torchbkb.utils.linalg.inv_sqrt_factor`). The output dimension is the
+numerical rank ``r <= m`` of ``K_S``: a duplicated or collinear inducing point adds nothing and changes no
+inner product.
 
 Example:
     >>> import torch
@@ -50,7 +52,7 @@ class NystromEmbedding(nn.Module):
 
     Attributes:
         inducing_points: `(m, d)` buffer.
-        projection: `(r, m)` buffer ``W = diag(s)^(-1/2) Uᵀ`` (float64 unless ``m`` is huge).
+        projection: `(r, m)` buffer ``W`` with ``Wᵀ W = K_S⁺`` (float64 unless ``m`` is huge).
         version: incremented each time the dictionary changes (posteriors use it to detect staleness).
 
     Example:
@@ -99,7 +101,7 @@ class NystromEmbedding(nn.Module):
         return int(self.inducing_points.shape[-1])
 
     def set_inducing_points(self, inducing_points: torch.Tensor) -> None:
-        """Replace the dictionary (one ``m × m`` eigendecomposition). On error nothing changes.
+        """Replace the dictionary (one ``m × m`` factorization). On error nothing changes.
 
         Args:
             inducing_points: `(m', d)` new dictionary.

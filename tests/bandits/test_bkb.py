@@ -134,3 +134,17 @@ def test_bad_constructor_arguments(kw, msg):
     args.update(kw)
     with pytest.raises(InputDataError, match=msg):
         BKB(arms, k, **args)
+
+
+def test_pulled_row_cache_same_choices_and_dropped_past_its_budget():
+    """Rows of pulled arms are cached once and copied when they re-enter the dictionary; with no cache (or
+    once it outgrows its budget and is dropped) the rows are computed -- the run makes the same choices."""
+    arms, k, f = _problem()
+    runs = {}
+    for name, budget in (("cache", 2**28), ("none", 0), ("dropped", 40 * arms.shape[0] * 8)):
+        b = BKB(arms, k, noise=0.01, q_bar=2.0, beta="theory", seed=2, row_cache_bytes=budget)
+        runs[name] = (run(b, ArmObjective(f, 0.1, seed=5), budget=80, progress=False).index, b)
+    assert runs["cache"][0] == runs["none"][0] == runs["dropped"][0]
+    assert runs["cache"][1]._P_pos is not None and len(runs["cache"][1]._P_pos) == int((runs["cache"][1].counts > 0).sum())
+    assert runs["none"][1]._P_pos is None
+    assert runs["dropped"][1]._P_pos is None and int((runs["dropped"][1].counts > 0).sum()) > 40

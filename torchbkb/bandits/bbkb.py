@@ -47,7 +47,7 @@ from typing import Any, Callable
 
 import torch
 
-from torchbkb.bandits.bkb import SketchedKernelBandit
+from torchbkb.bandits.bkb import ROW_CACHE_BYTES, SketchedKernelBandit
 from torchbkb.batch_selection import BatchSelection, check_batch_limits, select_batch
 from torchbkb.confidence import bbkb_beta
 from torchbkb.nystrom import DEFAULT_CHUNK
@@ -79,6 +79,7 @@ class BBKB(SketchedKernelBandit):
         lazy: lazy UCB updates inside a batch (``False`` recomputes every arm after each pick: the
             same batches, slower -- for testing).
         chunk_size: arms embedded/scored at once.
+        row_cache_bytes: memory for the kernel rows of the pulled arms (see :class:`~torchbkb.bandits.bkb.SketchedKernelBandit`).
 
     Attributes:
         dictionary: `(m,)` long, arm indices of the dictionary ``S_fb``.
@@ -125,8 +126,11 @@ class BBKB(SketchedKernelBandit):
         noise_std: float | None = None,
         lazy: bool = True,
         chunk_size: int = DEFAULT_CHUNK,
+        row_cache_bytes: int = ROW_CACHE_BYTES,
     ):
-        super().__init__(arms, kernel, noise=noise, q_bar=q_bar, beta=beta, seed=seed, F=F, delta=delta, noise_std=noise_std, chunk_size=chunk_size)
+        super().__init__(
+            arms, kernel, noise=noise, q_bar=q_bar, beta=beta, seed=seed, F=F, delta=delta, noise_std=noise_std, chunk_size=chunk_size, row_cache_bytes=row_cache_bytes
+        )
         self.batch_bound, self.max_batch_size = check_batch_limits(batch_bound, max_batch_size)
         self.lazy = bool(lazy)
         self.beta_tilde = float("nan")

@@ -342,6 +342,7 @@ class BKB(SketchedKernelBandit):
         alpha: ``α > 1``, overrides ``epsilon``.
         noise_std: ``ξ`` of the theory β (default ``√λ``).
         chunk_size: arms embedded/scored at once.
+        row_cache_bytes: memory for the kernel rows of the pulled arms (see :class:`SketchedKernelBandit`).
 
     Attributes:
         dictionary: `(m,)` long, arm indices of the current dictionary.
@@ -365,8 +366,11 @@ class BKB(SketchedKernelBandit):
         alpha: float | None = None,
         noise_std: float | None = None,
         chunk_size: int = DEFAULT_CHUNK,
+        row_cache_bytes: int = ROW_CACHE_BYTES,
     ):
-        super().__init__(arms, kernel, noise=noise, q_bar=q_bar, beta=beta, seed=seed, F=F, delta=delta, noise_std=noise_std, chunk_size=chunk_size)
+        super().__init__(
+            arms, kernel, noise=noise, q_bar=q_bar, beta=beta, seed=seed, F=F, delta=delta, noise_std=noise_std, chunk_size=chunk_size, row_cache_bytes=row_cache_bytes
+        )
         if alpha is not None:
             a = check_positive(alpha, "alpha")
             if a <= 1.0:
