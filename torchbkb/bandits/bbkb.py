@@ -12,7 +12,7 @@ RLS variances ``σ̃²_fb``, all cached for every arm). Inside the batch (:func:
   the last one of the batch (Algorithm 1, line 5).
 
 When every point of the batch is told (or discarded), the dictionary is resampled from the pulled
-arms with probabilities ``min(1, q̄ σ̃²_fb)`` (per pull), the arms are re-embedded (only if the
+arms with probabilities ``min(1, q̄ σ̃²_fb)`` (per pull), the kernel rows are updated (only if the
 dictionary changed), ``V`` and the mean are refitted from the pull counts and every arm is rescored --
 the same code as BKB (:class:`~torchbkb.bandits.bkb.SketchedKernelBandit`). The first batch is one
 uniform arm and ``S_1 = {x_1}``.
@@ -88,7 +88,7 @@ class BBKB(SketchedKernelBandit):
         log_sum: ``Σ_s log(1 + 3 σ̃²_{fb[s-1]}(x_s))`` over the told points (the theory β's sum).
         batch_sizes: length of every batch asked, in order.
         num_resparsifications: dictionary resamplings (one per completed batch).
-        embeddings_computed: re-embeddings of the arms (only when the dictionary changed).
+        embeddings_computed: dictionary changes (kernel rows updated, ``K_S`` refactored) at batch ends.
         ucb_evaluations: UCBs recomputed inside batches, in total (lazy: far below ``A·T``).
         time_in_batch: seconds spent selecting batches (hallucinated updates, lazy UCB).
         time_resparsify: seconds spent at batch ends (resampling, re-embedding, refit, rescoring).

@@ -5,9 +5,12 @@ One step, after the reward of ``x_t`` arrives:
 1. resample the dictionary ``S_t`` from the pulled arms, each arm ``i`` independently with probability
    ``1 - (1 - min(1, q̄ σ̃²_{t-1}(x_i)))^{n_i}`` (``n_i`` its pull count, ``σ̃²_{t-1}`` the RLS variance of
    the previous posterior, already computed for the previous selection); at ``t = 1``, ``S_1 = {x_1}``;
-2. if ``S_t`` changed, re-embed all arms ``Z_A = z_t(X_A)`` (otherwise reuse the cached embedding);
+2. if ``S_t`` changed, bring the cached kernel rows ``k(s, arms)`` `(m, A)` up to date (rows of arms that
+   enter are copied from the pulled-arm row cache or computed) and factor ``K_S`` once (``Wᵀ W = K_S⁺``);
+   otherwise reuse both -- the arms' features ``z_t(X_A) = W k_S(X_A)`` are never stored, only derived
+   on demand (:meth:`SketchedKernelBandit.arm_features`, BBKB's in-batch updates);
 3. rebuild ``V_t`` from the pulled arms and their counts (000 Sec. 3.2), score every arm:
-   ``μ̃_t``, ``σ̃²_t`` (RLS scale) in one `(A × m)·(m × m)` product;
+   ``μ̃_t``, ``σ̃²_t`` (RLS scale) from its kernel row in one `(m × m)·(m × A)` product;
 4. ``x_{t+1} = argmax μ̃_t + β̃_t σ̃_t`` (lowest index on ties), with ``β̃_t`` of 000 Theorem 2 for
    ``beta="theory"``, or a constant.
 
@@ -48,12 +51,12 @@ ROW_CACHE_BYTES = 256 * 2**20
 
 
 class SketchedKernelBandit(KernelBandit):
-    """What BKB and BBKB share: the RLS dictionary, the cached embedding of all arms and the DTC refit.
+    """What BKB and BBKB share: the RLS dictionary, the cached kernel rows ``k(S, arms)`` and the DTC refit.
 
     At every :meth:`_update` (the end of a step for BKB, of a batch for BBKB) the dictionary is
     resampled from the pulled arms with the RLS variances of the posterior the selection used
-    (``self._rls``), the arms are re-embedded only if the dictionary changed, ``V`` is rebuilt from the
-    pull counts and every arm is rescored. Subclasses implement ``_select`` and their confidence width.
+    (``self._rls``), the kernel rows and the factorization of ``K_S`` are updated only if the dictionary
+    changed, ``V`` is rebuilt from the pull counts and every arm is rescored. Subclasses implement ``_select`` and their confidence width.
 
     Args:
         arms: `(A, d)` arm set (only `(A, m)` features are kept).
@@ -72,7 +75,7 @@ class SketchedKernelBandit(KernelBandit):
         dictionary: `(m,)` long, arm indices of the current dictionary.
         beta: the width used for the last selection.
         deff: ``Σ_i n_i σ̃²_t(x_i)``, the estimate of ``d_eff`` (000 Eq. 5).
-        embeddings_computed: how many times the arms were (re-)embedded.
+        embeddings_computed: how many times the dictionary changed (kernel rows updated, ``K_S`` refactored).
     """
 
     def __init__(
@@ -164,7 +167,7 @@ class SketchedKernelBandit(KernelBandit):
         self._rebuild(new_dict)
 
     def _rebuild(self, new_dict: torch.Tensor, order: list[int] | None = None, blocks: list[list[int]] | None = None) -> None:
-        """Set the dictionary, re-embed if it changed, refit V from all pulls, rescore all arms.
+        """Set the dictionary, update kernel rows and ``W`` if it changed, refit V from all pulls, rescore all arms.
 
         ``order`` and ``blocks`` (checkpoint loading only) are the slot order of the kernel-row cache and
         the kernel blocks its rows were computed in.
@@ -348,7 +351,7 @@ class BKB(SketchedKernelBandit):
         dictionary: `(m,)` long, arm indices of the current dictionary.
         beta: the width used for the last selection.
         deff: ``Σ_i n_i σ̃²_t(x_i)``, the estimate of ``d_eff`` used by the theory β.
-        embeddings_computed: how many times the arms were (re-)embedded.
+        embeddings_computed: how many times the dictionary changed (kernel rows updated, ``K_S`` refactored).
     """
 
     def __init__(
