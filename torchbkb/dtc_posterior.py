@@ -39,7 +39,7 @@ from torch import nn
 
 from torchbkb.errors import InputDataError, TorchBKBError, check_finite, check_positive
 from torchbkb.nystrom import NystromEmbedding
-from torchbkb.utils.linalg import compute_dtype, keep_dtype_on_apply, safe_cholesky, spd_inverse
+from torchbkb.utils.linalg import compute_dtype, keep_dtype_on_apply, spd_inverse
 
 __all__ = ["DTCPosterior", "RankOneDowndate", "ridge_solve", "scoring_operator", "score_kernel_rows", "fit_kernel_row_operator"]
 
@@ -510,7 +510,7 @@ def fit_kernel_row_operator(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Fit the DTC posterior of weighted observations and return it as operators on kernel rows.
 
-    With ``V = Zᵀ N Z + λ I = C Cᵀ``: ``M = Wᵀ (I/λ - V⁻¹) W`` and ``a = Wᵀ V⁻¹ Zᵀ (N y)``
+    With ``V = Zᵀ N Z + λ I`` (:func:`ridge_solve`): ``M = Wᵀ (I/λ - V⁻¹) W`` and ``a = Wᵀ V⁻¹ Zᵀ (N y)``
     (:func:`scoring_operator`). The difference ``I/λ - V⁻¹`` is taken in the `(r, r)` feature space,
     where both terms are ``O(1/λ)``, before ``W`` (whose entries grow like ``1/√(smallest eigenvalue of
     K_S)``) is applied: subtracting ``Wᵀ W/λ - Wᵀ V⁻¹ W`` after it loses the small variances of
@@ -526,11 +526,8 @@ def fit_kernel_row_operator(
     Returns:
         ``(M, a, V_inv)``: `(m, m)`, `(m,)` and the `(r, r)` ``V⁻¹``.
     """
-    V = (Z.T * counts.to(Z.dtype)) @ Z  # (r, r)
-    V.diagonal().add_(lam)
-    V_inv = torch.cholesky_inverse(safe_cholesky(V, name="V"))
-    V_inv = 0.5 * (V_inv + V_inv.T)
-    M, a = scoring_operator(W, V_inv, V_inv @ (Z.T @ reward_sums.to(Z.dtype)).to(V_inv.dtype), lam)
+    V_inv, weights = ridge_solve((Z.T * counts.to(Z.dtype)) @ Z, Z.T @ reward_sums.to(Z.dtype), lam)
+    M, a = scoring_operator(W, V_inv, weights, lam)
     return M, a, V_inv
 
 
@@ -552,11 +549,13 @@ def score_kernel_rows(
         ``(mean, rls)``, each `(*b, n)`.
     """
     n, c = (K.shape[-1] if transposed else K.shape[-2]), chunk_size
+    if transposed:
+        Ma = torch.cat([M, a.unsqueeze(0)])  # (m + 1, m): M k_S and the mean in one product per chunk
     parts = []
     for i in range(0, max(n, 1), c):
         if transposed:
             Kc = K[:, i : i + c]  # (m, c)
-            P = torch.cat([M, a.unsqueeze(0)]) @ Kc  # (m + 1, c): M k_S and the mean in one product
+            P = Ma @ Kc  # (m + 1, c)
             mean = P[-1]
             quad = P[:-1].mul_(Kc).sum(0)
         else:

@@ -91,7 +91,7 @@ class BBKB(SketchedKernelBandit):
         embeddings_computed: dictionary changes (kernel rows updated, ``K_S`` refactored) at batch ends.
         ucb_evaluations: UCBs recomputed inside batches, in total (lazy: far below ``A·T``).
         time_in_batch: seconds spent selecting batches (hallucinated updates, lazy UCB).
-        time_resparsify: seconds spent at batch ends (resampling, re-embedding, refit, rescoring).
+        time_resparsify: seconds spent at batch ends (resampling, kernel rows and ``K_S``, refit, rescoring).
         last_selection: the :class:`~torchbkb.batch_selection.BatchSelection` of the last batch
             (in-batch variances of the picks, UCB evaluations; ``None`` for the uniform first batch).
 
@@ -181,7 +181,7 @@ class BBKB(SketchedKernelBandit):
         told = self.last_told[0]
         if told.numel():  # σ̃²_fb of the told picks: their variance when the batch started
             self.log_sum += float(torch.log1p(3.0 * self._rls[told].to(torch.float64)).sum())
-        super()._update()  # resample S with q̄ σ̃²_fb, re-embed if S changed, refit, rescore
+        super()._update()  # resample S with q̄ σ̃²_fb, update kernel rows if S changed, refit, rescore
         self.num_resparsifications += 1
         self.time_resparsify += time.perf_counter() - start
 

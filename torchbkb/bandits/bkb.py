@@ -274,7 +274,6 @@ class SketchedKernelBandit(KernelBandit):
             buf = grown
         if compute and blocks is None and self._P_pos is not None and all(order[p] in self._P_pos for p in compute):
             # every entering point is a pulled arm with a cached row (computed alone): copy the rows
-            self._K_buf = buf
             buf.index_copy_(0, self._long(compute), self._P_buf[self._long([self._P_pos[order[p]] for p in compute])])
             for p in compute:
                 self._blocks[self._next_block] = [order[p]]  # a block of one: the row as computed alone
