@@ -323,3 +323,25 @@ def test_to_float32_keeps_the_float64_factorizations():
     assert post.V_inv.dtype == torch.float64 and torch.equal(post.V_inv, V_inv)
     assert post.embedding.projection.dtype == torch.float64 and torch.equal(post.embedding.projection, W)
     assert post.embedding.inducing_points.dtype == torch.float32
+
+
+@pytest.mark.parametrize("whitening", ["cholesky", "eigh"])
+def test_kernel_row_operator_and_column_scoring_are_000_eq4(whitening):
+    """The bandits' per-step refit (fit_kernel_row_operator + score_kernel_columns, kernel rows stored
+    one per inducing point) equals 000 Eq. 4 with weighted (repeated) observations."""
+    from torchbkb.dtc_posterior import fit_kernel_row_operator, score_kernel_columns
+    from torchbkb.utils.linalg import inv_sqrt_factor, psd_inv_sqrt
+
+    X, y, Xq = _data()
+    S, lam = X[::3], 0.02
+    counts = torch.arange(1, len(X) + 1, dtype=torch.float64) % 3 + 1
+    K_ss = rbf(S, S, LS)
+    W = inv_sqrt_factor(K_ss) if whitening == "cholesky" else psd_inv_sqrt(K_ss)
+    Zt = W @ rbf(S, X, LS)
+    Ma, V_inv = fit_kernel_row_operator(W, Zt, counts, counts * y, lam)
+    mean, rls = score_kernel_columns(rbf(S, Xq, LS), torch.ones(len(Xq), dtype=torch.float64), Ma, lam, chunk_size=7)
+    rep = torch.repeat_interleave(torch.arange(len(X)), counts.long())  # every pull as its own row
+    m_ref, rls_ref = bkb_eq4(K_ss, rbf(X[rep], S, LS), rbf(Xq, S, LS), torch.ones(len(Xq), dtype=torch.float64), y[rep], lam)
+    assert close(mean, m_ref, atol=1e-9)
+    assert close(rls, rls_ref, atol=1e-7)
+    assert close(V_inv, torch.linalg.inv(Zt @ torch.diag(counts) @ Zt.T + lam * torch.eye(len(W), dtype=torch.float64)), atol=1e-9)

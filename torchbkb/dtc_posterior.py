@@ -41,7 +41,7 @@ from torchbkb.errors import InputDataError, TorchBKBError, check_finite, check_p
 from torchbkb.nystrom import NystromEmbedding
 from torchbkb.utils.linalg import compute_dtype, keep_dtype_on_apply, spd_inverse
 
-__all__ = ["DTCPosterior", "RankOneDowndate", "ridge_solve", "scoring_operator", "score_kernel_rows", "fit_kernel_row_operator"]
+__all__ = ["DTCPosterior", "RankOneDowndate", "ridge_solve", "scoring_operator", "score_kernel_rows", "score_kernel_columns", "fit_kernel_row_operator"]
 
 
 class RankOneDowndate(NamedTuple):
@@ -506,40 +506,62 @@ def scoring_operator(W: torch.Tensor, V_inv: torch.Tensor, weights: torch.Tensor
 
 
 def fit_kernel_row_operator(
-    W: torch.Tensor, Z: torch.Tensor, counts: torch.Tensor, reward_sums: torch.Tensor, lam: float
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Fit the DTC posterior of weighted observations and return it as operators on kernel rows.
+    W: torch.Tensor, Zt: torch.Tensor, counts: torch.Tensor, reward_sums: torch.Tensor, lam: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Fit the DTC posterior of weighted observations and return it as one operator on kernel rows.
 
-    With ``V = Zᵀ N Z + λ I`` (:func:`ridge_solve`): ``M = Wᵀ (I/λ - V⁻¹) W`` and ``a = Wᵀ V⁻¹ Zᵀ (N y)``
-    (:func:`scoring_operator`). The difference ``I/λ - V⁻¹`` is taken in the `(r, r)` feature space,
-    where both terms are ``O(1/λ)``, before ``W`` (whose entries grow like ``1/√(smallest eigenvalue of
-    K_S)``) is applied: subtracting ``Wᵀ W/λ - Wᵀ V⁻¹ W`` after it loses the small variances of
-    well-sampled points to rounding.
+    With ``V = Zᵀ N Z + λ I``: ``M = Wᵀ (I/λ - V⁻¹) W`` and ``a = Wᵀ V⁻¹ Zᵀ (N y)`` -- the same
+    quantities as :func:`ridge_solve` followed by :func:`scoring_operator`, stacked as ``[M; aᵀ]`` for
+    :func:`score_kernel_rows` (``transposed=True``) and computed with as few `(r, r)` passes as possible
+    (this is a bandit's per-step refit). The difference ``I/λ - V⁻¹`` is taken in the `(r, r)` feature
+    space, where both terms are ``O(1/λ)``, before ``W`` (whose entries grow like ``1/√(smallest
+    eigenvalue of K_S)``) is applied: subtracting ``Wᵀ W/λ - Wᵀ V⁻¹ W`` after it loses the small
+    variances of well-sampled points to rounding.
 
     Args:
         W: `(r, m)` whitening of ``K_S`` (``Wᵀ W = K_S⁺``), compute dtype.
-        Z: `(p, r)` features ``z(x) = W k_S(x)`` of the observed points, same dtype.
+        Zt: `(r, p)` features ``z(x) = W k_S(x)`` of the observed points (one column each), same dtype.
         counts: `(p,)` positive weights ``N``.
         reward_sums: `(p,)` ``N y`` (sum of the rewards observed at each point).
         lam: ``λ > 0``.
 
     Returns:
-        ``(M, a, V_inv)``: `(m, m)`, `(m,)` and the `(r, r)` ``V⁻¹``.
+        ``(Ma, V_inv)``: `(m + 1, m)` ``[M; aᵀ]`` (``M`` symmetric up to rounding) and the `(r, r)` ``V⁻¹``.
+
+    Example:
+        >>> import torch
+        >>> K_S = torch.tensor([[1.0, 0.5], [0.5, 1.0]], dtype=torch.float64)
+        >>> W = torch.linalg.inv(torch.linalg.cholesky(K_S))
+        >>> Zt = W @ K_S                       # the two dictionary points observed once each
+        >>> Ma, V_inv = fit_kernel_row_operator(W, Zt, torch.ones(2, dtype=torch.float64), torch.tensor([1.0, -1.0], dtype=torch.float64), 0.1)
+        >>> M, a = scoring_operator(W, *ridge_solve(Zt @ Zt.T, Zt @ torch.tensor([1.0, -1.0], dtype=torch.float64), 0.1), 0.1)
+        >>> bool(torch.allclose(Ma[:-1], M) and torch.allclose(Ma[-1], a))
+        True
     """
-    V_inv, weights = ridge_solve((Z.T * counts.to(Z.dtype)) @ Z, Z.T @ reward_sums.to(Z.dtype), lam)
-    M, a = scoring_operator(W, V_inv, weights, lam)
-    return M, a, V_inv
+    r, m = W.shape
+    V = (Zt * counts.to(Zt.dtype)) @ Zt.T  # (r, r) Zᵀ N Z
+    V.diagonal().add_(lam)
+    L, info = torch.linalg.cholesky_ex(V)
+    if int(info) == 0:  # V ⪰ λI: the common case; cholesky_inverse returns an exactly symmetric V⁻¹
+        V_inv = torch.cholesky_inverse(L)
+    else:  # rounding made V indefinite: the jittered, warning path
+        V_inv = spd_inverse(V, name="V")
+    Ma = W.new_empty((m + 1, m))
+    torch.matmul((V_inv @ (Zt @ reward_sums.to(Zt.dtype))).unsqueeze(0), W, out=Ma[m:])  # aᵀ = (V⁻¹ Zᵀ N y)ᵀ W
+    inner = V_inv.neg()
+    inner.diagonal().add_(1.0 / lam)  # I/λ - V⁻¹, PSD
+    torch.matmul(W.T, inner @ W, out=Ma[:m])
+    return Ma, V_inv
 
 
 def score_kernel_rows(
-    K: torch.Tensor, kdiag: torch.Tensor, M: torch.Tensor, a: torch.Tensor, lam: float, chunk_size: int, *, transposed: bool = False
+    K: torch.Tensor, kdiag: torch.Tensor, M: torch.Tensor, a: torch.Tensor, lam: float, chunk_size: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Mean ``k_Sᵀ a`` and RLS variance ``k/λ - k_Sᵀ M k_S`` (clamped at 0) of points given by their
     kernel rows, chunked over the points: one `(c × m)·(m × m)` product per chunk.
 
     Args:
-        K: `(*b, n, m)` kernel rows ``k(x, s_j)``; with ``transposed``, `(m, n)` ``k(s_j, x)`` (a cache
-            of one contiguous row per inducing point, read without transposing).
+        K: `(*b, n, m)` kernel rows ``k(x, s_j)``.
         kdiag: `(*b, n)` ``k(x, x)``.
         M, a: :func:`scoring_operator` output, cast to ``K``'s dtype by the caller.
         lam: ``λ``.
@@ -548,21 +570,54 @@ def score_kernel_rows(
     Returns:
         ``(mean, rls)``, each `(*b, n)`.
     """
-    n, c = (K.shape[-1] if transposed else K.shape[-2]), chunk_size
-    if transposed:
-        Ma = torch.cat([M, a.unsqueeze(0)])  # (m + 1, m): M k_S and the mean in one product per chunk
+    n, c = K.shape[-2], chunk_size
     parts = []
     for i in range(0, max(n, 1), c):
-        if transposed:
-            Kc = K[:, i : i + c]  # (m, c)
-            P = Ma @ Kc  # (m + 1, c)
-            mean = P[-1]
-            quad = P[:-1].mul_(Kc).sum(0)
-        else:
-            Kc = K[..., i : i + c, :]  # (*b, c, m)
-            mean = (Kc @ a.unsqueeze(-1)).squeeze(-1)
-            quad = ((Kc @ M) * Kc).sum(-1)
+        Kc = K[..., i : i + c, :]  # (*b, c, m)
+        mean = (Kc @ a.unsqueeze(-1)).squeeze(-1)
+        quad = ((Kc @ M) * Kc).sum(-1)
         parts.append((mean, (kdiag[..., i : i + c] / lam - quad).clamp_min_(0.0)))
+    return _join(parts)
+
+
+def score_kernel_columns(K: torch.Tensor, kdiag: torch.Tensor, Ma: torch.Tensor, lam: float, chunk_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`score_kernel_rows` for kernel rows stored as columns -- a cache `(m, n)` holding one
+    contiguous row ``k(s_j, ·)`` per inducing point -- with the operator stacked as ``[M; aᵀ]``
+    (:func:`fit_kernel_row_operator`): one `(m + 1, m)·(m, c)` product per chunk gives ``M k_S`` and
+    the mean together.
+
+    Args:
+        K: `(m, n)` ``k(s_j, x)``.
+        kdiag: `(n,)` ``k(x, x)``.
+        Ma: `(m + 1, m)` ``[M; aᵀ]`` in ``K``'s dtype.
+        lam: ``λ``.
+        chunk_size: points per chunk.
+
+    Returns:
+        ``(mean, rls)``, each `(n,)`.
+
+    Example:
+        >>> import torch
+        >>> K = torch.rand(3, 5, dtype=torch.float64)
+        >>> M = torch.eye(3, dtype=torch.float64); a = torch.ones(3, dtype=torch.float64)
+        >>> kd = torch.full((5,), 10.0, dtype=torch.float64)
+        >>> rows = score_kernel_rows(K.T, kd, M, a, 0.5, 2)
+        >>> cols = score_kernel_columns(K, kd, torch.cat([M, a[None]]), 0.5, 2)
+        >>> all(torch.allclose(r, c) for r, c in zip(rows, cols))
+        True
+    """
+    n, c = K.shape[-1], chunk_size
+    parts = []
+    for i in range(0, max(n, 1), c):
+        Kc = K[:, i : i + c]  # (m, c)
+        P = Ma @ Kc  # (m + 1, c)
+        quad = P[:-1].mul_(Kc).sum(0)
+        parts.append((P[-1], (kdiag[i : i + c] / lam - quad).clamp_min_(0.0)))
+    return _join(parts)
+
+
+def _join(parts: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Concatenate chunked ``(mean, rls)`` pairs along the last dimension."""
     if len(parts) == 1:
         return parts[0]
     return torch.cat([p[0] for p in parts], dim=-1), torch.cat([p[1] for p in parts], dim=-1)

@@ -38,7 +38,7 @@ import torch
 
 from torchbkb.bandits.base import KernelBandit
 from torchbkb.confidence import alpha_from_epsilon, bkb_beta
-from torchbkb.dtc_posterior import DTCPosterior, fit_kernel_row_operator, score_kernel_rows
+from torchbkb.dtc_posterior import DTCPosterior, fit_kernel_row_operator, score_kernel_columns
 from torchbkb.errors import InputDataError, TorchBKBError, check_int, check_positive
 from torchbkb.nystrom import DEFAULT_CHUNK, NystromEmbedding
 from torchbkb.rls_dictionary import RLSDictionary
@@ -110,7 +110,7 @@ class SketchedKernelBandit(KernelBandit):
         self._Z: torch.Tensor | None = None  # (A, r) cached embedding of all arms
         self._K_buf: torch.Tensor | None = None  # (capacity, A) cached kernel rows k(s, arms), first m used
         self._order: list[int] = []  # the dictionary's arms in cache-slot order (the embedding's order)
-        self._slot_block: list[int] = []  # for each slot, the id of the kernel block its row was computed in
+        self._slot_block: list[int] = []  # for each slot, the id of the kernel block its row was computed in (-1: alone)
         self._blocks: dict[int, list[int]] = {}  # block id -> the arms evaluated together in that call
         self._next_block = 0
         self._mean = torch.zeros(self.num_arms, dtype=arms.dtype, device=arms.device)
@@ -190,18 +190,18 @@ class SketchedKernelBandit(KernelBandit):
                         self._K_buf, self._order, self._slot_block, self._blocks = None, [], [], {}
                         self._update_kernel_rows(list(order), blocks)
                     S_idx = self._long(self._order)  # dictionary in cache-slot order
-                    K_SS = self._K_buf[: len(self._order), S_idx]  # (m, m) from the cached rows
+                    K_SS = self._K_buf[: len(self._order)].T[S_idx]  # (m, m) from the cached rows (rows of the
+                    # transposed view: a row gather, much cheaper than a column gather)
                     self._W = inv_sqrt_factor(K_SS, name="K_S")  # (r, m): one m×m factorization
                     self._Z = None  # the arms' features z(arms) are derived on demand (arm_features)
                     self.embeddings_computed += 1
                 K_SA = self._K_buf[: len(self._order)]  # (m, A) view of the cached kernel rows
                 W = self._W
-                n = self.counts[pulled].to(W.dtype)
-                Z = (W @ K_SA[:, pulled].to(W.dtype)).T  # (p, r) features of the pulled arms
+                Zt = W @ K_SA.T[pulled].to(W.dtype).T  # (r, p) features of the pulled arms
                 # V = Zᵀ N Z + λ I from the counts, O(min(t, A)·m²); rewards validated by tell()
-                M, a, self._V_inv = fit_kernel_row_operator(W, Z, n, self.reward_sums[pulled], self.lam)
-                # all arms scored from their kernel rows: one (m × m)·(m × A) product
-                self._mean, self._rls = score_kernel_rows(K_SA, self.kdiag, M.to(K_SA.dtype), a.to(K_SA.dtype), self.lam, self.chunk_size, transposed=True)
+                Ma, self._V_inv = fit_kernel_row_operator(W, Zt, self.counts[pulled], self.reward_sums[pulled], self.lam)
+                # all arms scored from their kernel rows: one (m + 1 × m)·(m × A) product
+                self._mean, self._rls = score_kernel_columns(K_SA, self.kdiag, Ma.to(K_SA.dtype), self.lam, self.chunk_size)
                 self._posterior = None  # built on demand (the posterior property)
         self.dictionary = new_dict
         self.deff = float((self.counts[pulled].to(torch.float64) * self._rls[pulled].to(torch.float64)).sum())
@@ -236,32 +236,33 @@ class SketchedKernelBandit(KernelBandit):
         """Make the cache ``self._K_buf[:m]`` hold ``k(s, arms)`` `(A,)` for every dictionary point ``s``.
 
         Rows of points that stay are not touched; a leaving point's slot is given to an entering point
-        (or to the last row, to keep the cache compact). The points entering together are evaluated in
-        one ``k(X_entering, arms)`` `(e, A)` call, and the cache remembers these blocks: a kernel block can
-        differ in the last bits from its columns computed alone, so a run resumed from a checkpoint
-        recomputes every row inside the very block it was computed in (``blocks``, checkpoint loading
-        only) and rebuilds the same cache, the same embedding and the same choices, bitwise. Cost:
-        ``O(A·d·e)`` for ``e`` entering points plus one ``(A,)`` copy per compacted slot.
+        (or to the last row, to keep the cache compact). Entering points whose row is in the pulled-row
+        cache are copied from it; the others are evaluated together in one ``k(X_entering, arms)``
+        `(e, A)` call, and the cache remembers these blocks: a kernel block can differ in the last bits
+        from its rows computed alone, so a run resumed from a checkpoint recomputes every row inside the
+        very block it was computed in (``blocks``, checkpoint loading only) and rebuilds the same cache,
+        the same embedding and the same choices, bitwise. A row computed alone (a copied pulled-arm row)
+        is recorded as block ``-1``. Cost: ``O(A·d·e)`` for ``e`` evaluated points plus one ``(A,)`` copy
+        per copied or compacted slot.
         """
         want = set(new_dict)
-        order = list(self._order)
-        slot_block = list(self._slot_block)
+        order, slot_block = list(self._order), list(self._slot_block)  # state changes only at the end
         have = set(order)
         entering = [a for a in new_dict if a not in have]  # ascending (new_dict is sorted or a saved order)
         holes = [p for p, a in enumerate(order) if a not in want]
-        compute: list[int] = []  # slots to (re)evaluate
-        for p in holes[: len(entering)]:
-            order[p] = entering.pop(0)
-            compute.append(p)
+        n_fill = min(len(holes), len(entering))
+        compute = holes[:n_fill]  # slots to (re)fill
+        for p, a in zip(compute, entering):
+            order[p] = a
         buf = self._K_buf
-        for p in reversed(holes[len(compute) :]):  # no entering point left for these: compact
+        for p in reversed(holes[n_fill:]):  # no entering point left for these: compact
             last = len(order) - 1
             if p != last:
                 buf[p] = buf[last]
                 order[p], slot_block[p] = order[last], slot_block[last]
             order.pop()
             slot_block.pop()
-        for a in entering:  # the rest go to the end
+        for a in entering[n_fill:]:  # the rest go to the end
             compute.append(len(order))
             order.append(a)
             slot_block.append(-1)
@@ -276,9 +277,7 @@ class SketchedKernelBandit(KernelBandit):
             # every entering point is a pulled arm with a cached row (computed alone): copy the rows
             buf.index_copy_(0, self._long(compute), self._P_buf[self._long([self._P_pos[order[p]] for p in compute])])
             for p in compute:
-                self._blocks[self._next_block] = [order[p]]  # a block of one: the row as computed alone
-                slot_block[p] = self._next_block
-                self._next_block += 1
+                slot_block[p] = -1  # a block of one: the row as computed alone
             compute = []
         if compute:
             if blocks is None:  # one block: the points entering now
@@ -288,9 +287,12 @@ class SketchedKernelBandit(KernelBandit):
                 block_list = blocks
                 slot_of = {a: p for p, a in enumerate(order)}
             for members in block_list:
-                bid = self._next_block
-                self._next_block += 1
-                self._blocks[bid] = list(members)
+                if len(members) == 1:
+                    bid = -1
+                else:
+                    bid = self._next_block
+                    self._next_block += 1
+                    self._blocks[bid] = list(members)
                 rows = self.kernel(self.arms[self._long(members)], self.arms)  # (e, A): one call per block
                 js = [j for j, a in enumerate(members) if a in slot_of]
                 slots = [slot_of[members[j]] for j in js]
@@ -299,8 +301,9 @@ class SketchedKernelBandit(KernelBandit):
                 buf.index_copy_(0, self._long(slots), rows)  # one scatter for the whole block
                 for p in slots:
                     slot_block[p] = bid
-        live = set(slot_block)
-        self._blocks = {b: mem for b, mem in self._blocks.items() if b in live}
+        if self._blocks:
+            live = set(slot_block)
+            self._blocks = {b: mem for b, mem in self._blocks.items() if b in live}
         self._K_buf, self._order, self._slot_block = buf, order, slot_block
 
     # ------------------------------------------------------------------ checkpoints
@@ -308,7 +311,7 @@ class SketchedKernelBandit(KernelBandit):
         return {
             "dictionary": self.dictionary.cpu().clone(),
             "order": list(self._order),
-            "blocks": [self._blocks[b] for b in sorted(set(self._slot_block))],
+            "blocks": [self._blocks[b] for b in sorted(set(self._slot_block) - {-1})] + [[a] for a, b in zip(self._order, self._slot_block) if b == -1],
             "beta": self.beta,
             "rls": self._rls.cpu().clone(),
             "embeddings_computed": self.embeddings_computed,
