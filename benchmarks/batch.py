@@ -32,8 +32,12 @@ Usage (from the repository root)::
     PYTHONPATH=. python benchmarks/batch.py             # ~10 minutes on 2 cores
     PYTHONPATH=. python benchmarks/batch.py --quick     # smoke test, < 60 s
     PYTHONPATH=. python benchmarks/batch.py --device cuda
+    PYTHONPATH=. python benchmarks/batch.py --c-scan 1.1,1.25,1.5,2   # BBKB only, several C̃
+    PYTHONPATH=. python benchmarks/batch.py --q-scan 2,4,10,30        # BBKB only, several q̄
 
-Writes ``results/batch.json`` and ``results/batch.png`` (``--out`` changes the folder).
+Writes ``results/batch.json`` and ``results/batch.png`` (``--out`` changes the folder); the scans write
+``batch_c_scan.json`` / ``batch_q_scan.json`` with exact GP-UCB's regret at T on the same seeds from
+``results/cuda/batch.json`` (uncapped H100 runs) when it is there.
 """
 
 from __future__ import annotations
@@ -82,16 +86,16 @@ def load_cadata(dtype: torch.dtype, device: str) -> tuple[torch.Tensor, torch.Te
     return arms, f
 
 
-def make_bandit(method: str, beta: str, arms: torch.Tensor, T: int, seed: int, batch_bound: float = C_TILDE):
+def make_bandit(method: str, beta: str, arms: torch.Tensor, T: int, seed: int, batch_bound: float = C_TILDE, q_bar: float = Q_BAR):
     kernel = GaussianKernel.from_width(WIDTH).to(arms.device)
     b = ALPHA_CONST if beta == "constant" else "theory"
     common = dict(noise=LAM, beta=b, seed=seed, F=F_NORM, delta=1.0 / T)
     if method == "BBKB":
-        return BBKB(arms, kernel, q_bar=Q_BAR, batch_bound=batch_bound, **common)
+        return BBKB(arms, kernel, q_bar=q_bar, batch_bound=batch_bound, **common)
     if method == "GP-BUCB":
         return GPBUCB(arms, kernel, batch_bound=C_TILDE, **common)
     if method == "BKB":
-        return BKB(arms, kernel, q_bar=Q_BAR, **common)
+        return BKB(arms, kernel, q_bar=q_bar, **common)
     if method == "GP-UCB":
         return GPUCB(arms, kernel, **common)
     raise ValueError(method)
@@ -121,8 +125,8 @@ def power_law(ts: list[float], times: list[float]) -> tuple[float, float] | None
     return float(math.exp(loga)), float(p)
 
 
-def run_one(method: str, beta: str, arms, f, T: int, cap: float | None, seed: int, device: str, batch_bound: float = C_TILDE) -> dict:
-    bandit = make_bandit(method, beta, arms, T, seed, batch_bound)
+def run_one(method: str, beta: str, arms, f, T: int, cap: float | None, seed: int, device: str, batch_bound: float = C_TILDE, q_bar: float = Q_BAR) -> dict:
+    bandit = make_bandit(method, beta, arms, T, seed, batch_bound, q_bar)
     _sync(device)
     cpu0, wall0 = time.process_time(), time.perf_counter()
     hist = torchbkb.run(bandit, f, T, progress=False, time_limit=cap)
@@ -322,6 +326,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--c-scan", default=None,
                     help="only run BBKB (constant β) for these comma-separated C̃ over the seeds, next to exact GP-UCB at T "
                          "from results/cuda/batch.json if present; writes batch_c_scan.json")
+    ap.add_argument("--q-scan", default=None,
+                    help="only run BBKB (constant β, C̃ = 2) for these comma-separated q̄ over the seeds, next to exact GP-UCB "
+                         "as for --c-scan; writes batch_q_scan.json")
     ap.add_argument("--out", default=str(ROOT / "results"))
     args = ap.parse_args(argv)
     if args.threads:
@@ -362,7 +369,9 @@ def main(argv: list[str] | None = None) -> None:
           f"{torch.get_num_threads()} threads, load {os.getloadavg()[0]:.1f}", flush=True)
     start = time.perf_counter()
     if args.c_scan:
-        return c_scan([float(c) for c in args.c_scan.split(",")], arms, f, T, seeds, args, machine, out, start)
+        return scan("C_tilde", [float(c) for c in args.c_scan.split(",")], arms, f, T, seeds, args, machine, out, start)
+    if args.q_scan:
+        return scan("q_bar", [float(q) for q in args.q_scan.split(",")], arms, f, T, seeds, args, machine, out, start)
     results = []
     for method, beta, cap in caps:
         for seed in range(seeds if (method, beta) in (("BBKB", "constant"), ("GP-UCB", "constant")) else 1):
@@ -420,9 +429,11 @@ def main(argv: list[str] | None = None) -> None:
     print(f"wrote {out / 'batch.json'} and {out / 'batch.png'} in {time.perf_counter() - start:.0f} s")
 
 
-def c_scan(bounds: list[float], arms, f, T: int, seeds: int, args, machine: dict, out: Path, start: float) -> None:
-    """BBKB with a constant width for several C̃ on the same seeds; exact GP-UCB's regret at T from the
-    uncapped GPU run (regret does not depend on the machine beyond rounding), when it is there."""
+def scan(param: str, values: list[float], arms, f, T: int, seeds: int, args, machine: dict, out: Path, start: float) -> None:
+    """BBKB with a constant width for several C̃ (``param="C_tilde"``, q̄ = 2) or q̄ (``param="q_bar"``,
+    C̃ = 2) on the same seeds; exact GP-UCB's regret at T from the uncapped GPU run (regret does not
+    depend on the machine beyond rounding), when it is there. Writes ``batch_c_scan.json`` or
+    ``batch_q_scan.json``."""
     rows, runs = [], []
     ref_path = ROOT / "results" / "cuda" / "batch.json"
     gpucb = {}
@@ -431,28 +442,34 @@ def c_scan(bounds: list[float], arms, f, T: int, seeds: int, args, machine: dict
         for r in ref["results"]:
             if r["method"] == "GP-UCB" and r["beta"] == "constant" and r["complete"] and r["T_target"] == T:
                 gpucb[r["seed"]] = r["normalized_regret"]
-    for C in bounds:
-        rs = [run_one("BBKB", "constant", arms, f, T, None, seed, args.device, batch_bound=C) for seed in range(seeds)]
+    for v in values:
+        kw = {"batch_bound": v} if param == "C_tilde" else {"q_bar": v}
+        rs = [run_one("BBKB", "constant", arms, f, T, None, seed, args.device, **kw) for seed in range(seeds)]
         for r in rs:
             r.pop("curve"), r.pop("batch_curve")
-            r["batch_bound"] = C
+            r["batch_bound"] = kw.get("batch_bound", C_TILDE)
+            r["q_bar"] = kw.get("q_bar", Q_BAR)
         runs += rs
         regs = [r["normalized_regret"] for r in rs]
-        row = {"C_tilde": C, "seeds": list(range(seeds)), "wall_s": [r["wall_s"] for r in rs], "normalized_regret": regs,
-               "median_normalized_regret": float(np.median(regs)), "batches": [r["batches"] for r in rs]}
+        row = {param: v, "seeds": list(range(seeds)), "wall_s": [r["wall_s"] for r in rs], "normalized_regret": regs,
+               "median_normalized_regret": float(np.median(regs)), "batches": [r["batches"] for r in rs],
+               "dictionary_size": [r["dictionary_size"] for r in rs]}
         if all(s in gpucb for s in range(seeds)):
             row["gpucb_normalized_regret_at_T"] = [gpucb[s] for s in range(seeds)]
             row["ratio_of_medians"] = row["median_normalized_regret"] / float(np.median(row["gpucb_normalized_regret_at_T"]))
+            row["ratio_per_seed"] = [a / b for a, b in zip(regs, row["gpucb_normalized_regret_at_T"])]
         rows.append(row)
-        print(f"  C̃ = {C}: R/Runif {[round(x, 5) for x in regs]} (median {row['median_normalized_regret']:.5f}"
+        print(f"  {param} = {v}: R/Runif {[round(x, 5) for x in regs]} (median {row['median_normalized_regret']:.5f}"
               f"{', ' + format(row['ratio_of_medians'], '.2f') + 'x GP-UCB' if 'ratio_of_medians' in row else ''}), "
-              f"wall {[round(r['wall_s'], 1) for r in rs]} s, batches {row['batches']}", flush=True)
-    payload = {"benchmark": "BBKB constant width, C̃ scan (001 Sec. 4 settings)", "command": "python benchmarks/batch.py --c-scan " + args.c_scan,
+              f"wall {[round(r['wall_s'], 1) for r in rs]} s, batches {row['batches']}, m {row['dictionary_size']}", flush=True)
+    flag, name = ("--c-scan", "batch_c_scan.json") if param == "C_tilde" else ("--q-scan", "batch_q_scan.json")
+    payload = {"benchmark": f"BBKB constant width, {param} scan (001 Sec. 4 settings otherwise)",
+               "command": f"python benchmarks/batch.py {flag} " + ",".join(str(v) for v in values),
                "gpucb_reference": str(ref_path.relative_to(ROOT)) if gpucb else None, "machine": machine, "T": T, "rows": rows, "runs": runs,
                "total_benchmark_s": time.perf_counter() - start}
-    with open(out / "batch_c_scan.json", "w") as fh:
+    with open(out / name, "w") as fh:
         json.dump(payload, fh, indent=1, default=float)
-    print(f"wrote {out / 'batch_c_scan.json'}")
+    print(f"wrote {out / name}")
 
 
 if __name__ == "__main__":

@@ -158,22 +158,26 @@ class SketchedKernelBandit(KernelBandit):
     # ------------------------------------------------------------------ resparsification
     def _update(self) -> None:
         self._cache_pulled_rows(self.last_told[0].tolist())
-        pulled = (self.counts > 0).nonzero().squeeze(1)  # unique pulled arms
+        pulled = (self.counts > 0).nonzero().squeeze(1)  # unique pulled arms, ascending
         if self.dictionary.numel() == 0 and self.t <= self.last_told[0].numel():
             new_dict = self.last_told[0][:1]  # S_1 = {x_1}
         else:
             keep = self.sampler.resample(self._rls[pulled].to(torch.float64), self.counts[pulled], validate=False)
-            new_dict = pulled[keep]
-        self._rebuild(new_dict)
+            new_dict = pulled[keep]  # ascending, like pulled
+        self._rebuild(new_dict, pulled=pulled)
 
-    def _rebuild(self, new_dict: torch.Tensor, order: list[int] | None = None, blocks: list[list[int]] | None = None) -> None:
+    def _rebuild(
+        self, new_dict: torch.Tensor, order: list[int] | None = None, blocks: list[list[int]] | None = None, *, pulled: torch.Tensor | None = None
+    ) -> None:
         """Set the dictionary, update kernel rows and ``W`` if it changed, refit V from all pulls, rescore all arms.
 
         ``order`` and ``blocks`` (checkpoint loading only) are the slot order of the kernel-row cache and
-        the kernel blocks its rows were computed in.
+        the kernel blocks its rows were computed in; ``pulled`` (the ascending pulled arms, from
+        :meth:`_update`) comes with a ``new_dict`` that is already sorted.
         """
-        new_dict = torch.sort(new_dict).values
-        pulled = (self.counts > 0).nonzero().squeeze(1)
+        if pulled is None:
+            new_dict = torch.sort(new_dict).values
+            pulled = (self.counts > 0).nonzero().squeeze(1)
         with torch.no_grad():
             if new_dict.numel() == 0:  # S = ∅: z ≡ 0, the DTC posterior is the prior
                 self._posterior, self._Z, self._K_buf, self._order = None, None, None, []

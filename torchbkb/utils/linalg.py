@@ -173,8 +173,8 @@ def inv_sqrt_factor(K: torch.Tensor, rtol: float | None = None, *, name: str = "
     dtype = compute_dtype(K.dtype, m)
     L, info = torch.linalg.cholesky_ex(K.to(dtype))  # reads the lower triangle only
     if int(info) == 0:
-        piv = L.diagonal() ** 2
-        if bool(piv.min() > 100.0 * rtol * piv.max()):
+        lo, hi = torch.aminmax(L.diagonal())  # pivots L_ii² > 0: compare L_ii² through L_ii
+        if bool(lo * lo > 100.0 * rtol * hi * hi):
             eye = torch.eye(m, dtype=dtype, device=K.device)
             return torch.linalg.solve_triangular(L, eye, upper=False)  # (m, m), L⁻¹
     return psd_inv_sqrt(K, rtol, name=name)
