@@ -329,6 +329,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--q-scan", default=None,
                     help="only run BBKB (constant β, C̃ = 2) for these comma-separated q̄ over the seeds, next to exact GP-UCB "
                          "as for --c-scan; writes batch_q_scan.json")
+    ap.add_argument("--run-gpucb", action="store_true",
+                    help="with --c-scan/--q-scan: run exact GP-UCB to T (uncapped, ~15 min per seed on this CPU) for every seed "
+                         "without a reference and keep it in batch_gpucb_reference.json")
     ap.add_argument("--out", default=str(ROOT / "results"))
     args = ap.parse_args(argv)
     if args.threads:
@@ -436,12 +439,26 @@ def scan(param: str, values: list[float], arms, f, T: int, seeds: int, args, mac
     ``batch_q_scan.json``."""
     rows, runs = [], []
     ref_path = ROOT / "results" / "cuda" / "batch.json"
-    gpucb = {}
-    if ref_path.exists():
-        ref = json.loads(ref_path.read_text())
-        for r in ref["results"]:
-            if r["method"] == "GP-UCB" and r["beta"] == "constant" and r["complete"] and r["T_target"] == T:
-                gpucb[r["seed"]] = r["normalized_regret"]
+    cpu_ref_path = out / "batch_gpucb_reference.json"
+    gpucb, gpucb_source = {}, {}
+    for path, key in ((ref_path, "results"), (cpu_ref_path, "runs")):
+        if path.exists():
+            for r in json.loads(path.read_text())[key]:
+                if r["method"] == "GP-UCB" and r["beta"] == "constant" and r["complete"] and r["T_target"] == T and r["seed"] not in gpucb:
+                    gpucb[r["seed"]] = r["normalized_regret"]
+                    gpucb_source[r["seed"]] = str(path.relative_to(ROOT) if path.is_relative_to(ROOT) else path)
+    if args.run_gpucb:  # exact GP-UCB to T (uncapped) for the seeds without a reference; kept after each seed
+        done = json.loads(cpu_ref_path.read_text())["runs"] if cpu_ref_path.exists() else []
+        for seed in range(seeds):
+            if seed in gpucb:
+                continue
+            r = run_one("GP-UCB", "constant", arms, f, T, None, seed, args.device)
+            r.pop("curve"), r.pop("batch_curve")
+            done.append(r)
+            gpucb[seed], gpucb_source[seed] = r["normalized_regret"], str(cpu_ref_path.relative_to(ROOT) if cpu_ref_path.is_relative_to(ROOT) else cpu_ref_path)
+            print(f"  exact GP-UCB seed {seed}: R/Runif {r['normalized_regret']:.5f} in {r['wall_s']:.0f} s", flush=True)
+            cpu_ref_path.write_text(json.dumps({"benchmark": "exact GP-UCB (constant width) to T, reference for the scans", "machine": machine,
+                                                "T": T, "runs": done}, indent=1, default=float))
     for v in values:
         kw = {"batch_bound": v} if param == "C_tilde" else {"q_bar": v}
         rs = [run_one("BBKB", "constant", arms, f, T, None, seed, args.device, **kw) for seed in range(seeds)]
@@ -465,7 +482,7 @@ def scan(param: str, values: list[float], arms, f, T: int, seeds: int, args, mac
     flag, name = ("--c-scan", "batch_c_scan.json") if param == "C_tilde" else ("--q-scan", "batch_q_scan.json")
     payload = {"benchmark": f"BBKB constant width, {param} scan (001 Sec. 4 settings otherwise)",
                "command": f"python benchmarks/batch.py {flag} " + ",".join(str(v) for v in values),
-               "gpucb_reference": str(ref_path.relative_to(ROOT)) if gpucb else None, "machine": machine, "T": T, "rows": rows, "runs": runs,
+               "gpucb_reference": {str(k): v for k, v in sorted(gpucb_source.items())}, "machine": machine, "T": T, "rows": rows, "runs": runs,
                "total_benchmark_s": time.perf_counter() - start}
     with open(out / name, "w") as fh:
         json.dump(payload, fh, indent=1, default=float)
