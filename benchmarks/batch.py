@@ -435,8 +435,8 @@ def main(argv: list[str] | None = None) -> None:
 def scan(param: str, values: list[float], arms, f, T: int, seeds: int, args, machine: dict, out: Path, start: float) -> None:
     """BBKB with a constant width for several C̃ (``param="C_tilde"``, q̄ = 2) or q̄ (``param="q_bar"``,
     C̃ = 2) on the same seeds; exact GP-UCB's regret at T from the uncapped GPU run (regret does not
-    depend on the machine beyond rounding), when it is there. Writes ``batch_c_scan.json`` or
-    ``batch_q_scan.json``."""
+    depend on the machine beyond rounding) or from ``batch_gpucb_reference.json`` in ``out`` (filled by
+    ``--run-gpucb``), when it is there. Writes ``batch_c_scan.json`` or ``batch_q_scan.json``."""
     rows, runs = [], []
     ref_path = ROOT / "results" / "cuda" / "batch.json"
     cpu_ref_path = out / "batch_gpucb_reference.json"
@@ -446,7 +446,7 @@ def scan(param: str, values: list[float], arms, f, T: int, seeds: int, args, mac
             for r in json.loads(path.read_text())[key]:
                 if r["method"] == "GP-UCB" and r["beta"] == "constant" and r["complete"] and r["T_target"] == T and r["seed"] not in gpucb:
                     gpucb[r["seed"]] = r["normalized_regret"]
-                    gpucb_source[r["seed"]] = str(path.relative_to(ROOT) if path.is_relative_to(ROOT) else path)
+                    gpucb_source[r["seed"]] = _shown(path)
     if args.run_gpucb:  # exact GP-UCB to T (uncapped) for the seeds without a reference; kept after each seed
         done = json.loads(cpu_ref_path.read_text())["runs"] if cpu_ref_path.exists() else []
         for seed in range(seeds):
@@ -455,7 +455,7 @@ def scan(param: str, values: list[float], arms, f, T: int, seeds: int, args, mac
             r = run_one("GP-UCB", "constant", arms, f, T, None, seed, args.device)
             r.pop("curve"), r.pop("batch_curve")
             done.append(r)
-            gpucb[seed], gpucb_source[seed] = r["normalized_regret"], str(cpu_ref_path.relative_to(ROOT) if cpu_ref_path.is_relative_to(ROOT) else cpu_ref_path)
+            gpucb[seed], gpucb_source[seed] = r["normalized_regret"], _shown(cpu_ref_path)
             print(f"  exact GP-UCB seed {seed}: R/Runif {r['normalized_regret']:.5f} in {r['wall_s']:.0f} s", flush=True)
             cpu_ref_path.write_text(json.dumps({"benchmark": "exact GP-UCB (constant width) to T, reference for the scans", "machine": machine,
                                                 "T": T, "runs": done}, indent=1, default=float))
@@ -487,6 +487,11 @@ def scan(param: str, values: list[float], arms, f, T: int, seeds: int, args, mac
     with open(out / name, "w") as fh:
         json.dump(payload, fh, indent=1, default=float)
     print(f"wrote {out / name}")
+
+
+def _shown(path: Path) -> str:
+    """``path`` relative to the repository root when it is inside it."""
+    return str(path.relative_to(ROOT) if path.is_relative_to(ROOT) else path)
 
 
 if __name__ == "__main__":

@@ -512,8 +512,8 @@ def fit_kernel_row_operator(
 
     With ``V = Zᵀ N Z + λ I``: ``M = Wᵀ (I/λ - V⁻¹) W`` and ``a = Wᵀ V⁻¹ Zᵀ (N y)`` -- the same
     quantities as :func:`ridge_solve` followed by :func:`scoring_operator`, stacked as ``[M; aᵀ]`` for
-    :func:`score_kernel_rows` (``transposed=True``) and computed with as few `(r, r)` passes as possible
-    (this is a bandit's per-step refit). The difference ``I/λ - V⁻¹`` is taken in the `(r, r)` feature
+    :func:`score_kernel_columns` and computed with as few `(r, r)` passes as possible (this is a
+    bandit's per-step refit). The difference ``I/λ - V⁻¹`` is taken in the `(r, r)` feature
     space, where both terms are ``O(1/λ)``, before ``W`` (whose entries grow like ``1/√(smallest
     eigenvalue of K_S)``) is applied: subtracting ``Wᵀ W/λ - Wᵀ V⁻¹ W`` after it loses the small
     variances of well-sampled points to rounding.
@@ -538,16 +538,10 @@ def fit_kernel_row_operator(
         >>> bool(torch.allclose(Ma[:-1], M) and torch.allclose(Ma[-1], a))
         True
     """
-    r, m = W.shape
-    V = (Zt * counts.to(Zt.dtype)) @ Zt.T  # (r, r) Zᵀ N Z
-    V.diagonal().add_(lam)
-    L, info = torch.linalg.cholesky_ex(V)
-    if int(info) == 0:  # V ⪰ λI: the common case; cholesky_inverse returns an exactly symmetric V⁻¹
-        V_inv = torch.cholesky_inverse(L)
-    else:  # rounding made V indefinite: the jittered, warning path
-        V_inv = spd_inverse(V, name="V")
+    m = W.shape[1]
+    V_inv, weights = ridge_solve((Zt * counts.to(Zt.dtype)) @ Zt.T, Zt @ reward_sums.to(Zt.dtype), lam)
     Ma = W.new_empty((m + 1, m))
-    torch.matmul((V_inv @ (Zt @ reward_sums.to(Zt.dtype))).unsqueeze(0), W, out=Ma[m:])  # aᵀ = (V⁻¹ Zᵀ N y)ᵀ W
+    torch.matmul(weights.unsqueeze(0), W, out=Ma[m:])  # aᵀ = (V⁻¹ Zᵀ N y)ᵀ W
     inner = V_inv.neg()
     inner.diagonal().add_(1.0 / lam)  # I/λ - V⁻¹, PSD
     torch.matmul(W.T, inner @ W, out=Ma[:m])
