@@ -35,6 +35,16 @@ def test_spd_inverse_is_symmetric_inverse():
     assert torch.allclose(Ainv, Ainv.T) and torch.allclose(Ainv @ A, torch.eye(6, dtype=torch.float64), atol=1e-9)
 
 
+@pytest.mark.parametrize("shape", [(6,), (96,), (3, 40)])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_spd_inverse_is_exactly_symmetric(shape, dtype):
+    """spd_inverse does not symmetrize: it relies on cholesky_inverse mirroring the triangle it computes."""
+    n = shape[-1]
+    B = torch.randn(*shape[:-1], n, n + 5, dtype=dtype, generator=torch.Generator().manual_seed(n))
+    Ainv = spd_inverse(B @ B.transpose(-1, -2) + 0.1 * torch.eye(n, dtype=dtype))
+    assert torch.equal(Ainv, Ainv.transpose(-1, -2))
+
+
 def test_psd_inv_sqrt_drops_null_space():
     v = torch.rand(4, 2, dtype=torch.float64)
     K = v @ v.T  # rank 2

@@ -618,5 +618,7 @@ def _join(parts: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor,
 
 
 def _add_diag(A: torch.Tensor, value: float) -> torch.Tensor:
-    """``A + value·I`` for `(*b, n, n)` ``A``."""
-    return A + value * torch.eye(A.shape[-1], dtype=A.dtype, device=A.device)
+    """``A + value·I`` for `(*b, n, n)` ``A`` (a new tensor)."""
+    out = A.clone()
+    out.diagonal(dim1=-2, dim2=-1).add_(value)
+    return out

@@ -51,8 +51,8 @@ class NumericsWarning(UserWarning):
 
 def check_finite(t: torch.Tensor, name: str) -> None:
     """Raise :class:`InputDataError` if ``t`` holds NaN or inf."""
-    bad = ~torch.isfinite(t)
-    if bool(bad.any()):
+    if not bool(torch.isfinite(t).all()):
+        bad = ~torch.isfinite(t)
         raise InputDataError(
             f"{name}: expected finite values, got {int(bad.sum())} NaN/inf entries out of {t.numel()}"
         )

@@ -295,7 +295,7 @@ def run(
                 hist.failures.append((batch, arm, msg))
             a0 = time.perf_counter()
             if ok_idx:
-                bandit.tell(torch.tensor(ok_idx, dtype=torch.long), torch.stack(ok_y).to(torch.float64))
+                bandit.tell(torch.tensor(ok_idx, dtype=torch.long), ok_y)
             if extra.numel() and len(bandit.pending):  # past the budget: simply not evaluated
                 bandit.discard(extra)
             if failed and len(bandit.pending):  # failed every retry: left out and never asked again
@@ -303,9 +303,9 @@ def run(
             algo += time.perf_counter() - a0
             now, a_now = t_offset + time.perf_counter() - start, a_offset + algo
             dsize = bandit.dictionary_size
-            for i, y in zip(ok_idx, ok_y):
-                hist.index.append(int(i))
-                hist.reward.append(float(y))
+            for i, y in zip(ok_idx, ok_y.tolist()):
+                hist.index.append(i)
+                hist.reward.append(y)
                 hist.regret.append(best - float(f64[i]) if f is not None else float("nan"))
                 hist.time.append(now)
                 hist.algo_time.append(a_now)
@@ -367,16 +367,21 @@ def _call_one(evaluate, arm: int) -> torch.Tensor:
 
 
 def _evaluate(evaluate, idx: torch.Tensor, executor, max_retries: int):
-    """Evaluate the arms ``idx`` (with retries); returns the successes in order and the failures."""
+    """Evaluate the arms ``idx`` (with retries).
+
+    Returns:
+        ``(arms, y, failures)``: the arms that succeeded (list of int, in order), their rewards `(k,)`
+        float64 on the CPU, and ``(arm, message)`` for each arm that failed every attempt.
+    """
     arms = [int(i) for i in idx.tolist()]
     results: dict[int, torch.Tensor] = {}
     errors: dict[int, str] = {}
     todo = list(range(len(arms)))
     if executor is None and todo:
         try:  # fast path: the whole batch in one call
-            out = torch.as_tensor(evaluate(idx.cpu())).reshape(-1)
-            if out.numel() == len(arms) and bool(torch.isfinite(out.to(torch.float64)).all()):
-                return arms, list(out.to(torch.float64)), []
+            out = torch.as_tensor(evaluate(idx.cpu())).reshape(-1).to("cpu", torch.float64)
+            if out.numel() == len(arms) and bool(torch.isfinite(out).all()):
+                return arms, out, []
         except Exception:  # noqa: BLE001 - retried point by point below to name the failing arm
             pass
     for attempt in range(max_retries + 1):
@@ -401,7 +406,8 @@ def _evaluate(evaluate, idx: torch.Tensor, executor, max_retries: int):
                 nxt.append(j)
         todo = nxt
     ok_pos = [j for j in range(len(arms)) if j in results]
-    return [arms[j] for j in ok_pos], [results[j] for j in ok_pos], [(arms[j], errors[j]) for j in todo]
+    y = torch.stack([results[j].reshape(()) for j in ok_pos]) if ok_pos else torch.zeros(0, dtype=torch.float64)
+    return [arms[j] for j in ok_pos], y, [(arms[j], errors[j]) for j in todo]
 
 
 def _submit_all(executor, evaluate, jobs: dict[int, int]) -> dict[int, tuple[bool, Any]]:

@@ -99,12 +99,17 @@ def test_embedding_recomputed_only_when_the_dictionary_changes():
     assert changes < 120  # it does get reused
 
 
-def test_checkpoint_resume_gives_the_identical_trajectory(tmp_path):
+@pytest.mark.parametrize("row_cache_bytes", [2**28, 0])  # rows copied from the pulled-row cache / computed in blocks
+def test_checkpoint_resume_gives_the_identical_trajectory(tmp_path, row_cache_bytes):
     arms, k, f = _problem(A=100, seed=7)
-    full = run(BKB(arms, k, noise=0.05, q_bar=2.0, beta="theory", seed=3), ArmObjective(f, 0.1, seed=9), budget=40, progress=False)
+
+    def bandit():
+        return BKB(arms, k, noise=0.05, q_bar=2.0, beta="theory", seed=3, row_cache_bytes=row_cache_bytes)
+
+    full = run(bandit(), ArmObjective(f, 0.1, seed=9), budget=40, progress=False)
     ck = tmp_path / "bkb.pt"
-    run(BKB(arms, k, noise=0.05, q_bar=2.0, beta="theory", seed=3), ArmObjective(f, 0.1, seed=9), budget=17, progress=False, checkpoint=ck)
-    resumed = run(BKB(arms, k, noise=0.05, q_bar=2.0, beta="theory", seed=3), ArmObjective(f, 0.1, seed=9), budget=40, progress=False, checkpoint=ck)
+    run(bandit(), ArmObjective(f, 0.1, seed=9), budget=17, progress=False, checkpoint=ck)
+    resumed = run(bandit(), ArmObjective(f, 0.1, seed=9), budget=40, progress=False, checkpoint=ck)
     assert resumed.index == full.index and resumed.reward == full.reward
     assert resumed.dictionary_size == full.dictionary_size
 

@@ -209,12 +209,13 @@ class Bandit:
         y64 = y.to(torch.float64)
         self.counts.index_add_(0, idx, torch.ones_like(idx))
         self.reward_sums.index_add_(0, idx, y64)
-        self.t += int(idx.numel())
-        self.history["index"].extend(int(i) for i in idx.tolist())
-        self.history["reward"].extend(float(v) for v in y64.tolist())
-        self.history["batch"].extend([self.batch_id - 1] * int(idx.numel()))
-        self._told_idx.extend(int(i) for i in idx.tolist())
-        self._told_y.extend(float(v) for v in y64.tolist())
+        ids, ys = idx.tolist(), y64.tolist()  # Python ints and floats
+        self.t += len(ids)
+        self.history["index"].extend(ids)
+        self.history["reward"].extend(ys)
+        self.history["batch"].extend([self.batch_id - 1] * len(ids))
+        self._told_idx.extend(ids)
+        self._told_y.extend(ys)
 
     def _finish_batch(self) -> None:
         self.last_told = (self._long(self._told_idx), torch.tensor(self._told_y, dtype=torch.float64, device=self.arms.device))
@@ -232,8 +233,10 @@ class Bandit:
         if indices.is_floating_point() or indices.is_complex() or indices.dtype == torch.bool:
             raise InputDataError(f"{name}: expected an integer tensor of arm indices, got dtype {indices.dtype}")
         idx = indices.reshape(-1).to(device=self.arms.device, dtype=torch.long)
-        if idx.numel() and (int(idx.min()) < 0 or int(idx.max()) >= self.num_arms):
-            raise InputDataError(f"{name}: expected arm indices in [0, {self.num_arms}), got {idx.tolist()}")
+        if idx.numel():
+            lo, hi = (int(v) for v in torch.aminmax(idx))
+            if lo < 0 or hi >= self.num_arms:
+                raise InputDataError(f"{name}: expected arm indices in [0, {self.num_arms}), got {idx.tolist()}")
         return idx
 
     def _check_pending(self, idx: torch.Tensor) -> None:

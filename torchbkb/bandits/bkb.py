@@ -99,6 +99,8 @@ class SketchedKernelBandit(KernelBandit):
         self.row_cache_bytes = check_int(row_cache_bytes, "row_cache_bytes", minimum=0)
         self._P_buf: torch.Tensor | None = None  # (capacity, A) k(x, arms) of the pulled arms, by first pull
         self._P_pos: dict[int, int] | None = {}  # arm -> row of _P_buf; None once the cache is dropped
+        self._pulled: torch.Tensor | None = None  # (p,) the pulled arms, ascending (None: to be found again)
+        self._pulled_set: set[int] = set()
         self.sampler = RLSDictionary(self.q_bar, generator=self.generator)
         self.dictionary = self._long([])
         self.beta = float("nan")
@@ -157,27 +159,43 @@ class SketchedKernelBandit(KernelBandit):
 
     # ------------------------------------------------------------------ resparsification
     def _update(self) -> None:
-        self._cache_pulled_rows(self.last_told[0].tolist())
-        pulled = (self.counts > 0).nonzero().squeeze(1)  # unique pulled arms, ascending
-        if self.dictionary.numel() == 0 and self.t <= self.last_told[0].numel():
+        told = self.last_told[0].tolist()
+        self._cache_pulled_rows(told)
+        pulled = self._pulled_arms(told)
+        n = self.counts[pulled].to(torch.float64)  # (p,) their pull counts
+        if self.dictionary.numel() == 0 and self.t <= len(told):
             new_dict = self.last_told[0][:1]  # S_1 = {x_1}
         else:
-            keep = self.sampler.resample(self._rls[pulled].to(torch.float64), self.counts[pulled], validate=False)
+            keep = self.sampler.resample(self._rls[pulled].to(torch.float64), n, validate=False)
             new_dict = pulled[keep]  # ascending, like pulled
-        self._rebuild(new_dict, pulled=pulled)
+        self._rebuild(new_dict, pulled=pulled, counts=n)
+
+    def _pulled_arms(self, told: list[int]) -> torch.Tensor:
+        """`(p,)` long, the arms pulled so far, ascending; found again only after a first pull (in ``told``)."""
+        if self._pulled is None or any(a not in self._pulled_set for a in told):
+            self._pulled = (self.counts > 0).nonzero().squeeze(1)
+            self._pulled_set = set(self._pulled.tolist())
+        return self._pulled
 
     def _rebuild(
-        self, new_dict: torch.Tensor, order: list[int] | None = None, blocks: list[list[int]] | None = None, *, pulled: torch.Tensor | None = None
+        self,
+        new_dict: torch.Tensor,
+        order: list[int] | None = None,
+        blocks: list[list[int]] | None = None,
+        *,
+        pulled: torch.Tensor | None = None,
+        counts: torch.Tensor | None = None,
     ) -> None:
         """Set the dictionary, update kernel rows and ``W`` if it changed, refit V from all pulls, rescore all arms.
 
         ``order`` and ``blocks`` (checkpoint loading only) are the slot order of the kernel-row cache and
         the kernel blocks its rows were computed in; ``pulled`` (the ascending pulled arms, from
-        :meth:`_update`) comes with a ``new_dict`` that is already sorted.
+        :meth:`_update`, with their float64 ``counts``) comes with a ``new_dict`` that is already sorted.
         """
         if pulled is None:
             new_dict = torch.sort(new_dict).values
             pulled = (self.counts > 0).nonzero().squeeze(1)
+        n = self.counts[pulled].to(torch.float64) if counts is None else counts
         with torch.no_grad():
             if new_dict.numel() == 0:  # S = ∅: z ≡ 0, the DTC posterior is the prior
                 self._posterior, self._Z, self._K_buf, self._order = None, None, None, []
@@ -203,12 +221,12 @@ class SketchedKernelBandit(KernelBandit):
                 W = self._W
                 Zt = W @ K_SA.T[pulled].to(W.dtype).T  # (r, p) features of the pulled arms
                 # V = Zᵀ N Z + λ I from the counts, O(min(t, A)·m²); rewards validated by tell()
-                Ma, self._V_inv = fit_kernel_row_operator(W, Zt, self.counts[pulled], self.reward_sums[pulled], self.lam)
+                Ma, self._V_inv = fit_kernel_row_operator(W, Zt, n, self.reward_sums[pulled], self.lam)
                 # all arms scored from their kernel rows: one (m + 1 × m)·(m × A) product
                 self._mean, self._rls = score_kernel_columns(K_SA, self.kdiag, Ma.to(K_SA.dtype), self.lam, self.chunk_size)
                 self._posterior = None  # built on demand (the posterior property)
         self.dictionary = new_dict
-        self.deff = float((self.counts[pulled].to(torch.float64) * self._rls[pulled].to(torch.float64)).sum())
+        self.deff = float((n * self._rls[pulled].to(torch.float64)).sum())
 
     def _cache_pulled_rows(self, arms: list[int]) -> None:
         """Add ``k(x, arms)`` of newly pulled arms to the pulled-row cache, each row computed alone (so a
@@ -248,7 +266,20 @@ class SketchedKernelBandit(KernelBandit):
         the same embedding and the same choices, bitwise. A row computed alone (a copied pulled-arm row)
         is recorded as block ``-1``. Cost: ``O(A·d·e)`` for ``e`` evaluated points plus one ``(A,)`` copy
         per copied or compacted slot.
+
+        When every point's row is in the pulled-row cache (the usual case: only pulled arms enter a
+        dictionary), the cache is simply refilled from it in ``new_dict``'s order, one ``index_select``
+        of ``m`` rows -- faster than patching the changed slots, and with no slot bookkeeping.
         """
+        if blocks is None and self._P_pos is not None:
+            pos = self._P_pos
+            if all(a in pos for a in new_dict):
+                m, buf = len(new_dict), self._K_buf
+                if buf is None or buf.shape[0] < m:  # grow geometrically (every row is rewritten below)
+                    buf = self.arms.new_empty((max(16, 2 * m), self.num_arms))
+                torch.index_select(self._P_buf, 0, self._long([pos[a] for a in new_dict]), out=buf[:m])
+                self._K_buf, self._order, self._slot_block, self._blocks = buf, list(new_dict), [-1] * m, {}
+                return
         want = set(new_dict)
         order, slot_block = list(self._order), list(self._slot_block)  # state changes only at the end
         have = set(order)
@@ -323,6 +354,7 @@ class SketchedKernelBandit(KernelBandit):
 
     def _load_algorithm_state(self, state: dict[str, Any]) -> None:
         self._P_buf, self._P_pos = None, {}
+        self._pulled = None
         self._cache_pulled_rows(list(dict.fromkeys(self.history["index"])))  # each row alone, as first computed
         self._posterior, self._Z, self._K_buf, self._order = None, None, None, []
         self._W = self._V_inv = None
