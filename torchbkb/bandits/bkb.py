@@ -48,6 +48,8 @@ __all__ = ["BKB", "SketchedKernelBandit"]
 
 #: default memory for the kernel rows of the pulled arms (:class:`SketchedKernelBandit`).
 ROW_CACHE_BYTES = 256 * 2**20
+#: dictionary kernel rows up to this size are refilled whole from the pulled-row cache when the dictionary changes.
+REFILL_BYTES = 4 * 2**20
 
 
 class SketchedKernelBandit(KernelBandit):
@@ -269,14 +271,18 @@ class SketchedKernelBandit(KernelBandit):
 
         When every point's row is in the pulled-row cache (the usual case: only pulled arms enter a
         dictionary), the cache is simply refilled from it in ``new_dict``'s order, one ``index_select``
-        of ``m`` rows -- faster than patching the changed slots, and with no slot bookkeeping.
+        of ``m`` rows with no slot bookkeeping -- if the ``(m, A)`` rows are small (at most
+        :data:`REFILL_BYTES`) or at least half of the points are new; otherwise patching the slots of
+        the entering points copies less.
         """
         if blocks is None and self._P_pos is not None:
             pos = self._P_pos
-            if all(a in pos for a in new_dict):
-                m, buf = len(new_dict), self._K_buf
+            m, A = len(new_dict), self.num_arms
+            small = m * A * self.arms.element_size() <= REFILL_BYTES
+            if all(a in pos for a in new_dict) and (small or 2 * len(set(new_dict) - set(self._order)) >= m):
+                buf = self._K_buf
                 if buf is None or buf.shape[0] < m:  # grow geometrically (every row is rewritten below)
-                    buf = self.arms.new_empty((max(16, 2 * m), self.num_arms))
+                    buf = self.arms.new_empty((max(16, 2 * m), A))
                 torch.index_select(self._P_buf, 0, self._long([pos[a] for a in new_dict]), out=buf[:m])
                 self._K_buf, self._order, self._slot_block, self._blocks = buf, list(new_dict), [-1] * m, {}
                 return
