@@ -406,7 +406,7 @@ def _evaluate(evaluate, idx: torch.Tensor, executor, max_retries: int):
                 nxt.append(j)
         todo = nxt
     ok_pos = [j for j in range(len(arms)) if j in results]
-    y = torch.stack([results[j].reshape(()) for j in ok_pos]) if ok_pos else torch.zeros(0, dtype=torch.float64)
+    y = torch.stack([results[j].reshape(()).cpu() for j in ok_pos]) if ok_pos else torch.zeros(0, dtype=torch.float64)
     return [arms[j] for j in ok_pos], y, [(arms[j], errors[j]) for j in todo]
 
 
