@@ -196,7 +196,7 @@ class SketchedKernelBandit(KernelBandit):
         """
         if pulled is None:
             new_dict = torch.sort(new_dict).values
-            pulled = (self.counts > 0).nonzero().squeeze(1)
+            pulled = self._pulled_arms([])
         n = self.counts[pulled].to(torch.float64) if counts is None else counts
         with torch.no_grad():
             if new_dict.numel() == 0:  # S = ∅: z ≡ 0, the DTC posterior is the prior
