@@ -330,8 +330,9 @@ def main(argv: list[str] | None = None) -> None:
                     help="only run BBKB (constant β, C̃ = 2) for these comma-separated q̄ over the seeds, next to exact GP-UCB "
                          "as for --c-scan; writes batch_q_scan.json")
     ap.add_argument("--run-gpucb", action="store_true",
-                    help="with --c-scan/--q-scan: run exact GP-UCB to T (uncapped, ~15 min per seed on this CPU) for every seed "
-                         "without a reference and keep it in batch_gpucb_reference.json")
+                    help="with --c-scan/--q-scan: run exact GP-UCB to T (uncapped; ~10 s per seed on this CPU since repeated pulls "
+                         "are merged into counts) for every seed without a reference in OUT/batch_gpucb_reference.json and keep it "
+                         "there (results/cuda is not used then)")
     ap.add_argument("--out", default=str(ROOT / "results"))
     args = ap.parse_args(argv)
     if args.threads:
@@ -441,7 +442,8 @@ def scan(param: str, values: list[float], arms, f, T: int, seeds: int, args, mac
     ref_path = ROOT / "results" / "cuda" / "batch.json"
     cpu_ref_path = out / "batch_gpucb_reference.json"
     gpucb, gpucb_source = {}, {}
-    for path, key in ((ref_path, "results"), (cpu_ref_path, "runs")):
+    sources = ((cpu_ref_path, "runs"),) if args.run_gpucb else ((ref_path, "results"), (cpu_ref_path, "runs"))
+    for path, key in sources:  # with --run-gpucb every reference comes from this run's code
         if path.exists():
             for r in json.loads(path.read_text())[key]:
                 if r["method"] == "GP-UCB" and r["beta"] == "constant" and r["complete"] and r["T_target"] == T and r["seed"] not in gpucb:

@@ -170,3 +170,34 @@ def test_bad_arguments(kw, msg):
     arms, _ = _arms(A=10)
     with pytest.raises(InputDataError, match=msg):
         _bandit(arms, **kw)
+
+
+@pytest.mark.parametrize("mid_batch", [False, True])
+def test_repeated_pulls_are_merged_at_batch_ends_and_survive_a_checkpoint(mid_batch):
+    arms = torch.linspace(0, 1, 25, dtype=torch.float64)[:, None]
+    f = torch.sin(5 * arms[:, 0]) + 0.5 * torch.cos(11 * arms[:, 0])
+    a = _bandit(arms, batch_bound=2.0)
+    _run(a, f, 150)
+    p = int((a.counts > 0).sum())
+    assert a.compactions >= 3 and a.posterior.num_train < 2 * p + 16 + max(a.batch_sizes)
+    idx, y = _told(a)
+    ref = ExactPosterior(GaussianKernel(LS), LAM).fit(arms[idx], y)  # one row per told reward
+    for u, v in zip(a.posterior.watched(), ref(arms)):
+        assert close(u, v, 1e-9)
+    if mid_batch:
+        batch = a.ask()
+        while len(batch) < 2:
+            a.tell(batch, f[batch])
+            batch = a.ask()
+        a.tell(batch[-1:], f[batch[-1:]])
+    b = _bandit(arms, batch_bound=2.0, seed=99)
+    b.load_state_dict(a.state_dict())
+    if mid_batch:
+        rest = a.pending
+        a.tell(rest, f[rest])
+        b.tell(rest, f[rest])
+    _run(a, f, 300)
+    _run(b, f, 300)
+    assert a.history == b.history and a.batch_sizes == b.batch_sizes and a.compactions == b.compactions
+    for u, v in zip(a.posterior.watched(), b.posterior.watched()):
+        assert close(u, v, 1e-10)

@@ -12,9 +12,11 @@ their rewards (:meth:`~torchbkb.ExactPosterior.observe`, ``O(n² + A·n)``); if 
 discarded the hallucinations are undone (:meth:`~torchbkb.ExactPosterior.truncate`) and the told
 rows are added again.
 
-Cost: every in-batch pick is an eager ``O(A·t)`` update of all arms' exact variances (no lazy UCB:
+Cost: every in-batch pick is an eager ``O(A·n)`` update of all arms' exact variances (no lazy UCB:
 the exact variance of an arm needs its whole column of ``L⁻¹ K_{X,A}``), like GP-UCB's step -- fine
-for an exact baseline, not for large ``t``.
+for an exact baseline, not for large ``n``. As in :class:`~torchbkb.bandits.GPUCB`, repeated pulls are
+merged into pull counts at a batch end once the rows reach twice the distinct arms, so ``n <= 2p``
+(``p`` distinct pulled arms) plus the open batch.
 
 ``beta="theory"``: ``α = C̃ β`` with ``β`` of :func:`torchbkb.confidence.gpucb_beta` on the exact
 ``log det(I + K_t/λ) = Σ_s log(1 + σ²_{s-1}(x_s))`` (``σ²_{s-1}`` with the earlier picks of the batch
@@ -154,6 +156,9 @@ class GPBUCB(GPUCB):
                 var_i = post.watched()[1][arm]
                 self.log_det += math.log1p(float(var_i) / self.lam)
                 post.update(self.arms[arm], torch.tensor(yi, dtype=dtype, device=self.arms.device))
+            for arm, yi in zip(idx.tolist(), y.tolist()):
+                self._tally(arm, yi)
+            self._compact_if_worth(self.t)  # no hallucinated row is left: merge repeated pulls if worth it
         self._batch, self._batch_rls = [], []
         self.time_update += time.perf_counter() - start
 
@@ -176,13 +181,12 @@ class GPBUCB(GPUCB):
         self.time_in_batch, self.time_update = float(state["time_in_batch"]), float(state["time_update"])
         # the rows of the completed batches: the history minus what was told of the open batch
         done = len(self.history["index"]) - len(self._told_idx)
-        idx = torch.as_tensor(self.history["index"][:done], dtype=torch.long, device=self.arms.device)
-        y = torch.as_tensor(self.history["reward"][:done], dtype=self.arms.dtype, device=self.arms.device)
+        self.compactions, self._compacted_at = int(state.get("compactions", 0)), int(state.get("compacted_at", 0))
         self._reset_posterior()
         with torch.no_grad():
-            if done:
-                self.posterior.fit(self.arms[idx], y)
-                self.posterior.watch(self.arms)
+            self._pulls = {}
+            if done:  # the compacted arms with their counts, then one row per reward told since
+                self._fit_rows(self._rows_from_history(done))
             self._n_fb = self.posterior.num_train
             if self._pending or self._told_idx:  # an open batch: hallucinate its picks again
                 for arm in self._batch[:-1]:

@@ -2,7 +2,13 @@
 
 The posterior of all ``A`` arms is kept current incrementally: each pull appends one row to the
 Cholesky factor and one row to ``Q = L⁻¹ K_{X,A}`` (:meth:`torchbkb.ExactPosterior.watch`), so a step
-costs ``O(A·t)`` time -- no refit, no ``t × t`` refactorization. ``beta="theory"`` uses the exact
+costs ``O(A·n)`` time for ``n`` rows -- no refit, no ``n × n`` refactorization. Repeated pulls of the
+same arm are merged: once the rows number ``2p`` (``p`` distinct pulled arms, and at least
+:data:`COMPACT_MIN` rows more than ``p``) the posterior is refitted on the ``p`` distinct arms with their
+pull counts and mean rewards (noise ``λ / n_i``, the same posterior exactly). That refit costs
+``O(p³ + A·p²)`` once per ``≥ p`` pulls, so a step costs ``O(A·p)`` amortized, ``p <= min(t, A)`` --
+the same use of pull counts as BKB's, so the exact baseline is not slowed by pulls it does not need
+to remember one by one (GP-UCB on a finite arm set re-pulls its best arms most of the time). ``beta="theory"`` uses the exact
 log-determinant ``log det(I + K_t/λ) = Σ_s log(1 + σ²_{s-1}(x_s))`` (RLS scale), accumulated as the
 run goes, in the self-normalized width of :func:`torchbkb.confidence.gpucb_beta`.
 
@@ -30,7 +36,10 @@ from torchbkb.bandits.base import KernelBandit
 from torchbkb.confidence import gpucb_beta
 from torchbkb.exact_posterior import ExactPosterior
 
-__all__ = ["GPUCB"]
+__all__ = ["GPUCB", "COMPACT_MIN"]
+
+#: Repeated pulls are merged only when they add at least this many rows beyond the distinct arms.
+COMPACT_MIN = 16
 
 
 class GPUCB(KernelBandit):
@@ -47,12 +56,16 @@ class GPUCB(KernelBandit):
     Attributes:
         log_det: ``Σ_s log(1 + σ²_{s-1}(x_s))`` so far.
         beta: the width used for the last selection.
+        compactions: how many times repeated pulls were merged into counts (see the module docstring).
     """
 
     def __init__(self, arms: torch.Tensor, kernel: Callable, *, noise: float, beta: float | str = "theory", seed: int | None = None, noise_std: float | None = None, F: float = 1.0, delta: float = 0.01):
         super().__init__(arms, kernel, noise=noise, beta=beta, seed=seed, noise_std=noise_std, F=F, delta=delta)
         self.log_det = 0.0
         self.beta = float("nan")
+        self.compactions = 0
+        self._compacted_at = 0  # observations (history positions) folded into counts by the last compaction
+        self._pulls: dict[int, list] = {}  # arm -> [count, reward sum] of the observations in the posterior
         self._reset_posterior()
 
     def _reset_posterior(self) -> None:
@@ -79,22 +92,74 @@ class GPUCB(KernelBandit):
 
     def _update(self) -> None:
         idx, y = self.last_told
+        start = self.t - idx.numel()  # history position of the first told reward
         with torch.no_grad():
-            for i, yi in zip(idx.tolist(), y.tolist()):
+            for k, (i, yi) in enumerate(zip(idx.tolist(), y.tolist())):
                 var_i = self.posterior.watched()[1][i]
                 self.log_det += math.log1p(float(var_i) / self.lam)
                 self.posterior.update(self.arms[i], torch.tensor(yi, dtype=self.arms.dtype, device=self.arms.device))
+                self._tally(i, yi)
+                self._compact_if_worth(start + k + 1)
 
+    # ------------------------------------------------------------------ repeated pulls
+    def _tally(self, arm: int, y: float) -> None:
+        """Count one observation of ``arm`` (Python floats: the same sums live and on reloading)."""
+        s = self._pulls.get(arm)
+        if s is None:
+            self._pulls[arm] = [1, y]
+        else:
+            s[0] += 1
+            s[1] += y
+
+    def _compact_if_worth(self, position: int) -> None:
+        """Merge repeated pulls when the rows reach twice the distinct arms (``position``: observations so far)."""
+        n, p = self.posterior.num_train, len(self._pulls)
+        if n >= 2 * p and n - p >= COMPACT_MIN:
+            self._fit_rows(self._distinct_rows())
+            self.compactions += 1
+            self._compacted_at = position
+
+    def _distinct_rows(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(arms (p,), mean rewards (p,), counts (p,))`` of the tallied observations, arms sorted."""
+        arms = sorted(self._pulls)
+        stats = torch.tensor([self._pulls[a] for a in arms], dtype=torch.float64).reshape(-1, 2)  # (p, 2)
+        dev, dtype = self.arms.device, self.arms.dtype
+        return self._long(arms), (stats[:, 1] / stats[:, 0]).to(dev, dtype), stats[:, 0].to(dev, dtype)
+
+    def _fit_rows(self, rows: tuple[torch.Tensor, torch.Tensor, torch.Tensor]) -> None:
+        """Refit the posterior on ``(arms, mean rewards, counts)`` and watch every arm again: ``O(n³ + A·n²)``."""
+        idx, y, counts = rows
+        with torch.no_grad():
+            self.posterior.fit(self.arms[idx], y, counts)
+            self.posterior.watch(self.arms)
+
+    def _rows_from_history(self, done: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The posterior's rows after ``done`` told rewards: the compacted arms, then one row per later reward.
+
+        Rebuilds the tally of the first ``done`` rewards as the run built it (same order, same sums).
+        """
+        hist_i, hist_y = self.history["index"][:done], self.history["reward"][:done]
+        c = min(self._compacted_at, done)
+        self._pulls = {}
+        for i, yi in zip(hist_i[:c], hist_y[:c]):
+            self._tally(i, yi)
+        idx, y, counts = self._distinct_rows() if c else (self._long([]), self.arms.new_zeros(0), self.arms.new_zeros(0))
+        rest_i = self._long(hist_i[c:])
+        rest_y = torch.tensor(hist_y[c:], dtype=torch.float64).to(self.arms.device, self.arms.dtype)
+        for i, yi in zip(hist_i[c:], hist_y[c:]):
+            self._tally(i, yi)
+        return torch.cat([idx, rest_i]), torch.cat([y, rest_y]), torch.cat([counts, torch.ones_like(rest_y)])
+
+    # ------------------------------------------------------------------ checkpoints
     def _algorithm_state(self) -> dict[str, Any]:
-        return {"log_det": self.log_det, "beta": self.beta}
+        return {"log_det": self.log_det, "beta": self.beta, "compactions": self.compactions, "compacted_at": self._compacted_at}
 
     def _load_algorithm_state(self, state: dict[str, Any]) -> None:
         self.log_det, self.beta = float(state["log_det"]), float(state["beta"])
+        self.compactions, self._compacted_at = int(state.get("compactions", 0)), int(state.get("compacted_at", 0))
         self._reset_posterior()
-        idx = torch.as_tensor(self.history["index"], dtype=torch.long, device=self.arms.device)
-        told = idx.numel()
-        if told:  # the rows conditioned on so far, in order (told rewards only)
-            y = torch.as_tensor(self.history["reward"], dtype=self.arms.dtype, device=self.arms.device)
-            with torch.no_grad():
-                self.posterior.fit(self.arms[idx], y)
-                self.posterior.watch(self.arms)
+        told = len(self.history["index"])
+        if told:  # the compacted arms with their counts, then the rows told since (rewards only)
+            self._fit_rows(self._rows_from_history(told))
+        else:
+            self._pulls = {}
