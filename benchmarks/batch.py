@@ -34,6 +34,7 @@ Usage (from the repository root)::
     PYTHONPATH=. python benchmarks/batch.py --device cuda
     PYTHONPATH=. python benchmarks/batch.py --c-scan 1.1,1.25,1.5,2   # BBKB only, several C̃
     PYTHONPATH=. python benchmarks/batch.py --q-scan 2,4,10,30        # BBKB only, several q̄
+    PYTHONPATH=. python benchmarks/batch.py --seed-study 30           # regret of GP-UCB, BBKB, BKB, GP-BUCB over 30 seeds
 
 Writes ``results/batch.json`` and ``results/batch.png`` (``--out`` changes the folder); the scans write
 ``batch_c_scan.json`` / ``batch_q_scan.json`` with exact GP-UCB's regret at T on the same seeds from
@@ -333,6 +334,9 @@ def main(argv: list[str] | None = None) -> None:
                     help="with --c-scan/--q-scan: run exact GP-UCB to T (uncapped; ~10 s per seed on this CPU since repeated pulls "
                          "are merged into counts) for every seed without a reference in OUT/batch_gpucb_reference.json and keep it "
                          "there (results/cuda is not used then)")
+    ap.add_argument("--seed-study", type=int, default=None, metavar="N",
+                    help="only run GP-UCB, BBKB, BKB and GP-BUCB (constant width) to T on seeds 0..N-1 and compare their "
+                         "regret as the paper does (mean and std over repetitions) and by the median; writes batch_seeds.json/.png")
     ap.add_argument("--out", default=str(ROOT / "results"))
     args = ap.parse_args(argv)
     if args.threads:
@@ -372,6 +376,8 @@ def main(argv: list[str] | None = None) -> None:
     print(f"California housing: A = {arms.shape[0]}, d = {arms.shape[1]}, T = {T}, {args.dtype} on {args.device}, "
           f"{torch.get_num_threads()} threads, load {os.getloadavg()[0]:.1f}", flush=True)
     start = time.perf_counter()
+    if args.seed_study:
+        return seed_study(args.seed_study, arms, f, T, args, machine, out, start)
     if args.c_scan:
         return scan("C_tilde", [float(c) for c in args.c_scan.split(",")], arms, f, T, seeds, args, machine, out, start)
     if args.q_scan:
@@ -489,6 +495,101 @@ def scan(param: str, values: list[float], arms, f, T: int, seeds: int, args, mac
     with open(out / name, "w") as fh:
         json.dump(payload, fh, indent=1, default=float)
     print(f"wrote {out / name}")
+
+
+STUDY_METHODS = ("GP-UCB", "BBKB", "BKB", "GP-BUCB")
+LOCK_IN = 0.05  # R_T/R_unif above this: the run settled on a mediocre row (the good runs end below 0.01)
+
+
+def _bootstrap_ratio(a: np.ndarray, b: np.ndarray, stat, n: int = 10_000, seed: int = 0) -> list[float]:
+    """90 % paired-bootstrap interval of ``stat(a) / stat(b)`` over the seeds."""
+    rng = np.random.default_rng(seed)
+    k = rng.integers(0, len(a), size=(n, len(a)))
+    r = stat(a[k], axis=1) / stat(b[k], axis=1)
+    return [float(np.quantile(r, 0.05)), float(np.quantile(r, 0.95))]
+
+
+def study_summary(runs: list[dict], seeds: list[int]) -> dict:
+    """Per method over ``seeds``: mean ± std (the paper's protocol), median, lock-ins, wall time, ratios to GP-UCB."""
+    reg = {m: np.array([next(r for r in runs if r["method"] == m and r["seed"] == s)["normalized_regret"] for s in seeds]) for m in STUDY_METHODS}
+    wall = {m: [next(r for r in runs if r["method"] == m and r["seed"] == s)["wall_s"] for s in seeds] for m in STUDY_METHODS}
+    out = {}
+    for m in STUDY_METHODS:
+        x, g = reg[m], reg["GP-UCB"]
+        good = x[x <= LOCK_IN]
+        out[m] = {
+            "mean": float(x.mean()), "std": float(x.std(ddof=1)), "median": float(np.median(x)),
+            "lock_ins": int((x > LOCK_IN).sum()), "lock_in_seeds": [s for s, v in zip(seeds, x) if v > LOCK_IN],
+            "mean_without_lock_ins": float(good.mean()) if good.size else float("nan"),
+            "median_wall_s": float(np.median(wall[m])), "max_wall_s": float(max(wall[m])),
+            "ratio_of_means_to_gpucb": float(x.mean() / g.mean()), "ratio_of_means_90ci": _bootstrap_ratio(x, g, np.mean),
+            "ratio_of_medians_to_gpucb": float(np.median(x) / np.median(g)), "ratio_of_medians_90ci": _bootstrap_ratio(x, g, np.median),
+            "seeds_better_than_gpucb": int((x < g).sum()),
+        }
+    return out
+
+
+def seed_study(n: int, arms, f, T: int, args, machine: dict, out: Path, start: float) -> None:
+    """GP-UCB, BBKB, BKB and GP-BUCB with the constant width to T on ``n`` seeds (same seed: same first arm).
+
+    The paper reports "mean and std over 10 repetitions"; regret on this noise-free table is heavy-tailed
+    (a run that settles early on a mediocre row never leaves it), so the median and the lock-ins are
+    reported next to the mean. Results are saved after every run (``batch_seeds.json``); rerunning with
+    the same ``--out`` skips the runs already there.
+    """
+    path = out / "batch_seeds.json"
+    runs = json.loads(path.read_text())["runs"] if path.exists() else []
+    runs = [r for r in runs if r["T_target"] == T]
+    seeds = list(range(n))
+
+    def save(summary=None):
+        payload = {"benchmark": "seed study: exact GP-UCB, BBKB, BKB, GP-BUCB with the constant width on Cadata (001 Sec. 4 settings)",
+                   "command": f"python benchmarks/batch.py --seed-study {n}", "machine": machine, "T": T, "lock_in_threshold": LOCK_IN,
+                   "summary": summary, "runs": runs, "total_benchmark_s": time.perf_counter() - start}
+        path.write_text(json.dumps(payload, indent=1, default=float))
+
+    for seed in seeds:
+        for m in STUDY_METHODS:
+            if any(r["method"] == m and r["seed"] == seed for r in runs):
+                continue
+            r = run_one(m, "constant", arms, f, T, None, seed, args.device)
+            r.pop("curve"), r.pop("batch_curve")
+            runs.append(r)
+            print(f"  seed {seed:2d} {m:8s} R/Runif {r['normalized_regret']:.5f}  wall {r['wall_s']:6.1f} s  batches {r['batches']}  "
+                  f"m {r['dictionary_size']}", flush=True)
+            save()
+    summary = study_summary(runs, seeds)
+    save(summary)
+    plot_study(runs, seeds, summary, out / "batch_seeds.png", T)
+    for m, v in summary.items():
+        print(f"  {m:8s} mean {v['mean']:.5f} ± {v['std']:.5f}  median {v['median']:.5f}  lock-ins {v['lock_ins']}  "
+              f"ratio to GP-UCB: means {v['ratio_of_means_to_gpucb']:.2f} {v['ratio_of_means_90ci']}, medians {v['ratio_of_medians_to_gpucb']:.2f} "
+              f"{v['ratio_of_medians_90ci']}  wall median {v['median_wall_s']:.1f} s", flush=True)
+    print(f"wrote {path} and {out / 'batch_seeds.png'}")
+
+
+def plot_study(runs: list[dict], seeds: list[int], summary: dict, path: Path, T: int) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(1, 2, figsize=(13, 5))
+    for k, m in enumerate(STUDY_METHODS):
+        rs = [next(r for r in runs if r["method"] == m and r["seed"] == s) for s in seeds]
+        x = k + np.linspace(-0.25, 0.25, len(rs))
+        ax[0].scatter(x, [r["normalized_regret"] for r in rs], s=14, color=f"C{k}")
+        ax[0].plot([k - 0.3, k + 0.3], [summary[m]["median"]] * 2, "k-", lw=2)
+        ax[0].plot([k - 0.3, k + 0.3], [summary[m]["mean"]] * 2, "k--", lw=1)
+        ax[1].scatter(x, [r["wall_s"] for r in rs], s=14, color=f"C{k}")
+    for a, lab in ((ax[0], "R_T / R_unif (solid: median, dashed: mean)"), (ax[1], "wall time to T (s)")):
+        a.set(xticks=range(len(STUDY_METHODS)), xticklabels=STUDY_METHODS, yscale="log", ylabel=lab)
+        a.grid(alpha=0.3, axis="y")
+    ax[0].axhline(LOCK_IN, color="gray", lw=0.8, ls=":")
+    fig.suptitle(f"Cadata, constant width, T = {T:,}, {len(seeds)} seeds (one point per seed)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def _shown(path: Path) -> str:

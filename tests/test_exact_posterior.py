@@ -163,3 +163,46 @@ def test_truncate_undoes_rows_and_growth_continues():
         assert close(a, b, 1e-9)
     with pytest.raises(InputDataError, match=r"n: expected an integer in \[0, 20\]"):
         post.truncate(21)
+
+
+def test_repeat_last_equals_a_second_hallucinated_row():
+    g = torch.Generator().manual_seed(4)
+    X = torch.rand(12, 2, generator=g, dtype=torch.float64)
+    y = torch.sin(3 * X[:, 0])
+    arms = torch.rand(40, 2, generator=g, dtype=torch.float64)
+    k = GaussianKernel(0.4)
+    a = ExactPosterior(k, noise=0.05).fit(X[:8], y[:8])
+    b = ExactPosterior(k, noise=0.05).fit(X[:8], y[:8])
+    a.watch(arms)
+    b.watch(arms)
+    for _ in range(3):  # x hallucinated 3 times: one row with count 3, or three rows
+        b.update(X[9], None)
+    a.update(X[9], None)
+    a.repeat_last()
+    a.repeat_last()
+    assert a.num_train == 9 and b.num_train == 11
+    for u, v in zip(a.watched(), b.watched()):
+        assert torch.allclose(u, v, rtol=0, atol=1e-12)
+    for u, v in zip(a(arms), b(arms)):
+        assert torch.allclose(u, v, rtol=0, atol=1e-12)
+    # the rewards arrive: the merged row gets their mean
+    r = torch.tensor([0.3, -0.1, 0.7], dtype=torch.float64)
+    a.observe(torch.tensor([8]), r.mean().reshape(1))
+    b.observe(torch.tensor([8, 9, 10]), r)
+    for u, v in zip(a.watched(), b.watched()):
+        assert torch.allclose(u, v, rtol=0, atol=1e-12)
+
+
+def test_repeat_last_rejects_an_observed_row_and_an_empty_posterior():
+    k = GaussianKernel(0.4)
+    X = torch.rand(5, 2, dtype=torch.float64)
+    post = ExactPosterior(k, noise=0.05).fit(X, torch.ones(5, dtype=torch.float64))
+    post.watch(X)
+    before = [t.clone() for t in post.watched()] + [post.L.clone()]
+    with pytest.raises(InputDataError, match="hallucinated"):
+        post.repeat_last()
+    after = list(post.watched()) + [post.L]
+    assert all(torch.equal(u, v) for u, v in zip(before, after))
+    empty = ExactPosterior(k, noise=0.05).fit(X[:0], X.new_zeros(0))
+    with pytest.raises(InputDataError, match="at least one row"):
+        empty.repeat_last()

@@ -111,6 +111,8 @@ class ExactPosterior(nn.Module):
         self._L = X.new_zeros((cap, cap), dtype=dtype)
         self._L[:n, :n] = L
         self._Liy = X.new_zeros((cap,), dtype=dtype)
+        self._C = X.new_zeros((cap,), dtype=dtype)  # pull count of each row
+        self._C[:n] = counts.to(dtype)
         if n:
             self._Liy[:n] = torch.linalg.solve_triangular(L, y.to(dtype).unsqueeze(-1), upper=False).squeeze(-1)
         self._n, self._dtype, self._watch = n, X.dtype, None
@@ -166,6 +168,42 @@ class ExactPosterior(nn.Module):
         x, y, counts = self._check(x, y, counts, "x", "y", fitting=False)
         for j in range(x.shape[0]):
             self._grow(x[j], None if y is None else y[j], counts[j])
+
+    def repeat_last(self) -> None:
+        """Hallucinate one more pull of the last row's point (GP-BUCB picking the same arm again).
+
+        The last row must be hallucinated (added by ``update(x, None)``, or any row whose reward equals
+        the posterior mean of the rows before it). Its count ``c`` becomes ``c + 1``: only the last
+        diagonal entry of ``L`` and the last row of the watched ``Q`` change -- ``O(A)``, where a new
+        row would cost ``O(A·n)`` -- and the posterior is exactly that of a second ``update(x, None)``.
+        :meth:`observe` later gives the row the mean of the ``c + 1`` rewards.
+
+        Raises:
+            InputDataError: no row, or the last row carries an observed residual (state unchanged).
+            NumericsError: the new Schur complement is not positive (state unchanged).
+        """
+        self._require_fit()
+        n = self._n
+        if n == 0:
+            raise InputDataError("repeat_last: expected at least one row, got an empty posterior")
+        if bool(self._Liy[n - 1] != 0):
+            raise InputDataError("repeat_last: expected a hallucinated last row (update(x, None)), got an observed one")
+        dtype = self._L.dtype
+        c_old = self._C[n - 1]
+        l = self._L[n - 1, : n - 1]
+        kxx = self.kernel.diag(self._X[n - 1 : n]).to(dtype)[0]
+        d2 = kxx + self.lam / (c_old + 1) - (l * l).sum()
+        if not bool(d2 > 0):
+            raise NumericsError(f"ExactPosterior.repeat_last: expected a positive Schur complement, got {float(d2):.3e}")
+        d_new = d2.sqrt()
+        if self._watch is not None:  # q = (k_A - l Q) / d: only its scale changes
+            w = self._watch
+            q = w["Q"][n - 1]
+            shrink = self._L[n - 1, n - 1] / d_new
+            w["var"] += (q * q) * (1 - shrink * shrink)
+            q.mul_(shrink)
+        self._L[n - 1, n - 1] = d_new
+        self._C[n - 1] = c_old + 1
 
     def observe(self, rows: torch.Tensor, y: torch.Tensor) -> None:
         """Give rows already conditioned on (typically hallucinated ones) their observed mean rewards.
@@ -281,6 +319,7 @@ class ExactPosterior(nn.Module):
         self._L[n, :n] = l
         self._L[n, n] = dnew
         self._Liy[n] = liy
+        self._C[n] = count.to(dtype)
         if self._watch is not None:
             w = self._watch
             kA = self.kernel(x2, w["X"]).to(dtype)[0]  # (A,)
@@ -298,7 +337,9 @@ class ExactPosterior(nn.Module):
         L[:n, :n] = self.L
         Liy = self._Liy.new_zeros((cap,))
         Liy[:n] = self.Liy
-        self._X, self._L, self._Liy = X, L, Liy
+        C = self._C.new_zeros((cap,))
+        C[:n] = self._C[:n]
+        self._X, self._L, self._Liy, self._C = X, L, Liy, C
         if self._watch is not None:
             Q = self._watch["Q"].new_zeros((cap, self._watch["Q"].shape[1]))
             Q[:n] = self._watch["Q"][:n]

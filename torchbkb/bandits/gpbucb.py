@@ -7,8 +7,10 @@ the batch goes on while the product rule ``Π_{s in batch} (1 + σ²_fb(x_s)) <=
 crosses ``C̃`` is the batch's last) -- the termination 001 Sec. 3 compares with BBKB's sum rule; by the
 Weierstrass product inequality it always gives batches no longer than BBKB's for the same variances.
 
-When the rewards arrive the hallucinated rows keep their place in the Cholesky factor and only get
-their rewards (:meth:`~torchbkb.ExactPosterior.observe`, ``O(n² + A·n)``); if some picks were
+Consecutive picks of the same arm (a batch that keeps choosing its best arm) share one hallucinated
+row whose count grows (:meth:`~torchbkb.ExactPosterior.repeat_last`, ``O(A)`` instead of a new row's
+``O(A·n)``). When the rewards arrive the hallucinated rows keep their place in the Cholesky factor and only get
+their (mean) rewards (:meth:`~torchbkb.ExactPosterior.observe`, ``O(n² + A·n)``); if some picks were
 discarded the hallucinations are undone (:meth:`~torchbkb.ExactPosterior.truncate`) and the told
 rows are added again.
 
@@ -124,7 +126,10 @@ class GPBUCB(GPUCB):
                     level *= 1.0 + rls_fb[i]
                     if level > self.batch_bound or (self.max_batch_size is not None and len(picks) >= self.max_batch_size):
                         break
-                    post.update(self.arms[i], None)  # hallucinate: O(A·t)
+                    if len(picks) >= 2 and picks[-2] == i:
+                        post.repeat_last()  # the same arm again: its hallucinated row's count + 1, O(A)
+                    else:
+                        post.update(self.arms[i], None)  # hallucinate: O(A·n)
             self._batch_rls = in_batch
         self._batch = picks
         self.batch_sizes.append(len(picks))
@@ -135,20 +140,25 @@ class GPBUCB(GPUCB):
         start = time.perf_counter()
         idx, y = self.last_told
         told = list(zip(idx.tolist(), y.tolist()))
-        hallucinated = self._batch[:-1]  # rows n_fb, n_fb + 1, ... of the posterior
+        hallucinated = _runs(self._batch[:-1])  # rows n_fb, n_fb + 1, ...: (arm, picks merged in the row)
         rows_y: list[float] = []
-        for arm in hallucinated:  # match each hallucinated row with a told reward of the same arm
-            j = next((k for k, (a, _) in enumerate(told) if a == arm), None)
-            if j is None:
+        for arm, c in hallucinated:  # match each hallucinated row with c told rewards of the same arm
+            ys = []
+            for _ in range(c):
+                j = next((k for k, (a, _) in enumerate(told) if a == arm), None)
+                if j is None:
+                    break
+                ys.append(told.pop(j)[1])
+            if len(ys) < c:
                 break
-            rows_y.append(told.pop(j)[1])
+            rows_y.append(sum(ys) / c)  # the row's mean reward
         post, dtype = self.posterior, self.arms.dtype
         with torch.no_grad():
             if len(rows_y) == len(hallucinated):  # every hallucinated pick was told: keep the rows
                 if rows_y:
                     rows = torch.arange(self._n_fb, self._n_fb + len(rows_y))
                     post.observe(rows, torch.tensor(rows_y, dtype=dtype, device=self.arms.device))
-                self.log_det += sum(math.log1p(max(r, 0.0)) for r in self._batch_rls[: len(rows_y)])
+                self.log_det += sum(math.log1p(max(r, 0.0)) for r in self._batch_rls[: len(self._batch) - 1])
             else:  # some pick was discarded: undo the hallucinations, add the told rows
                 post.truncate(self._n_fb)
                 told = list(zip(idx.tolist(), y.tolist()))
@@ -189,5 +199,18 @@ class GPBUCB(GPUCB):
                 self._fit_rows(self._rows_from_history(done))
             self._n_fb = self.posterior.num_train
             if self._pending or self._told_idx:  # an open batch: hallucinate its picks again
-                for arm in self._batch[:-1]:
+                for arm, c in _runs(self._batch[:-1]):
                     self.posterior.update(self.arms[arm], None)
+                    for _ in range(c - 1):
+                        self.posterior.repeat_last()
+
+
+def _runs(picks: list[int]) -> list[list[int]]:
+    """``[[arm, count], ...]``: the runs of equal consecutive picks (one hallucinated row each)."""
+    runs: list[list[int]] = []
+    for a in picks:
+        if runs and runs[-1][0] == a:
+            runs[-1][1] += 1
+        else:
+            runs.append([a, 1])
+    return runs
