@@ -17,11 +17,13 @@ BBKB runs to T (three seeds for the constant β; exact GP-UCB with the constant 
 regrets are compared at equal t over equal seeds). The exact methods (and BKB, and BBKB with the theory β)
 are capped by wall time with ``run(..., time_limit=...)``; their time at T is **extrapolated** and
 labelled so: two power laws are fitted on the second half of the run -- ``time(t) = a·t^p`` with a free
-``p``, and a per-step cost ``c·t^g`` with ``g`` from the complexity (1 for the exact methods' ``O(A·t)``
-steps, 0 for BKB's ``O(A·m²)`` steps) integrated to T -- and the smaller one is reported (conservative
-for BBKB's speedups; both are in the JSON). The cap is checked between batches, so a batch method can
-overrun it by one batch (GP-BUCB's late batches have thousands of ``O(A·t)`` picks). A free fit is fragile on a shared machine: one run measured
-p = 3.2 for GP-UCB, whose per-step cost is linear in t. Times are wall-clock seconds of the whole ``torchbkb.run`` (selection, updates, evaluation of
+``p``, and a per-step cost ``c·t^g`` with ``g`` from the complexity (1 for the exact methods' ``O(A·p)``
+steps, taking the distinct pulled arms ``p`` to grow like t as they do with the theory widths, 0 for BKB's
+``O(A·m²)`` steps) integrated to T -- and the smaller one is reported (conservative for BBKB's speedups;
+both are in the JSON). The cap is checked between batches, so a batch method can overrun it by one batch.
+With the constant width the exact methods merge their repeated pulls into counts and reach T in 10-20 s,
+uncapped. A free fit is fragile on a shared machine: one run measured p = 3.2 for GP-UCB, whose per-step
+cost is at most linear in t. Times are wall-clock seconds of the whole ``torchbkb.run`` (selection, updates, evaluation of
 the tensor objective); the process CPU time is recorded too, since this machine may be shared.
 
 Runs with one torch thread by default (``--threads``): most operations are small, and on a shared VM an
