@@ -513,8 +513,9 @@ def _bootstrap_ratio(a: np.ndarray, b: np.ndarray, stat, n: int = 10_000, seed: 
 
 def study_summary(runs: list[dict], seeds: list[int]) -> dict:
     """Per method over ``seeds``: mean ± std (the paper's protocol), median, lock-ins, wall time, ratios to GP-UCB."""
-    reg = {m: np.array([next(r for r in runs if r["method"] == m and r["seed"] == s)["normalized_regret"] for s in seeds]) for m in STUDY_METHODS}
-    wall = {m: [next(r for r in runs if r["method"] == m and r["seed"] == s)["wall_s"] for s in seeds] for m in STUDY_METHODS}
+    run = {(r["method"], r["seed"]): r for r in runs}
+    reg = {m: np.array([run[m, s]["normalized_regret"] for s in seeds]) for m in STUDY_METHODS}
+    wall = {m: [run[m, s]["wall_s"] for s in seeds] for m in STUDY_METHODS}
     out = {}
     for m in STUDY_METHODS:
         x, g = reg[m], reg["GP-UCB"]
@@ -576,9 +577,10 @@ def plot_study(runs: list[dict], seeds: list[int], summary: dict, path: Path, T:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    run = {(r["method"], r["seed"]): r for r in runs}
     fig, ax = plt.subplots(1, 2, figsize=(13, 5))
     for k, m in enumerate(STUDY_METHODS):
-        rs = [next(r for r in runs if r["method"] == m and r["seed"] == s) for s in seeds]
+        rs = [run[m, s] for s in seeds]
         x = k + np.linspace(-0.25, 0.25, len(rs))
         ax[0].scatter(x, [r["normalized_regret"] for r in rs], s=14, color=f"C{k}")
         ax[0].plot([k - 0.3, k + 0.3], [summary[m]["median"]] * 2, "k-", lw=2)

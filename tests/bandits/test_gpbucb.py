@@ -120,25 +120,32 @@ def test_theory_width_is_batch_bound_times_gpucb_beta():
         b.tell(idx, f[idx])
 
 
-@pytest.mark.parametrize("mid_batch", [False, True])
-def test_checkpoint_resume_is_an_identical_continuation(mid_batch):
-    arms, f = _arms()
-    a = _bandit(arms, batch_bound=3.0)
-    _run(a, f, 25)
+def _resume_and_continue(a, arms, f, T, mid_batch, **kw):
+    """Checkpoint ``a`` (``mid_batch``: with one reward of a batch of two or more told), load it into a bandit
+    built with another seed, finish the open batch in both and run both to ``T``; returns the resumed one."""
     if mid_batch:
-        idx = a.ask()
-        while len(idx) < 2:
-            a.tell(idx, f[idx])
-            idx = a.ask()
-        a.tell(idx[-1:], f[idx[-1:]])
-    b = _bandit(arms, batch_bound=3.0, seed=99)
+        batch = a.ask()
+        while len(batch) < 2:
+            a.tell(batch, f[batch])
+            batch = a.ask()
+        a.tell(batch[-1:], f[batch[-1:]])
+    b = _bandit(arms, seed=99, **kw)
     b.load_state_dict(a.state_dict())
     if mid_batch:
         rest = a.pending
         a.tell(rest, f[rest])
         b.tell(rest, f[rest])
-    _run(a, f, 70)
-    _run(b, f, 70)
+    _run(a, f, T)
+    _run(b, f, T)
+    return b
+
+
+@pytest.mark.parametrize("mid_batch", [False, True])
+def test_checkpoint_resume_is_an_identical_continuation(mid_batch):
+    arms, f = _arms()
+    a = _bandit(arms, batch_bound=3.0)
+    _run(a, f, 25)
+    b = _resume_and_continue(a, arms, f, 70, mid_batch, batch_bound=3.0)
     assert a.history == b.history and a.batch_sizes == b.batch_sizes and a.log_det == pytest.approx(b.log_det, abs=1e-9)
 
 
@@ -184,20 +191,7 @@ def test_repeated_pulls_are_merged_at_batch_ends_and_survive_a_checkpoint(mid_ba
     ref = ExactPosterior(GaussianKernel(LS), LAM).fit(arms[idx], y)  # one row per told reward
     for u, v in zip(a.posterior.watched(), ref(arms)):
         assert close(u, v, 1e-9)
-    if mid_batch:
-        batch = a.ask()
-        while len(batch) < 2:
-            a.tell(batch, f[batch])
-            batch = a.ask()
-        a.tell(batch[-1:], f[batch[-1:]])
-    b = _bandit(arms, batch_bound=2.0, seed=99)
-    b.load_state_dict(a.state_dict())
-    if mid_batch:
-        rest = a.pending
-        a.tell(rest, f[rest])
-        b.tell(rest, f[rest])
-    _run(a, f, 300)
-    _run(b, f, 300)
+    b = _resume_and_continue(a, arms, f, 300, mid_batch, batch_bound=2.0)
     assert a.history == b.history and a.batch_sizes == b.batch_sizes and a.compactions == b.compactions
     for u, v in zip(a.posterior.watched(), b.posterior.watched()):
         assert close(u, v, 1e-10)

@@ -194,7 +194,6 @@ class GPBUCB(GPUCB):
         self.compactions, self._compacted_at = int(state.get("compactions", 0)), int(state.get("compacted_at", 0))
         self._reset_posterior()
         with torch.no_grad():
-            self._pulls = {}
             if done:  # the compacted arms with their counts, then one row per reward told since
                 self._fit_rows(self._rows_from_history(done))
             self._n_fb = self.posterior.num_train

@@ -65,10 +65,11 @@ class GPUCB(KernelBandit):
         self.beta = float("nan")
         self.compactions = 0
         self._compacted_at = 0  # observations (history positions) folded into counts by the last compaction
-        self._pulls: dict[int, list] = {}  # arm -> [count, reward sum] of the observations in the posterior
         self._reset_posterior()
 
     def _reset_posterior(self) -> None:
+        """The prior, watching every arm, with an empty tally of the observations it holds."""
+        self._pulls: dict[int, list] = {}  # arm -> [count, reward sum] of the observations in the posterior
         self.posterior = ExactPosterior(self.kernel, noise=self.lam)
         empty = self.arms[:0]
         self.posterior.fit(empty, empty.new_zeros(0))
@@ -136,11 +137,10 @@ class GPUCB(KernelBandit):
     def _rows_from_history(self, done: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The posterior's rows after ``done`` told rewards: the compacted arms, then one row per later reward.
 
-        Rebuilds the tally of the first ``done`` rewards as the run built it (same order, same sums).
+        Fills the (freshly reset) tally with the first ``done`` rewards as the run did (same order, same sums).
         """
         hist_i, hist_y = self.history["index"][:done], self.history["reward"][:done]
         c = min(self._compacted_at, done)
-        self._pulls = {}
         for i, yi in zip(hist_i[:c], hist_y[:c]):
             self._tally(i, yi)
         idx, y, counts = self._distinct_rows() if c else (self._long([]), self.arms.new_zeros(0), self.arms.new_zeros(0))
@@ -161,5 +161,3 @@ class GPUCB(KernelBandit):
         told = len(self.history["index"])
         if told:  # the compacted arms with their counts, then the rows told since (rewards only)
             self._fit_rows(self._rows_from_history(told))
-        else:
-            self._pulls = {}
