@@ -269,6 +269,7 @@ def run(
         a_offset = hist.algo_time[-1] if hist.algo_time else 0.0
         batches_done = int(state.get("batches", 0))
 
+    cum_regret = sum(hist.regret) if f is not None else float("nan")  # running R_t, for the postfix
     bar = None
     if progress:
         from tqdm.auto import tqdm
@@ -306,7 +307,9 @@ def run(
             for i, y in zip(ok_idx, ok_y.tolist()):
                 hist.index.append(i)
                 hist.reward.append(y)
-                hist.regret.append(best - float(f64[i]) if f is not None else float("nan"))
+                r = best - float(f64[i]) if f is not None else float("nan")
+                hist.regret.append(r)
+                cum_regret += r
                 hist.time.append(now)
                 hist.algo_time.append(a_now)
                 hist.batch.append(batch)
@@ -315,8 +318,8 @@ def run(
             if bar is not None:
                 bar.update(len(ok_idx))
                 post = {"batch": len(todo)}
-                if f is not None and hist.regret:
-                    post["R/Runif"] = f"{hist.normalized_regret[-1]:.3g}"
+                if f is not None and hist.regret and hist.uniform_regret_rate > 0:  # O(1): no pass over the history
+                    post["R/Runif"] = f"{cum_regret / (len(hist) * hist.uniform_regret_rate):.3g}"
                 if dsize is not None:
                     post["m"] = dsize
                 bar.set_postfix(post, refresh=False)

@@ -101,6 +101,7 @@ class SketchedKernelBandit(KernelBandit):
         self.row_cache_bytes = check_int(row_cache_bytes, "row_cache_bytes", minimum=0)
         self._P_buf: torch.Tensor | None = None  # (capacity, A) k(x, arms) of the pulled arms, by first pull
         self._P_pos: dict[int, int] | None = {}  # arm -> row of _P_buf; None once the cache is dropped
+        self._P_row = torch.full((self.num_arms,), -1, dtype=torch.long, device=arms.device)  # _P_pos as a tensor (-1: none)
         self._pulled: torch.Tensor | None = None  # (p,) the pulled arms, ascending (None: to be found again)
         self._pulled_set: set[int] = set()
         self.sampler = RLSDictionary(self.q_bar, generator=self.generator)
@@ -114,6 +115,7 @@ class SketchedKernelBandit(KernelBandit):
         self._Z: torch.Tensor | None = None  # (A, r) cached embedding of all arms
         self._K_buf: torch.Tensor | None = None  # (capacity, A) cached kernel rows k(s, arms), first m used
         self._order: list[int] = []  # the dictionary's arms in cache-slot order (the embedding's order)
+        self._order_idx = self._long([])  # the same as a tensor
         self._slot_block: list[int] = []  # for each slot, the id of the kernel block its row was computed in (-1: alone)
         self._blocks: dict[int, list[int]] = {}  # block id -> the arms evaluated together in that call
         self._next_block = 0
@@ -201,6 +203,7 @@ class SketchedKernelBandit(KernelBandit):
         with torch.no_grad():
             if new_dict.numel() == 0:  # S = ∅: z ≡ 0, the DTC posterior is the prior
                 self._posterior, self._Z, self._K_buf, self._order = None, None, None, []
+                self._order_idx = self._long([])
                 self._W = self._V_inv = None
                 self._slot_block, self._blocks = [], {}
                 self._mean = torch.zeros_like(self._mean)
@@ -209,12 +212,11 @@ class SketchedKernelBandit(KernelBandit):
                 changed = self._W is None or not torch.equal(new_dict, self.dictionary)
                 if changed:
                     if order is None:
-                        self._update_kernel_rows(new_dict.tolist())
+                        self._update_kernel_rows(new_dict.tolist(), new_dict)
                     else:
                         self._K_buf, self._order, self._slot_block, self._blocks = None, [], [], {}
-                        self._update_kernel_rows(list(order), blocks)
-                    S_idx = self._long(self._order)  # dictionary in cache-slot order
-                    K_SS = self._K_buf[: len(self._order)].T[S_idx]  # (m, m) from the cached rows (rows of the
+                        self._update_kernel_rows(list(order), blocks=blocks)
+                    K_SS = self._K_buf[: len(self._order)].T[self._order_idx]  # (m, m) from the cached rows (rows of the
                     # transposed view: a row gather, much cheaper than a column gather)
                     self._W = inv_sqrt_factor(K_SS, name="K_S")  # (r, m): one m×m factorization
                     self._Z = None  # the arms' features z(arms) are derived on demand (arm_features)
@@ -242,6 +244,7 @@ class SketchedKernelBandit(KernelBandit):
         n = len(self._P_pos) + len(new)
         if n * A * self.arms.element_size() > self.row_cache_bytes:
             self._P_buf, self._P_pos = None, None
+            self._P_row.fill_(-1)
             return
         buf = self._P_buf
         if buf is None or buf.shape[0] < n:  # grow geometrically, within the budget
@@ -251,13 +254,16 @@ class SketchedKernelBandit(KernelBandit):
                 grown[: len(self._P_pos)] = buf[: len(self._P_pos)]
             buf = self._P_buf = grown
         with torch.no_grad():
+            first = len(self._P_pos)
             for a in new:
                 row = len(self._P_pos)
                 buf[row] = self.kernel(self.arms[a : a + 1], self.arms)[0]
                 self._P_pos[a] = row
+            self._P_row[self._long(new)] = torch.arange(first, first + len(new), device=self.arms.device)
 
-    def _update_kernel_rows(self, new_dict: list[int], blocks: list[list[int]] | None = None) -> None:
-        """Make the cache ``self._K_buf[:m]`` hold ``k(s, arms)`` `(A,)` for every dictionary point ``s``.
+    def _update_kernel_rows(self, new_dict: list[int], new_idx: torch.Tensor | None = None, *, blocks: list[list[int]] | None = None) -> None:
+        """Make the cache ``self._K_buf[:m]`` hold ``k(s, arms)`` `(A,)` for every dictionary point ``s``
+        (``new_idx``: ``new_dict`` as a tensor, if the caller has it), and ``self._order_idx`` the slot order.
 
         Rows of points that stay are not touched; a leaving point's slot is given to an entering point
         (or to the last row, to keep the cache compact). Entering points whose row is in the pulled-row
@@ -276,15 +282,16 @@ class SketchedKernelBandit(KernelBandit):
         the entering points copies less.
         """
         if blocks is None and self._P_pos is not None:
-            pos = self._P_pos
             m, A = len(new_dict), self.num_arms
             small = m * A * self.arms.element_size() <= REFILL_BYTES
-            if all(a in pos for a in new_dict) and (small or 2 * len(set(new_dict) - set(self._order)) >= m):
+            wanted = set(new_dict)
+            if self._P_pos.keys() >= wanted and (small or 2 * len(wanted - set(self._order)) >= m):
                 buf = self._K_buf
                 if buf is None or buf.shape[0] < m:  # grow geometrically (every row is rewritten below)
                     buf = self.arms.new_empty((max(16, 2 * m), A))
-                torch.index_select(self._P_buf, 0, self._long([pos[a] for a in new_dict]), out=buf[:m])
-                self._K_buf, self._order, self._slot_block, self._blocks = buf, list(new_dict), [-1] * m, {}
+                idx = self._long(new_dict) if new_idx is None else new_idx
+                torch.index_select(self._P_buf, 0, self._P_row[idx], out=buf[:m])
+                self._K_buf, self._order, self._order_idx, self._slot_block, self._blocks = buf, list(new_dict), idx, [-1] * m, {}
                 return
         want = set(new_dict)
         order, slot_block = list(self._order), list(self._slot_block)  # state changes only at the end
@@ -345,7 +352,7 @@ class SketchedKernelBandit(KernelBandit):
         if self._blocks:
             live = set(slot_block)
             self._blocks = {b: mem for b, mem in self._blocks.items() if b in live}
-        self._K_buf, self._order, self._slot_block = buf, order, slot_block
+        self._K_buf, self._order, self._order_idx, self._slot_block = buf, order, self._long(order), slot_block
 
     # ------------------------------------------------------------------ checkpoints
     def _algorithm_state(self) -> dict[str, Any]:
@@ -360,9 +367,11 @@ class SketchedKernelBandit(KernelBandit):
 
     def _load_algorithm_state(self, state: dict[str, Any]) -> None:
         self._P_buf, self._P_pos = None, {}
+        self._P_row.fill_(-1)
         self._pulled = None
         self._cache_pulled_rows(list(dict.fromkeys(self.history["index"])))  # each row alone, as first computed
         self._posterior, self._Z, self._K_buf, self._order = None, None, None, []
+        self._order_idx = self._long([])
         self._W = self._V_inv = None
         self._slot_block, self._blocks = [], {}
         self.dictionary = self._long([])
