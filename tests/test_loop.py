@@ -88,3 +88,29 @@ def test_time_limit_and_bad_arguments():
 def test_progress_bar_runs():
     hist = run(Random(ARMS, seed=0), F, budget=5, progress=True)
     assert len(hist) == 5
+
+
+def test_progress_postfix_shows_the_running_normalized_regret(monkeypatch, tmp_path):
+    """The bar's R/Runif is R_t / R_unif(t) at every step -- kept as a running sum, also across a resume."""
+    import tqdm.auto
+
+    shown = []
+
+    class Bar:
+        def __init__(self, *a, **k):
+            pass
+
+        def update(self, n):
+            pass
+
+        def set_postfix(self, post, refresh=True):
+            shown.append(post["R/Runif"])
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(tqdm.auto, "tqdm", Bar)
+    ckpt = tmp_path / "c.pt"
+    run(Random(ARMS, seed=0), F, budget=7, progress=True, checkpoint=ckpt)
+    hist = run(Random(ARMS, seed=0), F, budget=12, progress=True, checkpoint=ckpt)
+    assert shown == [f"{r:.3g}" for r in hist.normalized_regret]
