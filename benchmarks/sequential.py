@@ -19,6 +19,10 @@ this kind of machine with NumPy, whose BLAS uses both cores, and BKB's theory-β
 The constant width is ``β = 0.5`` on the RLS scale (``μ + 0.5 σ̃ = μ + 5 σ_GP`` at λ = 0.01; BoTorch's
 ``beta = 25``): among 0.1, 0.2, 0.5, 1 it gave BKB the lowest regret on the anchor.
 
+The anchor also times an idealized BKB theory-β loop (:func:`idealized_bkb_loop`: kernel rows
+precomputed, no validation or bookkeeping) as a same-run floor: this VM's speed changes by a third from
+one minute to the next, and the ratio to the floor says how much of a time is the implementation.
+
 Each anchor algorithm first runs once untimed (a warm-up: the first run in a process pays first-touch
 page faults as its buffers grow; its time is in the JSON as ``cold_time``), then the timed repetitions;
 the table reports their median (the JSON also the minimum).
@@ -138,6 +142,50 @@ def _objective(f: torch.Tensor, seed: int):
     return ArmObjective(f, noise_std=0.1, seed=seed)
 
 
+def idealized_bkb_loop(prob, T: int, seed: int) -> dict:
+    """A floor for BKB's theory-β step on this machine, measured in the same run: Algorithm 1 of 000 with
+    every kernel row precomputed (``K(arms, arms)``, outside the timing), no validation, no history, no
+    row cache -- only the per-step linear algebra BKB cannot avoid (Bernoulli resampling over the pulled
+    arms with their counts, ``L⁻¹`` of ``K_S``, ``V`` from the pulled arms, ``[M; aᵀ]``, one scoring
+    GEMM, β̃ of Theorem 2, argmax). Its random stream differs from :class:`~torchbkb.BKB`'s, so its
+    choices do too; only its time is reported."""
+    from torchbkb.confidence import bkb_beta
+    from torchbkb.kernels import GaussianKernel
+
+    X, f = prob.arms, prob.values.to(torch.float64)
+    A, lam, dt = X.shape[0], 0.01, torch.float64
+    K = GaussianKernel(0.2)(X, X).to(dt)  # (A, A), not timed
+    kd = torch.ones(A, dtype=dt, device=X.device)
+    g = torch.Generator().manual_seed(seed)
+    noise = torch.randn(T, generator=g, dtype=dt).to(X.device) * prob.noise_std
+    t0 = time.perf_counter()
+    counts, sums = torch.zeros(A, dtype=dt, device=X.device), torch.zeros(A, dtype=dt, device=X.device)
+    rls, i, D = kd / lam, int(torch.randint(A, (1,), generator=g)), None
+    for t in range(1, T + 1):
+        counts[i] += 1
+        sums[i] += float(f[i] + noise[t - 1])
+        pulled = counts.nonzero().squeeze(1)
+        if D is None:
+            D = torch.tensor([i], device=X.device)
+        else:
+            p = 1 - (1 - (2.0 * rls[pulled]).clamp(0, 1)) ** counts[pulled]
+            D = pulled[torch.rand(len(pulled), generator=g, dtype=dt).to(X.device) < p]
+        K_SA = K[D]  # (m, A)
+        L = torch.linalg.cholesky_ex(K_SA[:, D])[0]
+        W = torch.linalg.solve_triangular(L, torch.eye(len(D), dtype=dt, device=X.device), upper=False)
+        Zt = W @ K_SA[:, pulled]
+        V = (Zt * counts[pulled]) @ Zt.T
+        V.diagonal().add_(lam)
+        Vi = torch.cholesky_inverse(torch.linalg.cholesky_ex(V)[0])
+        w = Vi @ (Zt @ sums[pulled])
+        Vi.neg_().diagonal().add_(1 / lam)
+        P = torch.cat([W.T @ (Vi @ W), (w @ W)[None]]) @ K_SA
+        mean, rls = P[-1], (kd / lam - P[:-1].mul_(K_SA).sum(0)).clamp_min_(0)
+        beta = bkb_beta(float((counts[pulled] * rls[pulled]).sum()), t, noise_std=lam**0.5, lam=lam, F=1.0, delta=1.0 / T)
+        i = int(torch.argmax(mean + beta * rls.sqrt()))
+    return {"time": time.perf_counter() - t0, "dictionary_size": int(D.numel())}
+
+
 def anchor(cfg: dict, device, dtype, seed: int, progress: bool) -> dict:
     """Part 2: the anchor problem, all algorithms, repetitions over seeds (first arm and noise)."""
     prob = anchor_problem(dtype=dtype, device=device)
@@ -156,7 +204,9 @@ def anchor(cfg: dict, device, dtype, seed: int, progress: bool) -> dict:
             run_bandit(alg, prob.arms, prob.objective(seed + r), prob.values, settings, T, seed + r, time_limit=cfg["anchor_cap"], progress=progress)
             for r in range(reps)
         ]
-    return {"settings": settings.to_dict(), "runs": results, "cold_time": cold, "summaries": [summarize_runs(r) for r in results.values()]}
+    idealized_bkb_loop(prob, T, seed)  # warm-up
+    floor = [idealized_bkb_loop(prob, T, seed + r) for r in range(cfg["anchor_reps"])]
+    return {"settings": settings.to_dict(), "runs": results, "cold_time": cold, "idealized_bkb_theory": floor, "summaries": [summarize_runs(r) for r in results.values()]}
 
 
 def plot_scan(res: dict, out_dir) -> str:
@@ -227,6 +277,12 @@ def main(argv: list[str] | None = None) -> dict:
         cols = BANDIT_COLUMNS[:3] + ["min [s]", "cold run [s]"] + BANDIT_COLUMNS[3:-1] + ["anchor time [s]", "time / anchor", "anchor dict.", "target [s]", "time / target", "note"]
         title = f"anchor: A=1,000 in [0,1]², GP ℓ=0.2, noise 0.1, T={cfg['anchor_T']}, λ=0.01, q̄=2, β={BETA} | theory (F=1, δ=1/T); {device}, {args.dtype}"
         print_table(rows, cols, title)
+        floor = statistics.median(r["time"] for r in anc["idealized_bkb_theory"])
+        bkb_theory = next((x["time_median"] for x in anc["summaries"] if x["algorithm"] == "BKB-theory"), float("nan"))
+        anc["idealized_bkb_theory_median"] = floor
+        anc["bkb_theory_over_idealized"] = bkb_theory / floor
+        print(f"idealized BKB theory-β loop (kernel precomputed, no bookkeeping; this run's floor): median {floor:.3f} s "
+              "(" + ", ".join(f"{r['time']:.3f}" for r in anc["idealized_bkb_theory"]) + f"); BKB-theory / floor = {bkb_theory / floor:.2f}")
         payload["anchor"] = anc
         payload["anchor_table"] = rows
         payload["anchor_plot"] = str(plot_bandit_runs(anc["runs"], args.out, f"{NAME}_anchor", title))
