@@ -115,3 +115,42 @@ def test_eps_greedy_and_random():
 def test_load_state_dict_checks_the_class():
     with pytest.raises(InputDataError, match="expected a GPUCB checkpoint"):
         GPUCB(ARMS, GaussianKernel(1.0), noise=0.1).load_state_dict(Random(ARMS).state_dict())
+
+
+class _FixedBatch(Random):
+    """Asks one given batch (repeats allowed)."""
+
+    def __init__(self, batch):
+        super().__init__(ARMS, seed=0)
+        self.batch = batch
+
+    def _select(self):
+        return torch.tensor(self.batch)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.data())
+def test_pending_is_a_multiset_told_in_any_order_and_in_parts(data):
+    """A batch with repeated arms, told in any order and in parts: each told index takes out one pending
+    occurrence (the earliest, like ``list.remove``); telling more copies of an arm than are pending, or an
+    arm that is not pending, is rejected with the state unchanged; the batch ends when nothing is left."""
+    batch = data.draw(st.lists(st.integers(0, 5), min_size=1, max_size=12))
+    b = _FixedBatch(batch)
+    assert b.ask().tolist() == batch
+    order = data.draw(st.permutations(range(len(batch))))
+    cuts = sorted(data.draw(st.sets(st.integers(1, len(batch) - 1), max_size=3))) if len(batch) > 1 else []
+    reference = list(batch)
+    for lo, hi in zip([0, *cuts], [*cuts, len(batch)]):
+        part = [batch[j] for j in order[lo:hi]]
+        extra = data.draw(st.integers(0, 6))
+        if reference.count(extra) == part.count(extra):  # one copy too many (or an arm never asked)
+            before = b.state_dict()
+            with pytest.raises(InputDataError, match="were asked"):
+                b.tell(torch.tensor(part + [extra]), torch.zeros(len(part) + 1, dtype=torch.float64))
+            assert _state_equal(before, b.state_dict())
+        b.tell(torch.tensor(part), F[torch.tensor(part)])
+        for a in part:
+            reference.remove(a)
+        assert b.pending.tolist() == reference
+    assert b.t == len(batch) and b.history["index"] == [batch[j] for j in order] and b.batch_id == 1
+    assert len(b.ask()) == len(batch) and b.batch_id == 2  # the batch ended: a new one is asked

@@ -29,6 +29,7 @@ Example:
 from __future__ import annotations
 
 import copy
+from collections import Counter
 from typing import Any, Callable
 
 import torch
@@ -108,9 +109,8 @@ class Bandit:
                 (an arm asked twice in a batch may be told twice).
             y: `(k,)` finite rewards, in the same order.
         """
-        idx, y = self._check_tell(indices, y)
-        for i in idx.tolist():
-            self._pending.remove(i)
+        idx, y, remaining = self._check_tell(indices, y)
+        self._pending = remaining
         self._record(idx, y)
         if not self._pending:
             self._finish_batch()
@@ -126,11 +126,10 @@ class Bandit:
                 failed all their retries.
         """
         idx = self._check_indices(indices, "indices")
-        self._check_pending(idx)
+        remaining = self._check_pending(idx)
         if exclude:
             self.excluded[idx] = True
-        for i in idx.tolist():
-            self._pending.remove(i)
+        self._pending = remaining
         if not self._pending:
             self._finish_batch()
 
@@ -239,16 +238,28 @@ class Bandit:
                 raise InputDataError(f"{name}: expected arm indices in [0, {self.num_arms}), got {idx.tolist()}")
         return idx
 
-    def _check_pending(self, idx: torch.Tensor) -> None:
-        pool = list(self._pending)
-        for i in idx.tolist():
-            if i not in pool:
+    def _check_pending(self, idx: torch.Tensor) -> list[int]:
+        """The pending arms left once ``idx`` `(k,)` is taken out -- each index takes out one pending
+        occurrence, the earliest -- in ``O(k + pending)`` (a batch can hold thousands of arms, told in any
+        order); an error naming the first index that is not pending. Changes no state."""
+        ids = idx.tolist()
+        available = Counter(self._pending)
+        for i in ids:
+            if available[i] == 0:
                 raise InputDataError(
                     f"indices: expected arms that were asked and not yet told (pending {self._pending}), got arm {i}"
                 )
-            pool.remove(i)
+            available[i] -= 1
+        take = Counter(ids)
+        remaining = []
+        for a in self._pending:
+            if take[a]:
+                take[a] -= 1
+            else:
+                remaining.append(a)
+        return remaining
 
-    def _check_tell(self, indices, y) -> tuple[torch.Tensor, torch.Tensor]:
+    def _check_tell(self, indices, y) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
         idx = self._check_indices(indices, "indices")
         if isinstance(y, (list, tuple, float, int)):
             y = torch.as_tensor(y, dtype=torch.float64)
@@ -260,8 +271,8 @@ class Bandit:
         check_finite(y, "y")
         if idx.numel() == 0:
             raise InputDataError("indices: expected at least one arm index, got none")
-        self._check_pending(idx)
-        return idx, y.to(device=self.arms.device)
+        remaining = self._check_pending(idx)
+        return idx, y.to(device=self.arms.device), remaining
 
 
 class KernelBandit(Bandit):
