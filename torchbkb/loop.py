@@ -318,8 +318,9 @@ def run(
             if bar is not None:
                 bar.update(len(ok_idx))
                 post = {"batch": len(todo)}
-                if f is not None and hist.regret and hist.uniform_regret_rate > 0:  # O(1): no pass over the history
-                    post["R/Runif"] = f"{cum_regret / (len(hist) * hist.uniform_regret_rate):.3g}"
+                if f is not None and hist.regret:  # O(1): no pass over the history
+                    rate = hist.uniform_regret_rate
+                    post["R/Runif"] = f"{cum_regret / (len(hist) * rate) if rate > 0 else float('nan'):.3g}"
                 if dsize is not None:
                     post["m"] = dsize
                 bar.set_postfix(post, refresh=False)
