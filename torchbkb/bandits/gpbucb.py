@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections import defaultdict, deque
 from typing import Any, Callable
 
 import torch
@@ -141,17 +142,18 @@ class GPBUCB(GPUCB):
         idx, y = self.last_told
         told = list(zip(idx.tolist(), y.tolist()))
         hallucinated = _runs(self._batch[:-1])  # rows n_fb, n_fb + 1, ...: (arm, picks merged in the row)
+        where: dict[int, deque[int]] = defaultdict(deque)  # arm -> its positions in told, in order
+        for k, (a, _) in enumerate(told):
+            where[a].append(k)
+        matched: set[int] = set()
         rows_y: list[float] = []
-        for arm, c in hallucinated:  # match each hallucinated row with c told rewards of the same arm
-            ys = []
-            for _ in range(c):
-                j = next((k for k, (a, _) in enumerate(told) if a == arm), None)
-                if j is None:
-                    break
-                ys.append(told.pop(j)[1])
-            if len(ys) < c:
+        for arm, c in hallucinated:  # match each hallucinated row with the first c unmatched told rewards of its arm
+            if len(where[arm]) < c:
                 break
-            rows_y.append(sum(ys) / c)  # the row's mean reward
+            ks = [where[arm].popleft() for _ in range(c)]
+            matched.update(ks)
+            rows_y.append(sum(told[k][1] for k in ks) / c)  # the row's mean reward
+        told = [t for k, t in enumerate(told) if k not in matched]  # O(k) for a batch of k, told in any order
         post, dtype = self.posterior, self.arms.dtype
         with torch.no_grad():
             if len(rows_y) == len(hallucinated):  # every hallucinated pick was told: keep the rows
