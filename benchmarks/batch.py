@@ -45,6 +45,12 @@ Writes ``results/batch.json`` and ``results/batch.png`` (``--out`` changes the f
 
 from __future__ import annotations
 
+if __package__ in (None, ""):  # `python benchmarks/batch.py`
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 import argparse
 import json
 import math
@@ -61,6 +67,8 @@ import torchbkb
 import torchbkb.datasets
 from torchbkb import BBKB, BKB, GPBUCB, GPUCB
 from torchbkb.kernels import GaussianKernel
+
+from benchmarks.common import bootstrap_ratio
 
 ROOT = Path(__file__).resolve().parents[1]
 WIDTH, LAM, Q_BAR, F_NORM, C_TILDE, B_GP = 5.0, 0.2, 2.0, 20.0, 2.0, 2.0
@@ -503,14 +511,6 @@ STUDY_METHODS = ("GP-UCB", "BBKB", "BKB", "GP-BUCB")
 LOCK_IN = 0.05  # R_T/R_unif above this: the run settled on a mediocre row (the good runs end below 0.01)
 
 
-def _bootstrap_ratio(a: np.ndarray, b: np.ndarray, stat, n: int = 10_000, seed: int = 0) -> list[float]:
-    """90 % paired-bootstrap interval of ``stat(a) / stat(b)`` over the seeds."""
-    rng = np.random.default_rng(seed)
-    k = rng.integers(0, len(a), size=(n, len(a)))
-    r = stat(a[k], axis=1) / stat(b[k], axis=1)
-    return [float(np.quantile(r, 0.05)), float(np.quantile(r, 0.95))]
-
-
 def study_summary(runs: list[dict], seeds: list[int]) -> dict:
     """Per method over ``seeds``: mean ± std (the paper's protocol), median, lock-ins, wall time, ratios to GP-UCB."""
     run = {(r["method"], r["seed"]): r for r in runs}
@@ -525,8 +525,8 @@ def study_summary(runs: list[dict], seeds: list[int]) -> dict:
             "lock_ins": int((x > LOCK_IN).sum()), "lock_in_seeds": [s for s, v in zip(seeds, x) if v > LOCK_IN],
             "mean_without_lock_ins": float(good.mean()) if good.size else float("nan"),
             "median_wall_s": float(np.median(wall[m])), "max_wall_s": float(max(wall[m])),
-            "ratio_of_means_to_gpucb": float(x.mean() / g.mean()), "ratio_of_means_90ci": _bootstrap_ratio(x, g, np.mean),
-            "ratio_of_medians_to_gpucb": float(np.median(x) / np.median(g)), "ratio_of_medians_90ci": _bootstrap_ratio(x, g, np.median),
+            "ratio_of_means_to_gpucb": float(x.mean() / g.mean()), "ratio_of_means_90ci": bootstrap_ratio(x, g, np.mean),
+            "ratio_of_medians_to_gpucb": float(np.median(x) / np.median(g)), "ratio_of_medians_90ci": bootstrap_ratio(x, g, np.median),
             "seeds_better_than_gpucb": int((x < g).sum()),
         }
     return out

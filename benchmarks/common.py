@@ -150,6 +150,32 @@ def time_interleaved(fns: dict[str, Callable[[], Any]], *, device=None, repeats:
     return {k: Timing(min(v), statistics.median(v), v) for k, v in values.items()}
 
 
+def bootstrap_ratio(a, b, stat, n: int = 10_000, seed: int = 0) -> list[float]:
+    """90 % paired-bootstrap interval of ``stat(a) / stat(b)`` over matched seeds.
+
+    Args:
+        a, b: `(k,)` values of two methods on the same ``k`` seeds (array-likes).
+        stat: a NumPy reduction taking ``axis`` (``numpy.median``, ``numpy.mean``).
+        n: bootstrap resamples (seeds drawn with replacement, the same draw for both methods).
+        seed: generator seed.
+
+    Returns:
+        ``[5 % quantile, 95 % quantile]`` of the resampled ratio.
+
+    Example:
+        >>> import numpy as np
+        >>> lo, hi = bootstrap_ratio([2.0, 2.2, 1.8], [1.0, 1.1, 0.9], np.median)
+        >>> round(lo, 6), round(hi, 6)
+        (2.0, 2.0)
+    """
+    import numpy as np
+
+    a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    k = np.random.default_rng(seed).integers(0, len(a), size=(n, len(a)))
+    r = stat(a[k], axis=1) / stat(b[k], axis=1)
+    return [float(np.quantile(r, 0.05)), float(np.quantile(r, 0.95))]
+
+
 def fit_loglog_slope(x: list[float], y: list[float]) -> float:
     """Least-squares slope of ``log y`` against ``log x`` (the empirical complexity exponent)."""
     pts = [(math.log(a), math.log(b)) for a, b in zip(x, y) if a > 0 and b > 0]

@@ -66,6 +66,22 @@ def test_sequential_quick(tmp_path):
     runs = doc["anchor"]["runs"]
     # same UCB, same posterior: the BoTorch peer and exact GP-UCB pick the same arms, hence same regret
     assert runs["BoTorch-UCB"][0]["regret"] == pytest.approx(runs["GPUCB"][0]["regret"], rel=1e-9)
+    # the regret study: q̄ = 10⁶ keeps every pulled arm, so BKB pulls exact GP-UCB's arms on every seed
+    study = doc["regret_study"]
+    assert (tmp_path / "sequential_regret.png").exists() and len(study["seeds"]) == 2
+    exact = study["summary"]["BKB q̄=1e6"]
+    assert exact["seeds_same_arms_as_reference"] == 2 and exact["ratio_of_medians"] == 1.0
+    assert study["summary"]["BKB theory q̄=2"]["reference"] == "GP-UCB theory"
+
+
+def test_off_mode_fraction_counts_steps_away_from_the_exploited_arm():
+    from benchmarks.sequential import off_mode_fraction
+
+    # before step 2 arm 7 leads (2 pulls); steps 2, 3, 4 pull arm 3, which takes the lead after step 4
+    # (3 pulls against 2), so step 5 is on the exploited arm again: 3 of the 4 counted steps are off it
+    assert off_mode_fraction([7, 7, 3, 3, 3, 3], after=2) == pytest.approx(3 / 4)
+    assert off_mode_fraction([7, 7, 3, 3, 7, 3], after=2) == pytest.approx(3 / 4)  # a tie keeps the first leader
+    assert off_mode_fraction([5] * 10, after=0) == pytest.approx(1 / 10)  # the first step has no arm yet
 
 
 def test_regret_quick(tmp_path):
