@@ -45,6 +45,7 @@ from __future__ import annotations
 import math
 import time
 from collections import defaultdict, deque
+from itertools import groupby
 from typing import Any, Callable
 
 import torch
@@ -206,12 +207,6 @@ class GPBUCB(GPUCB):
                         self.posterior.repeat_last()
 
 
-def _runs(picks: list[int]) -> list[list[int]]:
-    """``[[arm, count], ...]``: the runs of equal consecutive picks (one hallucinated row each)."""
-    runs: list[list[int]] = []
-    for a in picks:
-        if runs and runs[-1][0] == a:
-            runs[-1][1] += 1
-        else:
-            runs.append([a, 1])
-    return runs
+def _runs(picks: list[int]) -> list[tuple[int, int]]:
+    """``[(arm, count), ...]``: the runs of equal consecutive picks (one hallucinated row each)."""
+    return [(a, sum(1 for _ in run)) for a, run in groupby(picks)]
