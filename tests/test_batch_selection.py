@@ -1,10 +1,12 @@
+import itertools
+
 import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
 from helpers import close
 from torchbkb import DTCPosterior, NystromEmbedding
-from torchbkb.batch_selection import select_batch
+from torchbkb.batch_selection import _picks_to_stop, select_batch
 from torchbkb.errors import InputDataError
 from torchbkb.kernels import GaussianKernel
 
@@ -124,3 +126,102 @@ def test_a_winning_arm_with_zero_variance_ends_the_batch(alpha):
     rls[top] = 0.25
     sel = select_batch(Z, mean, rls, post.V_inv, alpha=0.0, batch_bound=2.0)
     assert sel.indices.tolist() == [top] * 5  # 1 + 4 · 0.25 = 2 <= C̃, the fifth pick crosses it
+
+
+def _one_pick_at_a_time(Z, mean, rls, V_inv, alpha, batch_bound, max_batch_size=None, stop_rule="sum"):
+    """Reference: 001 Algorithm 1 lines 4-8 literally -- every arm rescored from a dense V_t⁻¹ after every pick."""
+    Zw, V = Z.to(torch.float64), V_inv.clone()
+    rls0 = rls.to(torch.float64)
+    residual = rls0 - ((Zw @ V_inv) * Zw).sum(-1)  # σ̃²_fb minus its V-dependent part
+    picks, level = [], 1.0
+    while True:
+        cur = (residual + ((Zw @ V) * Zw).sum(-1)).clamp_min(0.0)
+        i = int(torch.argmax(mean.to(torch.float64) + alpha * cur.sqrt()))
+        picks.append(i)
+        s = float(rls0[i])
+        level = level + s if stop_rule == "sum" else level * (1.0 + s)
+        if level > batch_bound or len(picks) == max_batch_size or s <= 0.0:
+            return picks
+        u = V @ Zw[i]
+        V = V - torch.outer(u, u) / (1.0 + Zw[i] @ u)
+
+
+def _dominant_arm_problem(seed, A=300):
+    """A sampled arm well ahead of the rest: batches are runs of repeated picks (the common case late in a
+    BBKB run) interrupted by arms whose UCB catches up."""
+    g = torch.Generator().manual_seed(seed)
+    arms = torch.rand(A, 2, generator=g, dtype=torch.float64)
+    best = torch.tensor([[0.3, 0.6]], dtype=torch.float64)
+    X = torch.cat([best.repeat(5, 1), arms[torch.randint(0, A, (60,), generator=g)]])
+    y = 5.0 - 20.0 * ((X - best) ** 2).sum(-1)
+    post = DTCPosterior(NystromEmbedding(GaussianKernel(0.2), X[::7]), noise=0.5).fit(X, y)
+    arms = torch.cat([arms, best])
+    Z = post.embedding(arms)
+    mean, rls = post.score_embedded(Z, torch.ones(A + 1, dtype=torch.float64))
+    return Z, mean, rls, post.V_inv
+
+
+@pytest.mark.parametrize("lazy", [True, False])
+@pytest.mark.parametrize("stop_rule", ["sum", "product"])
+def test_runs_of_one_arm_are_the_picks_made_one_at_a_time(lazy, stop_rule):
+    """A run of repeated picks is decided in closed form (j hallucinations of x_i: one rank-one term
+    j·z zᵀ); it must be exactly the sequence of one-at-a-time argmaxes, including where another arm
+    interrupts the run."""
+    Z, mean, rls, V_inv = _dominant_arm_problem(0)
+    for alpha, C in [(0.3, 3.0), (1.0, 6.0), (2.5, 40.0)]:
+        sel = select_batch(Z, mean, rls, V_inv, alpha=alpha, batch_bound=C, stop_rule=stop_rule, lazy=lazy)
+        ref = _one_pick_at_a_time(Z, mean, rls, V_inv, alpha, C, stop_rule=stop_rule)
+        assert sel.indices.tolist() == ref
+    long = select_batch(Z, mean, rls, V_inv, alpha=1.0, batch_bound=12.0, stop_rule=stop_rule, lazy=lazy).indices.tolist()
+    assert long == _one_pick_at_a_time(Z, mean, rls, V_inv, 1.0, 12.0, stop_rule=stop_rule)
+    runs = [len(list(grp)) for _, grp in itertools.groupby(long)]
+    assert max(runs) >= 8 and len(runs) >= 3  # long runs, and interruptions
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    seed=st.integers(0, 10_000),
+    alpha=st.floats(0.0, 3.0),
+    C=st.floats(1.0, 30.0),
+    cap=st.one_of(st.none(), st.integers(1, 60)),
+    stop_rule=st.sampled_from(["sum", "product"]),
+    dominant=st.booleans(),
+)
+def test_batches_equal_the_one_at_a_time_reference(seed, alpha, C, cap, stop_rule, dominant):
+    if dominant:
+        Z, mean, rls, V_inv = _dominant_arm_problem(seed, A=120)
+    else:
+        _, post, Z, mean, rls = _problem(seed, A=120, m=8)
+        V_inv = post.V_inv
+    sel = select_batch(Z, mean, rls, V_inv, alpha=alpha, batch_bound=C, max_batch_size=cap, stop_rule=stop_rule)
+    assert sel.indices.tolist() == _one_pick_at_a_time(Z, mean, rls, V_inv, alpha, C, cap, stop_rule)
+
+
+@settings(max_examples=200, deadline=None)
+@given(level=st.floats(1.0, 50.0), s0=st.floats(1e-9, 10.0), C=st.floats(1.0, 60.0), rule=st.sampled_from(["sum", "product"]))
+def test_picks_to_stop_matches_accumulating_the_rule(level, s0, C, rule):
+    n = _picks_to_stop(level, s0, C, rule)
+    after = (lambda k: level + k * s0) if rule == "sum" else (lambda k: level * (1.0 + s0) ** k)
+    assert n >= 1 and after(n) > C and (n == 1 or after(n - 1) <= C)
+
+
+@pytest.mark.parametrize("lazy", [True, False])
+@pytest.mark.parametrize("means", [(1.0, 0.5, 0.2), (0.5, 1.0, 0.2)])
+def test_runs_on_orthogonal_arms_end_exactly_where_the_ucbs_cross(lazy, means):
+    """Orthogonal unit features and V = I: an arm picked n times has σ̃² = 1/(1 + n) exactly, so the whole
+    batch is known in closed form -- including the tie at n = 3 (1 + √(1/4) = 0.5 + 1), which the lowest
+    index wins (the running arm in the first case, the challenger in the second)."""
+    Z = torch.eye(3, dtype=torch.float64)
+    mean = torch.tensor(means, dtype=torch.float64)
+    rls = torch.ones(3, dtype=torch.float64)
+    sel = select_batch(Z, mean, rls, torch.eye(3, dtype=torch.float64), alpha=1.0, batch_bound=1e9, max_batch_size=60, lazy=lazy)
+    n, expected = [0, 0, 0], []
+    for _ in range(60):
+        ucb = [float(mean[a]) + (1.0 / (1 + n[a])) ** 0.5 for a in range(3)]
+        a = ucb.index(max(ucb))  # lowest index on ties
+        expected.append(a)
+        n[a] += 1
+    first = [0, 0, 0, 0, 1] if means[0] == 1.0 else [1, 1, 1, 0]  # the tie after three picks of the leader
+    assert expected[: len(first)] == first
+    assert sel.indices.tolist() == expected
+    assert close(sel.rls_in_batch, torch.tensor([1.0 / (1 + expected[:k].count(a)) for k, a in enumerate(expected)], dtype=torch.float64), 1e-12)

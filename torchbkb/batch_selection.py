@@ -10,6 +10,15 @@ UCB is at least the chosen arm's *new* UCB (lazy UCB): every other arm's true UC
 cannot be the next argmax. The batch ends with the first pick for which
 ``1 + Σ_{s in batch} σ̃²_fb(x_s) > C̃`` (that pick is the last one of the batch), or at ``max_batch_size``.
 
+Runs of one arm: late in a run a batch is mostly the same arm picked again and again. Hallucinating
+``x_i`` ``j`` times is the single rank-one term ``j z_i z_iᵀ``, so with ``u = V_t⁻¹ z_i``, ``s = z_iᵀ u``
+every variance after ``j`` more picks of ``x_i`` is ``σ̃²_t(a) - g_j (z(a)ᵀ u)²``, ``g_j = j / (1 + j s)``.
+The UCBs after ``1, ..., J`` more picks of the current argmax are therefore computed at once, for the arms
+whose stale UCB reaches ``x_i``'s UCB after ``J`` picks (no other arm can catch up before), and the run
+lasts until another arm wins (lowest index on ties) or the stop rule ends the batch. A whole run costs
+about one pick (one argmax over ``A``, one ``V`` update); the picks are exactly those of selecting one
+at a time (the tests compare with a literal one-at-a-time implementation).
+
 Example:
     >>> import torch
     >>> from torchbkb.batch_selection import select_batch
@@ -32,6 +41,8 @@ import torch
 from torchbkb.errors import InputDataError, check_finite
 
 __all__ = ["BatchSelection", "select_batch"]
+
+_WINDOW, _MAX_WINDOW = 8, 1024  # repeated picks looked ahead at once (grows while an arm keeps winning)
 
 
 class BatchSelection(NamedTuple):
@@ -69,7 +80,10 @@ def select_batch(
     """Select one BBKB batch over embedded candidates.
 
     Args:
-        Z: `(A, r)` embedded candidates ``z(a)`` (any float dtype; scoring runs in it).
+        Z: `(A, r)` embedded candidates ``z(a)`` (any float dtype; scoring runs in it), or anything that
+            reads like it -- ``shape``, ``dtype``, ``device``, ``Z[idx]`` for a long tensor ``idx`` -- such
+            as :class:`~torchbkb.bandits.bkb.FeatureRows`, which computes the few rows a batch reads
+            on demand (with ``validate=False``).
         mean: `(A,)` frozen mean ``μ̃_fb``.
         rls: `(A,)` RLS-scale variances ``σ̃²_fb`` at the batch start.
         V_inv: `(r, r)` ``V_fb⁻¹`` at the batch start (not modified).
@@ -88,53 +102,69 @@ def select_batch(
     if validate:
         _check(Z, mean, rls, V_inv, alpha, batch_bound, max_batch_size, stop_rule)
     r = Z.shape[1]
-    dt = Z.dtype
-    work = V_inv.dtype
+    dt, work, dev = Z.dtype, V_inv.dtype, Z.device
     alpha = float(alpha)
     V_t = V_inv.clone()
     mean_c, rls0 = mean.to(dt), rls.to(dt)
     ucb = mean_c + alpha * rls0.clamp_min(0.0).sqrt()  # stale upper bounds, exact now
-    U_buf = torch.empty((r, r), dtype=work, device=Z.device)  # downdate directions u_j as columns (first r)
-    coef_buf = torch.empty((r,), dtype=work, device=Z.device)
-    b = 0  # hallucinated picks so far
+    cur_rls = rls0.clone()
+    U_buf = torch.empty((r, r), dtype=work, device=dev)  # downdate directions u_j as columns (first r)
+    coef_buf = torch.empty((r,), dtype=work, device=dev)
+    b = 0  # hallucinated runs so far (one rank-one term each)
     picks: list[int] = []
     in_batch: list[torch.Tensor] = []
     level = 1.0  # 1 + Σ σ̃²_fb   or   Π (1 + σ̃²_fb)
     evaluations = 0
-    cur_rls = rls0.clone()
+    window = _WINDOW
     while True:
-        i = int(torch.argmax(ucb))  # lowest index among ties
-        picks.append(i)
-        in_batch.append(cur_rls[i].clone())  # a copy: cur_rls keeps changing
-        s = float(rls0[i])
-        level = level + s if stop_rule == "sum" else level * (1.0 + s)
-        if level > batch_bound or (max_batch_size is not None and len(picks) >= max_batch_size):
-            break
-        z = Z[i].to(work)  # (r,)
+        i = int(torch.argmax(ucb))  # lowest index among ties; exact (every arm that could beat it was refreshed)
+        s0 = float(rls0[i])
+        if s0 <= 0.0:
+            # σ̃²_fb of the pick is 0 (to rounding): the stop rule would not move and every later pick would
+            # be this arm again -- end the batch with it
+            n_allowed = 1
+        else:
+            n_allowed = _picks_to_stop(level, s0, batch_bound, stop_rule)
+        if max_batch_size is not None:
+            n_allowed = min(n_allowed, max_batch_size - len(picks))
+        z = Z[_index([i], dev)][0].to(work)  # (r,)
         u = V_t @ z
-        c = 1.0 / (1.0 + z @ u)
-        V_t = V_t - c * torch.outer(u, u)  # hallucinate x_i: Sherman-Morrison, O(r²)
-        if b < r:  # past r picks the direct form is cheaper and the directions are not needed
-            U_buf[:, b], coef_buf[b] = u, c
-        b += 1
-        U, coefs = U_buf[:, :b], coef_buf[:b]  # (r, b), (b,) -- only read while b <= r
-        u_i = _refresh(Z, [i], rls0, U, coefs, b, V_t, V_inv, mean_c, alpha)
-        new_rls_i, new_ucb_i = u_i[0][0], u_i[1][0]
-        if s <= 0.0 and not bool(new_ucb_i < ucb[i]):
-            # σ̃²_fb of the pick is 0 (to rounding): the stop rule does not move and its UCB cannot drop,
-            # so every later pick would be this arm again, forever -- end the batch here
+        s = float(z @ u)
+        U, coefs = U_buf[:, : min(b, r)], coef_buf[: min(b, r)]
+        run = 1
+        if n_allowed > 1:  # how many more times is i the argmax, hallucinated 1, 2, ... times?
+            J = min(n_allowed - 1, window)
+            wins, seen = _run_length(Z, i, u, s, J, ucb, mean_c, rls0, cur_rls[i], U, coefs, b, V_t, V_inv, alpha, lazy)
+            evaluations += seen
+            run += wins
+            window = min(4 * window, _MAX_WINDOW) if wins == J else _WINDOW
+        js = torch.arange(run, dtype=work, device=dev)
+        in_batch.append((float(cur_rls[i]) - js / (1.0 + js * s) * (s * s)).clamp_min_(0.0))  # σ̃²_t of each pick of the run
+        picks.extend([i] * run)
+        level = level + run * s0 if stop_rule == "sum" else level * (1.0 + s0) ** run
+        done = run == n_allowed  # the stop rule (or the cap) ends the batch with the run's last pick
+        k = run - 1 if done else run  # picks hallucinated: all but the batch's last one
+        if k > 0:  # hallucinate x_i k times: Sherman-Morrison with k z zᵀ, O(r²)
+            g = k / (1.0 + k * s)
+            V_t = V_t - g * torch.outer(u, u)
+            if b < r:  # past r runs the direct form is cheaper and the directions are not needed
+                U_buf[:, b], coef_buf[b] = u, g
+            b += 1
+        if done:
             break
-        cur_rls[i], ucb[i] = new_rls_i, new_ucb_i
-        mask = ucb >= new_ucb_i if lazy else torch.ones_like(ucb, dtype=torch.bool)
+        U, coefs = U_buf[:, : min(b, r)], coef_buf[: min(b, r)]  # (r, b), (b,) -- only read while b <= r
+        rls_i, ucb_i = _refresh(Z, _index([i], dev), rls0, U, coefs, b, V_t, V_inv, mean_c, alpha)
+        cur_rls[i], ucb[i] = rls_i[0], ucb_i[0]
+        mask = ucb >= ucb_i[0] if lazy else torch.ones_like(ucb, dtype=torch.bool)
         idx = mask.nonzero().squeeze(1)  # (M,)
         evaluations += 1 + int(idx.numel())
         rls_m, ucb_m = _refresh(Z, idx, rls0, U, coefs, b, V_t, V_inv, mean_c, alpha)
         cur_rls[idx], ucb[idx] = rls_m, ucb_m
-    dev = Z.device
+    picked = torch.tensor(picks, dtype=torch.long, device=dev)
     return BatchSelection(
-        indices=torch.tensor(picks, dtype=torch.long, device=dev),
-        rls_start=rls0[torch.tensor(picks, dtype=torch.long, device=dev)].to(rls.dtype),
-        rls_in_batch=torch.stack(in_batch).to(rls.dtype),
+        indices=picked,
+        rls_start=rls0[picked].to(rls.dtype),
+        rls_in_batch=torch.cat(in_batch).to(rls.dtype),
         ucb_evaluations=evaluations,
         V_inv=V_t,
     )
@@ -157,15 +187,79 @@ def check_batch_limits(batch_bound: float, max_batch_size: int | None = None) ->
     return C, None if max_batch_size is None else int(max_batch_size)
 
 
-def _refresh(Z, idx, rls0, U, coefs, b, V_t, V_0, mean, alpha):
-    """Current RLS variance and UCB of the arms ``idx``: ``σ̃²_fb - Σ_j c_j (zᵀu_j)²`` while the batch
-    is shorter than ``r`` (cost ``|idx|·r·b``), else ``σ̃²_fb - zᵀV_0⁻¹z + zᵀV_t⁻¹z`` (cost ``|idx|·r²``)."""
-    Zi = Z[idx]  # (M, r)
-    if b <= Z.shape[1]:
-        proj = Zi @ U.to(Z.dtype)  # (M, b)
-        drop = (proj * proj) @ coefs.to(Z.dtype)  # (M,)
+def _index(items: list[int], device) -> torch.Tensor:
+    return torch.tensor(items, dtype=torch.long, device=device)
+
+
+def _picks_to_stop(level: float, s0: float, bound: float, stop_rule: str) -> int:
+    """Number ``n >= 1`` of further picks of an arm with ``σ̃²_fb = s0 > 0`` after which the stop rule ends
+    the batch: the first ``n`` with ``level + n·s0 > C̃`` (sum) or ``level·(1 + s0)ⁿ > C̃`` (product)."""
+    if stop_rule == "sum":
+        after = lambda n: level + n * s0  # noqa: E731
+        guess = (bound - level) / s0
     else:
-        drop = ((Zi @ V_0.to(Z.dtype)) * Zi).sum(-1) - ((Zi @ V_t.to(Z.dtype)) * Zi).sum(-1)
+        after = lambda n: level * (1.0 + s0) ** n  # noqa: E731
+        guess = math.log(bound / level) / math.log1p(s0) if bound > level else 0.0
+    n = max(1, int(min(guess, 2.0**62)) + 1)  # then corrected for rounding
+    while n > 1 and after(n - 1) > bound:
+        n -= 1
+    while after(n) <= bound:
+        n += 1
+    return n
+
+
+def _run_length(Z, i, u, s, J, ucb, mean, rls0, rls_i, U, coefs, b, V_t, V_0, alpha, lazy) -> tuple[int, int]:
+    """How many of the next ``J`` picks are ``i`` again.
+
+    Hallucinating ``i`` ``j`` times is one rank-one term: with ``u = V_t⁻¹ z_i`` and ``s = z_iᵀ u`` every
+    variance becomes ``σ̃²_t(a) - g_j (z_aᵀ u)²``, ``g_j = j / (1 + j s)`` (Sherman-Morrison with ``j z_i z_iᵀ``),
+    so the UCBs after ``1, ..., J`` hallucinations come in one `(M, J)` array. Only arms whose stale UCB
+    reaches ``i``'s UCB after ``J`` hallucinations can beat it before (UCBs only decrease); ``lazy=False``
+    checks every arm. Computed in ``Z``'s dtype, like the UCBs.
+
+    Args:
+        u: `(r,)` ``V_t⁻¹ z_i`` (``V_t`` holds the inverse) in the work dtype; ``s``: ``z_iᵀ u``.
+        rls_i: ``σ̃²_t(x_i)`` now. The other arguments are :func:`select_batch`'s state.
+
+    Returns:
+        ``(wins, evaluated)``: the number of consecutive ``j = 1, 2, ...`` (at most ``J``) at which ``i`` is
+        still the argmax (lowest index on ties), and how many arms were checked.
+    """
+    dt = Z.dtype
+    js = torch.arange(1, J + 1, dtype=u.dtype, device=u.device)
+    g = (js / (1.0 + js * s)).to(dt)  # (J,)
+    ucb_i = mean[i] + alpha * (rls_i - g * (s * s)).clamp_min(0.0).sqrt()  # (J,), non-increasing
+    if lazy:
+        idx = (ucb >= ucb_i[-1]).nonzero().squeeze(1)
+        idx = idx[idx != i]
+    else:
+        idx = torch.cat([torch.arange(i, device=ucb.device), torch.arange(i + 1, ucb.numel(), device=ucb.device)])
+    if idx.numel() == 0:
+        return J, 0
+    Zi = Z[idx]  # (M, r)
+    rls_c, _ = _refresh_rows(Zi, idx, rls0, U, coefs, b, V_t, V_0, mean, alpha)  # (M,) σ̃²_t now
+    p2 = (Zi @ u.to(dt)).square_()  # (M,) (z_aᵀ u)²
+    ucb_c = mean[idx, None] + alpha * (rls_c[:, None] - p2[:, None] * g).clamp_min_(0.0).sqrt_()  # (M, J)
+    beats = (ucb_c > ucb_i) | ((ucb_c == ucb_i) & (idx < i)[:, None])
+    lost = beats.any(0)  # (J,)
+    wins = int(torch.argmax(lost.to(torch.uint8))) if bool(lost.any()) else J
+    return wins, int(idx.numel())
+
+
+def _refresh(Z, idx, rls0, U, coefs, b, V_t, V_0, mean, alpha):
+    """Current RLS variance and UCB of the arms ``idx`` (a long tensor): ``σ̃²_fb - Σ_j c_j (zᵀu_j)²``
+    while fewer than ``r`` runs were hallucinated (cost ``|idx|·r·b``), else ``σ̃²_fb - zᵀV_0⁻¹z + zᵀV_t⁻¹z``
+    (cost ``|idx|·r²``)."""
+    return _refresh_rows(Z[idx], idx, rls0, U, coefs, b, V_t, V_0, mean, alpha)
+
+
+def _refresh_rows(Zi, idx, rls0, U, coefs, b, V_t, V_0, mean, alpha):
+    """:func:`_refresh` with the features ``Zi = Z[idx]`` `(M, r)` given."""
+    if b <= Zi.shape[1]:
+        proj = Zi @ U.to(Zi.dtype)  # (M, b)
+        drop = (proj * proj) @ coefs.to(Zi.dtype)  # (M,)
+    else:
+        drop = ((Zi @ V_0.to(Zi.dtype)) * Zi).sum(-1) - ((Zi @ V_t.to(Zi.dtype)) * Zi).sum(-1)
     rls_i = (rls0[idx] - drop).clamp_min(0.0)
     return rls_i, mean[idx] + alpha * rls_i.sqrt()
 

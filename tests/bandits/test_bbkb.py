@@ -5,6 +5,7 @@ import torch
 
 from helpers import close
 from torchbkb import BBKB, BKB, DTCPosterior, ExactPosterior, NystromEmbedding
+from torchbkb.batch_selection import select_batch
 from torchbkb.confidence import bbkb_beta
 from torchbkb.errors import InputDataError
 from torchbkb.kernels import GaussianKernel
@@ -304,3 +305,23 @@ def test_bad_tell_leaves_state_unchanged():
     after = b.state_dict()
     assert before["history"] == after["history"] and before["pending"] == after["pending"]
     assert torch.equal(before["counts"], after["counts"]) and before["algorithm"]["log_sum"] == after["algorithm"]["log_sum"]
+
+
+def test_batches_read_features_on_demand_and_equal_selection_on_the_full_embedding():
+    """BBKB's in-batch selection computes z(a) only for the arms it reads (:class:`FeatureRows`); the batches
+    are those of :func:`select_batch` on the full `(A, r)` embedding, and long batches are runs of one arm."""
+    arms = torch.linspace(0, 1, 400, dtype=torch.float64)[:, None]
+    f = torch.exp(-((arms[:, 0] - 0.7) ** 2) / 0.05)
+    b = BBKB(arms, GaussianKernel(0.15), noise=0.01, beta=0.2, batch_bound=2.0, max_batch_size=300, seed=0)
+    _run(b, f, 300)
+    longest = 0
+    for _ in range(30):
+        rows = b.feature_rows()
+        some = torch.tensor([0, 17, 399, 17])
+        assert rows.shape == b.arm_features().shape and close(rows[some], b.arm_features()[some], 1e-12)
+        full = select_batch(b.arm_features(), b.scores()[0], b.scores()[1], b.V_inverse(), b.current_beta(), b.batch_bound, b.max_batch_size)
+        batch = b.ask()
+        assert batch.tolist() == full.indices.tolist()
+        longest = max(longest, len(batch))
+        b.tell(batch, f[batch])
+    assert longest >= 20

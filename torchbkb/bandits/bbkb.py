@@ -166,7 +166,7 @@ class BBKB(SketchedKernelBandit):
                 Z = self.arms.new_zeros((self.num_arms, 0))
                 V_inv = self.arms.new_zeros((0, 0), dtype=torch.float64)
             else:
-                Z, V_inv = self.arm_features(), self.V_inverse()
+                Z, V_inv = self.feature_rows(), self.V_inverse()  # features of the few arms the batch reads
             with torch.no_grad():
                 sel = select_batch(Z, self._mask_excluded(self._mean), self._rls, V_inv, self.beta, self.batch_bound, self.max_batch_size, lazy=self.lazy, validate=False)
             idx = sel.indices

@@ -44,12 +44,41 @@ from torchbkb.nystrom import DEFAULT_CHUNK, NystromEmbedding
 from torchbkb.rls_dictionary import RLSDictionary
 from torchbkb.utils.linalg import inv_sqrt_factor
 
-__all__ = ["BKB", "SketchedKernelBandit"]
+__all__ = ["BKB", "FeatureRows", "SketchedKernelBandit"]
 
 #: default memory for the kernel rows of the pulled arms (:class:`SketchedKernelBandit`).
 ROW_CACHE_BYTES = 256 * 2**20
 #: dictionary kernel rows up to this size are refilled whole from the pulled-row cache when the dictionary changes.
 REFILL_BYTES = 4 * 2**20
+
+
+class FeatureRows:
+    """Nyström features ``z(a) = W k_S(a)`` of an arm set, computed row by row on demand from the kernel rows.
+
+    Reads like the `(A, r)` embedding where :func:`~torchbkb.batch_selection.select_batch` reads it --
+    ``shape``, ``dtype``, ``device`` and ``rows[idx]`` for a long tensor ``idx`` -- without forming it:
+    a batch touches a few arms, and forming all ``A`` rows costs `A·m·r` at every dictionary change.
+
+    Args:
+        K_SA: `(m, A)` kernel rows ``k(s_j, arms)``.
+        W: `(r, m)` whitening of ``K_S`` (``Wᵀ W = K_S⁺``); used in ``K_SA``'s dtype.
+
+    Example:
+        >>> import torch
+        >>> K_SA = torch.rand(3, 10, dtype=torch.float64); W = torch.rand(3, 3, dtype=torch.float64)
+        >>> rows = FeatureRows(K_SA, W)
+        >>> tuple(rows.shape), bool(torch.allclose(rows[torch.tensor([4, 7])], (W @ K_SA).T[[4, 7]]))
+        ((10, 3), True)
+    """
+
+    def __init__(self, K_SA: torch.Tensor, W: torch.Tensor):
+        self._K_T = K_SA.T  # (A, m) view: a row gather reads one arm's kernel values
+        self._W_T = W.T.to(K_SA.dtype)  # (m, r)
+        self.shape = torch.Size((K_SA.shape[1], W.shape[0]))
+        self.dtype, self.device = K_SA.dtype, K_SA.device
+
+    def __getitem__(self, idx: torch.Tensor) -> torch.Tensor:
+        return self._K_T[idx] @ self._W_T  # (M, r)
 
 
 class SketchedKernelBandit(KernelBandit):
@@ -154,6 +183,14 @@ class SketchedKernelBandit(KernelBandit):
         if self._Z is None:
             self._Z = self._K_buf[: len(self._order)].T @ self._W.to(self.arms.dtype).T  # (A, r)
         return self._Z
+
+    def feature_rows(self) -> "FeatureRows":
+        """The arms' features as :class:`FeatureRows`: ``rows[idx]`` is ``z(arms[idx])`` `(M, r)`, computed on
+        demand from the cached kernel rows (`M·m·r`) -- for a consumer that reads a few arms, such as BBKB's
+        in-batch selection, instead of the `(A, r)` :meth:`arm_features`."""
+        if self._W is None:
+            raise TorchBKBError(f"{type(self).__name__}: expected a dictionary (after the first reward), got none")
+        return FeatureRows(self._K_buf[: len(self._order)], self._W)
 
     def V_inverse(self) -> torch.Tensor:
         """`(r, r)` ``V⁻¹`` of the current posterior (``V = Zᵀ N Z + λ I`` on the pulled arms' features)."""
