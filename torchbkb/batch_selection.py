@@ -108,11 +108,11 @@ def select_batch(
     mean_c, rls0 = mean.to(dt), rls.to(dt)
     ucb = mean_c + alpha * rls0.clamp_min(0.0).sqrt()  # stale upper bounds, exact now
     cur_rls = rls0.clone()
-    U_buf = torch.empty((r, r), dtype=work, device=dev)  # downdate directions u_j as columns (first r)
-    coef_buf = torch.empty((r,), dtype=work, device=dev)
+    U_buf = torch.empty((r, r), dtype=dt, device=dev)  # downdate directions u_j as columns (first r), in Z's dtype
+    coef_buf = torch.empty((r,), dtype=dt, device=dev)
     b = 0  # hallucinated runs so far (one rank-one term each)
     picks: list[int] = []
-    in_batch: list[torch.Tensor] = []
+    in_batch: list[float] = []
     level = 1.0  # 1 + Σ σ̃²_fb   or   Π (1 + σ̃²_fb)
     evaluations = 0
     window = _WINDOW
@@ -127,44 +127,52 @@ def select_batch(
             n_allowed = _picks_to_stop(level, s0, batch_bound, stop_rule)
         if max_batch_size is not None:
             n_allowed = min(n_allowed, max_batch_size - len(picks))
-        z = Z[_index([i], dev)][0].to(work)  # (r,)
+        z = Z[i : i + 1][0].to(work)  # (r,)
         u = V_t @ z
         s = float(z @ u)
         U, coefs = U_buf[:, : min(b, r)], coef_buf[: min(b, r)]
         run = 1
-        if n_allowed > 1:  # how many more times is i the argmax, hallucinated 1, 2, ... times?
+        if n_allowed > 1 and picks and picks[-1] == i:  # i again: how many more times, hallucinated 1, 2, ... times?
+            # (only once an arm repeats: when picks alternate between arms, looking ahead costs more than it saves)
             J = min(n_allowed - 1, window)
             wins, seen = _run_length(Z, i, u, s, J, ucb, mean_c, rls0, cur_rls[i], U, coefs, b, V_t, V_inv, alpha, lazy)
             evaluations += seen
             run += wins
             window = min(4 * window, _MAX_WINDOW) if wins == J else _WINDOW
-        js = torch.arange(run, dtype=work, device=dev)
-        in_batch.append((float(cur_rls[i]) - js / (1.0 + js * s) * (s * s)).clamp_min_(0.0))  # σ̃²_t of each pick of the run
+        rls_i = float(cur_rls[i])
+        in_batch.extend(max(rls_i - j / (1.0 + j * s) * (s * s), 0.0) for j in range(run))  # σ̃²_t of each pick of the run
         picks.extend([i] * run)
         level = level + run * s0 if stop_rule == "sum" else level * (1.0 + s0) ** run
         done = run == n_allowed  # the stop rule (or the cap) ends the batch with the run's last pick
         k = run - 1 if done else run  # picks hallucinated: all but the batch's last one
         if k > 0:  # hallucinate x_i k times: Sherman-Morrison with k z zᵀ, O(r²)
             g = k / (1.0 + k * s)
-            V_t = V_t - g * torch.outer(u, u)
+            V_t.addr_(u, u, alpha=-g)  # in place: V_t is this function's copy
             if b < r:  # past r runs the direct form is cheaper and the directions are not needed
                 U_buf[:, b], coef_buf[b] = u, g
             b += 1
         if done:
             break
         U, coefs = U_buf[:, : min(b, r)], coef_buf[: min(b, r)]  # (r, b), (b,) -- only read while b <= r
-        rls_i, ucb_i = _refresh(Z, _index([i], dev), rls0, U, coefs, b, V_t, V_inv, mean_c, alpha)
-        cur_rls[i], ucb[i] = rls_i[0], ucb_i[0]
-        mask = ucb >= ucb_i[0] if lazy else torch.ones_like(ucb, dtype=torch.bool)
-        idx = mask.nonzero().squeeze(1)  # (M,)
-        evaluations += 1 + int(idx.numel())
+        # lazy UCB: refresh every arm whose stale UCB reaches x_i's new UCB (closed form: σ̃²_t(x_i) - g s²;
+        # x_i itself is among them, its stale UCB being its old one) -- the argmax is then exact, unless
+        # rounding left every refreshed UCB below that level: then the arms between are refreshed too
+        ucb_i_new = min(float(mean_c[i]) + alpha * math.sqrt(max(rls_i - g * (s * s), 0.0)), float(ucb[i]))  # <= the stale one
+        idx = (ucb >= ucb_i_new).nonzero().squeeze(1) if lazy else torch.arange(ucb.numel(), device=dev)  # (M,)
         rls_m, ucb_m = _refresh(Z, idx, rls0, U, coefs, b, V_t, V_inv, mean_c, alpha)
         cur_rls[idx], ucb[idx] = rls_m, ucb_m
+        evaluations += int(idx.numel())
+        if lazy and bool(ucb_m.max() < ucb_i_new):
+            top = ucb_m.max()
+            more = ((ucb >= top) & (ucb < ucb_i_new)).nonzero().squeeze(1)
+            rls_m, ucb_m = _refresh(Z, more, rls0, U, coefs, b, V_t, V_inv, mean_c, alpha)
+            cur_rls[more], ucb[more] = rls_m, ucb_m
+            evaluations += int(more.numel())
     picked = torch.tensor(picks, dtype=torch.long, device=dev)
     return BatchSelection(
         indices=picked,
         rls_start=rls0[picked].to(rls.dtype),
-        rls_in_batch=torch.cat(in_batch).to(rls.dtype),
+        rls_in_batch=torch.tensor(in_batch, dtype=rls.dtype, device=dev),
         ucb_evaluations=evaluations,
         V_inv=V_t,
     )
@@ -185,10 +193,6 @@ def check_batch_limits(batch_bound: float, max_batch_size: int | None = None) ->
     if max_batch_size is not None and (isinstance(max_batch_size, bool) or int(max_batch_size) != max_batch_size or int(max_batch_size) < 1):
         raise InputDataError(f"max_batch_size: expected an integer >= 1 or None, got {max_batch_size!r}")
     return C, None if max_batch_size is None else int(max_batch_size)
-
-
-def _index(items: list[int], device) -> torch.Tensor:
-    return torch.tensor(items, dtype=torch.long, device=device)
 
 
 def _picks_to_stop(level: float, s0: float, bound: float, stop_rule: str) -> int:
