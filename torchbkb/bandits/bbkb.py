@@ -7,7 +7,9 @@ RLS variances ``σ̃²_fb``, all cached for every arm). Inside the batch (:func:
   (no reward), so the in-batch variances ``σ̃²_t`` are exactly those of a DTC posterior on ``S_fb``
   refitted with the picks (``DTCPosterior.update(x, y=None)``);
 * the UCB is ``μ̃_fb + α̃ σ̃_t``; UCBs only decrease, so after a pick only the arms whose stale UCB is at
-  least the chosen arm's new UCB are recomputed (lazy UCB: ``O(A·m)`` at most, usually far less);
+  least the chosen arm's new UCB are recomputed (lazy UCB: ``O(A·m)`` at most, usually far less); a run
+  of repeated picks of one arm (most of a late batch) is decided at once in closed form, and only the
+  features of the arms read are computed (:class:`~torchbkb.bandits.bkb.FeatureRows`);
 * the batch goes on while ``1 + Σ_{s in batch} σ̃²_fb(x_s) <= C̃``; the pick that crosses ``C̃`` is
   the last one of the batch (Algorithm 1, line 5).
 
