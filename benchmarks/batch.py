@@ -68,7 +68,7 @@ import torchbkb.datasets
 from torchbkb import BBKB, BKB, GPBUCB, GPUCB
 from torchbkb.kernels import GaussianKernel
 
-from benchmarks.common import bootstrap_ratio
+from benchmarks.common import bootstrap_ratio, new_figure, save_figure, strip_plot
 
 ROOT = Path(__file__).resolve().parents[1]
 WIDTH, LAM, Q_BAR, F_NORM, C_TILDE, B_GP = 5.0, 0.2, 2.0, 20.0, 2.0, 2.0
@@ -572,28 +572,15 @@ def seed_study(n: int, arms, f, T: int, args, machine: dict, out: Path, start: f
 
 
 def plot_study(runs: list[dict], seeds: list[int], summary: dict, path: Path, T: int) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     run = {(r["method"], r["seed"]): r for r in runs}
-    fig, ax = plt.subplots(1, 2, figsize=(13, 5))
-    for k, m in enumerate(STUDY_METHODS):
-        rs = [run[m, s] for s in seeds]
-        x = k + np.linspace(-0.25, 0.25, len(rs))
-        ax[0].scatter(x, [r["normalized_regret"] for r in rs], s=14, color=f"C{k}")
-        ax[0].plot([k - 0.3, k + 0.3], [summary[m]["median"]] * 2, "k-", lw=2)
-        ax[0].plot([k - 0.3, k + 0.3], [summary[m]["mean"]] * 2, "k--", lw=1)
-        ax[1].scatter(x, [r["wall_s"] for r in rs], s=14, color=f"C{k}")
-    for a, lab in ((ax[0], "R_T / R_unif (solid: median, dashed: mean)"), (ax[1], "wall time to T (s)")):
-        a.set(xticks=range(len(STUDY_METHODS)), xticklabels=STUDY_METHODS, yscale="log", ylabel=lab)
-        a.grid(alpha=0.3, axis="y")
+    fig, ax = new_figure(ncols=2, width=6.5, height=5.0)
+    ax = ax[0]
+    for a, key, lab in ((ax[0], "normalized_regret", "R_T / R_unif (solid: median, dashed: mean)"), (ax[1], "wall_s", "wall time to T (s)")):
+        strip_plot(a, list(STUDY_METHODS), [[run[m, s][key] for s in seeds] for m in STUDY_METHODS], mean=key == "normalized_regret")
+        a.set_ylabel(lab)
     ax[0].axhline(LOCK_IN, color="gray", lw=0.8, ls=":")
     fig.suptitle(f"Cadata, constant width, T = {T:,}, {len(seeds)} seeds (one point per seed)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path.parent, path.stem)
 
 
 def _shown(path: Path) -> str:

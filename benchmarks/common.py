@@ -284,6 +284,31 @@ def new_figure(ncols: int = 1, nrows: int = 1, width: float = 5.0, height: float
     return fig, axes
 
 
+def strip_plot(ax, labels: list[str], values: list[list[float]], *, mean: bool = False, rotation: float = 0, fontsize: float | None = None) -> None:
+    """Per-seed values of several methods: one column of points per method (one point per seed, in
+    ``C0, C1, ...``), a solid bar at each column's median and, with ``mean=True``, a dashed one at its
+    mean; log y-axis.
+
+    Args:
+        ax: a matplotlib axis.
+        labels: `(k,)` method names (x tick labels).
+        values: `k` lists of per-seed values.
+        mean: also draw the means.
+        rotation, fontsize: of the tick labels.
+    """
+    import numpy as np
+
+    for k, ys in enumerate(values):
+        ax.scatter(k + np.linspace(-0.25, 0.25, len(ys)), ys, s=12, color=f"C{k}")
+        ax.plot([k - 0.3, k + 0.3], [float(np.median(ys))] * 2, "k-", lw=2)
+        if mean:
+            ax.plot([k - 0.3, k + 0.3], [float(np.mean(ys))] * 2, "k--", lw=1)
+    ax.set_xticks(range(len(labels)))
+    ax.set_xticklabels(labels, rotation=rotation, ha="right" if rotation else "center", fontsize=fontsize)
+    ax.set_yscale("log")
+    ax.grid(alpha=0.3, axis="y")
+
+
 def save_figure(fig, out_dir: str | Path, name: str) -> Path:
     """Save ``<out_dir>/<name>.png`` and close the figure."""
     import matplotlib.pyplot as plt

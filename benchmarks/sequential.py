@@ -72,6 +72,7 @@ from benchmarks.common import (
     run_bandit,
     save_figure,
     size_of,
+    strip_plot,
     summarize_runs,
     write_json,
 )
@@ -296,16 +297,8 @@ def plot_regret_study(study: dict, out_dir) -> str:
     fig, axes = new_figure(ncols=2, width=5.6)
     ax = axes[0][0]
     labels = list(study["summary"])
-    for k, label in enumerate(labels):
-        ys = [r["normalized_regret"] for r in study["runs"][label]]
-        xs = [k + 0.5 * (i / max(len(ys) - 1, 1) - 0.5) for i in range(len(ys))]
-        ax.scatter(xs, ys, s=10, color=f"C{k}")
-        ax.plot([k - 0.3, k + 0.3], [study["summary"][label]["median"]] * 2, "k-", lw=2)
-    ax.set_xticks(range(len(labels)))
-    ax.set_xticklabels(labels, rotation=35, ha="right", fontsize=7)
-    ax.set_yscale("log")
+    strip_plot(ax, labels, [[r["normalized_regret"] for r in study["runs"][label]] for label in labels], rotation=35, fontsize=7)
     ax.set_ylabel("R_T / R_unif (one point per seed; bar: median)")
-    ax.grid(alpha=0.3, axis="y")
     ax = axes[0][1]
     bkb = [(v["q_bar"], v) for k, v in study["summary"].items() if k.startswith("BKB q")]
     qs = [q for q, _ in bkb]
