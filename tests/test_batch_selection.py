@@ -225,3 +225,14 @@ def test_runs_on_orthogonal_arms_end_exactly_where_the_ucbs_cross(lazy, means):
     assert expected[: len(first)] == first
     assert sel.indices.tolist() == expected
     assert close(sel.rls_in_batch, torch.tensor([1.0 / (1 + expected[:k].count(a)) for k, a in enumerate(expected)], dtype=torch.float64), 1e-12)
+
+
+@pytest.mark.parametrize("stop_rule", ["sum", "product"])
+def test_a_tiny_batch_start_variance_leaves_the_cap_to_end_the_batch(stop_rule):
+    """σ̃²_fb = 1e-30 > 0: the stop rule would need ~10³⁰ picks; the batch ends at max_batch_size, promptly."""
+    Z = torch.eye(3, dtype=torch.float64)
+    mean = torch.tensor([1.0, 0.0, 0.0], dtype=torch.float64)
+    rls = torch.tensor([1e-30, 1.0, 1.0], dtype=torch.float64)
+    sel = select_batch(Z, mean, rls, torch.eye(3, dtype=torch.float64), alpha=0.1, batch_bound=2.0, max_batch_size=50, stop_rule=stop_rule)
+    assert sel.indices.tolist() == [0] * 50
+    assert _picks_to_stop(1.0, 1e-30, 2.0, stop_rule) >= 2**52

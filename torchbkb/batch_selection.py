@@ -204,7 +204,9 @@ def _picks_to_stop(level: float, s0: float, bound: float, stop_rule: str) -> int
     else:
         after = lambda n: level * (1.0 + s0) ** n  # noqa: E731
         guess = math.log(bound / level) / math.log1p(s0) if bound > level else 0.0
-    n = max(1, int(min(guess, 2.0**62)) + 1)  # then corrected for rounding
+    if not guess < 2.0**52:  # practically unbounded (σ̃²_fb ≈ 0): only max_batch_size can end the batch
+        return 2**62
+    n = max(1, int(guess) + 1)  # then corrected for rounding
     while n > 1 and after(n - 1) > bound:
         n -= 1
     while after(n) <= bound:
