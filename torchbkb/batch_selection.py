@@ -17,7 +17,9 @@ The UCBs after ``1, ..., J`` more picks of the current argmax are therefore comp
 whose stale UCB reaches ``x_i``'s UCB after ``J`` picks (no other arm can catch up before), and the run
 lasts until another arm wins (lowest index on ties) or the stop rule ends the batch. A whole run costs
 about one pick (one argmax over ``A``, one ``V`` update); the picks are exactly those of selecting one
-at a time (the tests compare with a literal one-at-a-time implementation).
+at a time (the tests compare with a literal one-at-a-time implementation). The look-ahead ``J`` starts
+at 8, grows 4× after the arm won a whole window, falls back to 8 when it loses, and is cut so that the
+``M`` arms checked times ``J`` stay within ``A·r``: a step stays within the lazy update's ``O(A·r)``.
 
 Example:
     >>> import torch
@@ -242,6 +244,10 @@ def _run_length(Z, i, u, s, J, ucb, mean, rls0, rls_i, U, coefs, b, V_t, V_0, al
         idx = torch.cat([torch.arange(i, device=ucb.device), torch.arange(i + 1, ucb.numel(), device=ucb.device)])
     if idx.numel() == 0:
         return J, 0
+    M, r = int(idx.numel()), Z.shape[1]
+    if M * J > Z.shape[0] * max(r, 1):  # keep the step within O(A·r): look fewer picks ahead (idx stays a superset)
+        J = max(1, Z.shape[0] * max(r, 1) // M)
+        g, ucb_i = g[:J], ucb_i[:J]
     Zi = Z[idx]  # (M, r)
     rls_c, _ = _refresh_rows(Zi, idx, rls0, U, coefs, b, V_t, V_0, mean, alpha)  # (M,) σ̃²_t now
     p2 = (Zi @ u.to(dt)).square_()  # (M,) (z_aᵀ u)²
@@ -249,7 +255,7 @@ def _run_length(Z, i, u, s, J, ucb, mean, rls0, rls_i, U, coefs, b, V_t, V_0, al
     beats = (ucb_c > ucb_i) | ((ucb_c == ucb_i) & (idx < i)[:, None])
     lost = beats.any(0)  # (J,)
     wins = int(torch.argmax(lost.to(torch.uint8))) if bool(lost.any()) else J
-    return wins, int(idx.numel())
+    return wins, M
 
 
 def _refresh(Z, idx, rls0, U, coefs, b, V_t, V_0, mean, alpha):
