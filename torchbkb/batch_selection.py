@@ -132,19 +132,18 @@ def select_batch(
         z = Z[i : i + 1][0].to(work)  # (r,)
         u = V_t @ z
         s = float(z @ u)
-        U, coefs = U_buf[:, : min(b, r)], coef_buf[: min(b, r)]
         run = 1
         if n_allowed > 1 and picks and picks[-1] == i:  # i again: how many more times, hallucinated 1, 2, ... times?
             # (only once an arm repeats: when picks alternate between arms, looking ahead costs more than it saves)
             J = min(n_allowed - 1, window)
-            wins, seen = _run_length(Z, i, u, s, J, ucb, mean_c, rls0, cur_rls[i], U, coefs, b, V_t, V_inv, alpha, lazy)
+            wins, seen = _run_length(Z, i, u, s, J, ucb, mean_c, rls0, cur_rls[i], U_buf, coef_buf, b, V_t, V_inv, alpha, lazy)
             evaluations += seen
             run += wins
             window = min(4 * window, _MAX_WINDOW) if wins == J else _WINDOW
         rls_i = float(cur_rls[i])
         in_batch.extend(max(rls_i - j / (1.0 + j * s) * (s * s), 0.0) for j in range(run))  # σ̃²_t of each pick of the run
         picks.extend([i] * run)
-        level = level + run * s0 if stop_rule == "sum" else level * (1.0 + s0) ** run
+        level = _level_after(level, s0, run, stop_rule)
         done = run == n_allowed  # the stop rule (or the cap) ends the batch with the run's last pick
         k = run - 1 if done else run  # picks hallucinated: all but the batch's last one
         if k > 0:  # hallucinate x_i k times: Sherman-Morrison with k z zᵀ, O(r²)
@@ -155,19 +154,17 @@ def select_batch(
             b += 1
         if done:
             break
-        U, coefs = U_buf[:, : min(b, r)], coef_buf[: min(b, r)]  # (r, b), (b,) -- only read while b <= r
         # lazy UCB: refresh every arm whose stale UCB reaches x_i's new UCB (closed form: σ̃²_t(x_i) - g s²;
         # x_i itself is among them, its stale UCB being its old one) -- the argmax is then exact, unless
         # rounding left every refreshed UCB below that level: then the arms between are refreshed too
         ucb_i_new = min(float(mean_c[i]) + alpha * math.sqrt(max(rls_i - g * (s * s), 0.0)), float(ucb[i]))  # <= the stale one
         idx = (ucb >= ucb_i_new).nonzero().squeeze(1) if lazy else torch.arange(ucb.numel(), device=dev)  # (M,)
-        rls_m, ucb_m = _refresh(Z, idx, rls0, U, coefs, b, V_t, V_inv, mean_c, alpha)
+        rls_m, ucb_m = _refresh(Z, idx, rls0, U_buf, coef_buf, b, V_t, V_inv, mean_c, alpha)
         cur_rls[idx], ucb[idx] = rls_m, ucb_m
         evaluations += int(idx.numel())
-        if lazy and bool(ucb_m.max() < ucb_i_new):
-            top = ucb_m.max()
+        if lazy and (top := float(ucb_m.max())) < ucb_i_new:
             more = ((ucb >= top) & (ucb < ucb_i_new)).nonzero().squeeze(1)
-            rls_m, ucb_m = _refresh(Z, more, rls0, U, coefs, b, V_t, V_inv, mean_c, alpha)
+            rls_m, ucb_m = _refresh(Z, more, rls0, U_buf, coef_buf, b, V_t, V_inv, mean_c, alpha)
             cur_rls[more], ucb[more] = rls_m, ucb_m
             evaluations += int(more.numel())
     picked = torch.tensor(picks, dtype=torch.long, device=dev)
@@ -197,26 +194,30 @@ def check_batch_limits(batch_bound: float, max_batch_size: int | None = None) ->
     return C, None if max_batch_size is None else int(max_batch_size)
 
 
+def _level_after(level: float, s0: float, n: int, stop_rule: str) -> float:
+    """The stop rule's level after ``n`` more picks of an arm with ``σ̃²_fb = s0``: ``level + n·s0`` (sum)
+    or ``level·(1 + s0)ⁿ`` (product)."""
+    return level + n * s0 if stop_rule == "sum" else level * (1.0 + s0) ** n
+
+
 def _picks_to_stop(level: float, s0: float, bound: float, stop_rule: str) -> int:
     """Number ``n >= 1`` of further picks of an arm with ``σ̃²_fb = s0 > 0`` after which the stop rule ends
-    the batch: the first ``n`` with ``level + n·s0 > C̃`` (sum) or ``level·(1 + s0)ⁿ > C̃`` (product)."""
+    the batch: the first ``n`` with ``_level_after(level, s0, n) > C̃``."""
     if stop_rule == "sum":
-        after = lambda n: level + n * s0  # noqa: E731
         guess = (bound - level) / s0
     else:
-        after = lambda n: level * (1.0 + s0) ** n  # noqa: E731
         guess = math.log(bound / level) / math.log1p(s0) if bound > level else 0.0
     if not guess < 2.0**52:  # practically unbounded (σ̃²_fb ≈ 0): only max_batch_size can end the batch
         return 2**62
     n = max(1, int(guess) + 1)  # then corrected for rounding
-    while n > 1 and after(n - 1) > bound:
+    while n > 1 and _level_after(level, s0, n - 1, stop_rule) > bound:
         n -= 1
-    while after(n) <= bound:
+    while _level_after(level, s0, n, stop_rule) <= bound:
         n += 1
     return n
 
 
-def _run_length(Z, i, u, s, J, ucb, mean, rls0, rls_i, U, coefs, b, V_t, V_0, alpha, lazy) -> tuple[int, int]:
+def _run_length(Z, i, u, s, J, ucb, mean, rls0, rls_i, U_buf, coef_buf, b, V_t, V_0, alpha, lazy) -> tuple[int, int]:
     """How many of the next ``J`` picks are ``i`` again.
 
     Hallucinating ``i`` ``j`` times is one rank-one term: with ``u = V_t⁻¹ z_i`` and ``s = z_iᵀ u`` every
@@ -249,7 +250,7 @@ def _run_length(Z, i, u, s, J, ucb, mean, rls0, rls_i, U, coefs, b, V_t, V_0, al
         J = max(1, Z.shape[0] * max(r, 1) // M)
         g, ucb_i = g[:J], ucb_i[:J]
     Zi = Z[idx]  # (M, r)
-    rls_c, _ = _refresh_rows(Zi, idx, rls0, U, coefs, b, V_t, V_0, mean, alpha)  # (M,) σ̃²_t now
+    rls_c, _ = _refresh_rows(Zi, idx, rls0, U_buf, coef_buf, b, V_t, V_0, mean, alpha)  # (M,) σ̃²_t now
     p2 = (Zi @ u.to(dt)).square_()  # (M,) (z_aᵀ u)²
     ucb_c = mean[idx, None] + alpha * (rls_c[:, None] - p2[:, None] * g).clamp_min_(0.0).sqrt_()  # (M, J)
     beats = (ucb_c > ucb_i) | ((ucb_c == ucb_i) & (idx < i)[:, None])
@@ -258,18 +259,18 @@ def _run_length(Z, i, u, s, J, ucb, mean, rls0, rls_i, U, coefs, b, V_t, V_0, al
     return wins, M
 
 
-def _refresh(Z, idx, rls0, U, coefs, b, V_t, V_0, mean, alpha):
+def _refresh(Z, idx, rls0, U_buf, coef_buf, b, V_t, V_0, mean, alpha):
     """Current RLS variance and UCB of the arms ``idx`` (a long tensor): ``σ̃²_fb - Σ_j c_j (zᵀu_j)²``
-    while fewer than ``r`` runs were hallucinated (cost ``|idx|·r·b``), else ``σ̃²_fb - zᵀV_0⁻¹z + zᵀV_t⁻¹z``
-    (cost ``|idx|·r²``)."""
-    return _refresh_rows(Z[idx], idx, rls0, U, coefs, b, V_t, V_0, mean, alpha)
+    (directions ``u_j`` in the first ``b`` columns of ``U_buf``, ``c_j`` in ``coef_buf``) while at most ``r``
+    runs were hallucinated (cost ``|idx|·r·b``), else ``σ̃²_fb - zᵀV_0⁻¹z + zᵀV_t⁻¹z`` (cost ``|idx|·r²``)."""
+    return _refresh_rows(Z[idx], idx, rls0, U_buf, coef_buf, b, V_t, V_0, mean, alpha)
 
 
-def _refresh_rows(Zi, idx, rls0, U, coefs, b, V_t, V_0, mean, alpha):
+def _refresh_rows(Zi, idx, rls0, U_buf, coef_buf, b, V_t, V_0, mean, alpha):
     """:func:`_refresh` with the features ``Zi = Z[idx]`` `(M, r)` given."""
     if b <= Zi.shape[1]:
-        proj = Zi @ U.to(Zi.dtype)  # (M, b)
-        drop = (proj * proj) @ coefs.to(Zi.dtype)  # (M,)
+        proj = Zi @ U_buf[:, :b]  # (M, b); the buffers are in Z's dtype
+        drop = (proj * proj) @ coef_buf[:b]  # (M,)
     else:
         drop = ((Zi @ V_0.to(Zi.dtype)) * Zi).sum(-1) - ((Zi @ V_t.to(Zi.dtype)) * Zi).sum(-1)
     rls_i = (rls0[idx] - drop).clamp_min(0.0)

@@ -56,7 +56,7 @@ class FeatureRows:
     """Nyström features ``z(a) = W k_S(a)`` of an arm set, computed row by row on demand from the kernel rows.
 
     Reads like the `(A, r)` embedding where :func:`~torchbkb.batch_selection.select_batch` reads it --
-    ``shape``, ``dtype``, ``device`` and ``rows[idx]`` for a long tensor ``idx`` -- without forming it:
+    ``shape``, ``dtype``, ``device`` and ``rows[idx]`` for a long tensor or a slice ``idx`` -- without forming it:
     a batch touches a few arms, and forming all ``A`` rows costs `A·m·r` at every dictionary change.
 
     Args:
@@ -77,7 +77,7 @@ class FeatureRows:
         self.shape = torch.Size((K_SA.shape[1], W.shape[0]))
         self.dtype, self.device = K_SA.dtype, K_SA.device
 
-    def __getitem__(self, idx: torch.Tensor) -> torch.Tensor:
+    def __getitem__(self, idx: torch.Tensor | slice) -> torch.Tensor:
         return self._K_T[idx] @ self._W_T  # (M, r)
 
 
@@ -188,7 +188,7 @@ class SketchedKernelBandit(KernelBandit):
         if self._W is None:
             raise TorchBKBError(f"{type(self).__name__}: expected a dictionary (after the first reward), got none")
         if self._Z is None:
-            self._Z = self._K_buf[: len(self._order)].T @ self._W.to(self.arms.dtype).T  # (A, r)
+            self._Z = self.feature_rows()[:]  # (A, r)
         return self._Z
 
     def feature_rows(self) -> "FeatureRows":
