@@ -41,7 +41,7 @@ from torchbkb.errors import InputDataError, TorchBKBError, check_finite, check_p
 from torchbkb.nystrom import NystromEmbedding
 from torchbkb.utils.linalg import compute_dtype, keep_dtype_on_apply, spd_inverse
 
-__all__ = ["DTCPosterior", "RankOneDowndate", "ridge_solve", "scoring_operator", "score_kernel_rows", "score_kernel_columns", "fit_kernel_row_operator"]
+__all__ = ["DTCPosterior", "RankOneDowndate", "ridge_solve", "scoring_operator", "score_kernel_rows", "score_kernel_columns", "rls_kernel_columns", "fit_kernel_row_operator"]
 
 
 class RankOneDowndate(NamedTuple):
@@ -608,6 +608,40 @@ def score_kernel_columns(K: torch.Tensor, kdiag: torch.Tensor, Ma: torch.Tensor,
         quad = P[:-1].mul_(Kc).sum(0)
         parts.append((P[-1], (kdiag[i : i + c] / lam - quad).clamp_min_(0.0)))
     return _join(parts)
+
+
+def rls_kernel_columns(K: torch.Tensor, kdiag: torch.Tensor, M: torch.Tensor, lam: float, chunk_size: int) -> torch.Tensor:
+    """RLS variances ``k(x,x)/λ - k_S(x)ᵀ M k_S(x)`` of points given as kernel columns `(m, n)` (the
+    variance half of :func:`score_kernel_columns`), clamped to ``[0, k(x,x)/λ]``: ``M`` is PSD, so a DTC
+    variance never exceeds the prior's, and the clamp keeps rounding from breaking that bound (a bandit
+    that skips arms by it relies on it).
+
+    Args:
+        K: `(m, n)` ``k(s_j, x)``.
+        kdiag: `(n,)` ``k(x, x)``.
+        M: `(m, m)` :func:`scoring_operator`'s ``M`` in ``K``'s dtype.
+        lam: ``λ``.
+        chunk_size: points per chunk.
+
+    Returns:
+        `(n,)` RLS-scale variances.
+
+    Example:
+        >>> import torch
+        >>> K = torch.rand(3, 5, dtype=torch.float64); M = torch.eye(3, dtype=torch.float64)
+        >>> kd = torch.full((5,), 10.0, dtype=torch.float64)
+        >>> rls = rls_kernel_columns(K, kd, M, 0.5, 2)
+        >>> bool(torch.allclose(rls, score_kernel_columns(K, kd, torch.cat([M, torch.zeros(1, 3, dtype=torch.float64)]), 0.5, 2)[1]))
+        True
+    """
+    n, c = K.shape[-1], chunk_size
+    parts = []
+    for i in range(0, max(n, 1), c):
+        Kc = K[:, i : i + c]  # (m, c)
+        ones = Kc.new_ones(Kc.shape[0])
+        quad = (ones @ (M @ Kc).mul_(Kc)).clamp_min_(0.0)  # (c,): column sums as one product (faster than sum(0))
+        parts.append((kdiag[i : i + c] / lam - quad).clamp_min_(0.0))
+    return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
 def _join(parts: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:

@@ -82,6 +82,11 @@ class BBKB(SketchedKernelBandit):
             same batches, slower -- for testing).
         chunk_size: arms embedded/scored at once.
         row_cache_bytes: memory for the kernel rows of the pulled arms (see :class:`~torchbkb.bandits.bkb.SketchedKernelBandit`).
+        prune: at a resparsification, score the variance only of the arms whose UCB bound
+            ``μ̃ + α̃ √(k/λ)`` reaches the largest mean, and select the batch among them: no other arm can
+            be picked in the batch, since in-batch UCBs never fall below the mean (see
+            :class:`~torchbkb.bandits.bkb.SketchedKernelBandit`; ``False`` scores every arm -- the same
+            batches, slower).
 
     Attributes:
         dictionary: `(m,)` long, arm indices of the dictionary ``S_fb``.
@@ -129,9 +134,11 @@ class BBKB(SketchedKernelBandit):
         lazy: bool = True,
         chunk_size: int = DEFAULT_CHUNK,
         row_cache_bytes: int = ROW_CACHE_BYTES,
+        prune: bool = True,
     ):
         super().__init__(
-            arms, kernel, noise=noise, q_bar=q_bar, beta=beta, seed=seed, F=F, delta=delta, noise_std=noise_std, chunk_size=chunk_size, row_cache_bytes=row_cache_bytes
+            arms, kernel, noise=noise, q_bar=q_bar, beta=beta, seed=seed, F=F, delta=delta, noise_std=noise_std, chunk_size=chunk_size, row_cache_bytes=row_cache_bytes,
+            prune=prune,
         )
         self.batch_bound, self.max_batch_size = check_batch_limits(batch_bound, max_batch_size)
         self.lazy = bool(lazy)
@@ -151,6 +158,9 @@ class BBKB(SketchedKernelBandit):
             return float(self.beta_mode)
         return self.batch_bound * self.current_beta_tilde()
 
+    def _ucb_width(self) -> float:
+        return self.current_beta()  # the next batch's α̃, known at the resparsification (log_sum is updated first)
+
     def current_beta_tilde(self) -> float:
         """``β̃_fb`` of 001 Theorem 2 from the told points so far."""
         return bbkb_beta(self.log_sum, noise_std=self.noise_std, lam=self.lam, F=self.F, delta=self.delta)
@@ -167,10 +177,15 @@ class BBKB(SketchedKernelBandit):
             if self._W is None:  # empty dictionary: z ≡ 0, V = λ I_0
                 Z = self.arms.new_zeros((self.num_arms, 0))
                 V_inv = self.arms.new_zeros((0, 0), dtype=torch.float64)
-            else:
-                Z, V_inv = self.feature_rows(), self.V_inverse()  # features of the few arms the batch reads
+            else:  # features of the few arms the batch reads, among those that can be picked (prune)
+                Z, V_inv = self.feature_rows(self._scored), self.V_inverse()
+            mean, rls = self._mask_excluded(self._mean), self._rls
+            if self._scored is not None:  # (k,) ascending: lowest index first on ties, as over all arms
+                mean, rls = mean[self._scored], rls[self._scored]
             with torch.no_grad():
-                sel = select_batch(Z, self._mask_excluded(self._mean), self._rls, V_inv, self.beta, self.batch_bound, self.max_batch_size, lazy=self.lazy, validate=False)
+                sel = select_batch(Z, mean, rls, V_inv, self.beta, self.batch_bound, self.max_batch_size, lazy=self.lazy, validate=False)
+            if self._scored is not None:
+                sel = sel._replace(indices=self._scored[sel.indices])
             idx = sel.indices
             self.last_selection = sel
             self.ucb_evaluations += sel.ucb_evaluations
@@ -202,9 +217,9 @@ class BBKB(SketchedKernelBandit):
         return state
 
     def _load_algorithm_state(self, state: dict[str, Any]) -> None:
+        self.log_sum = float(state["log_sum"])  # before the refit: it sets the width the arms are pruned with
         super()._load_algorithm_state(state)
         self.beta_tilde = float(state["beta_tilde"])
-        self.log_sum = float(state["log_sum"])
         self.batch_sizes = list(state["batch_sizes"])
         self.num_resparsifications = int(state["num_resparsifications"])
         self.ucb_evaluations = int(state["ucb_evaluations"])

@@ -1,0 +1,161 @@
+"""BKB/BBKB score the variance only of the arms whose UCB bound ``μ̃ + w √(k/λ)`` reaches the largest mean.
+
+Exactness: the choices equal those of scoring every arm (``prune=False``), and an arm that was skipped
+never had a chance -- its exact UCB is below the largest one.
+"""
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from helpers import close
+from torchbkb import BBKB, BKB
+from torchbkb.kernels import GaussianKernel
+
+LAM, WIDTH = 0.2, 2.0 * 0.2**0.5  # "2σ on the GP scale": the RLS-scale UCB bonus at the prior is 2.0
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def _problem(A=1500, seed=0):
+    """Arms in [0, 1]², rewards a smooth bump in [0, 4] with a zero prior mean (as Cadata's raw house values):
+    far from the bump the UCB bound stays below the best mean, so most arms are skipped once it is found."""
+    g = torch.Generator().manual_seed(seed)
+    X = torch.rand(A, 2, generator=g, dtype=torch.float64)
+    f = 4.0 * torch.exp(-((X - torch.tensor([0.7, 0.3], dtype=torch.float64)) ** 2).sum(-1) / 0.08)
+    return X, GaussianKernel(0.15), f
+
+
+def _bandit(cls, X, k, prune, **kw):
+    args = dict(noise=LAM, q_bar=2.0, beta=WIDTH, seed=3, prune=prune)
+    if cls is BBKB:
+        args["batch_bound"] = 2.0
+    args.update(kw)
+    return cls(X, k, **args)
+
+
+def _run(bandit, f, T, scored=None):
+    while bandit.t < T:
+        idx = bandit.ask()
+        bandit.tell(idx, f[idx])
+        if scored is not None:
+            scored.append(bandit.arms_scored)
+
+
+@pytest.mark.parametrize("cls", [BKB, BBKB])
+def test_pruned_runs_make_the_choices_of_scoring_every_arm(cls):
+    X, k, f = _problem()
+    a, b = _bandit(cls, X, k, prune=True), _bandit(cls, X, k, prune=False)
+    scored = []
+    _run(a, f, 400, scored)
+    _run(b, f, 400)
+    assert a.history == b.history
+    assert torch.equal(a.dictionary, b.dictionary)
+    if cls is BBKB:
+        assert a.batch_sizes == b.batch_sizes
+    # pruning was active: late in the run a small part of the arms is scored (the unpruned run scores all)
+    assert min(scored) < 0.25 * X.shape[0] and b.arms_scored == X.shape[0]
+    # the full scores are filled in on demand and equal the unpruned ones
+    (ma, ra), (mb, rb) = a.scores(), b.scores()
+    assert close(ma, mb, 1e-10) and close(ra, rb, 1e-10)
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(seed=st.integers(0, 10_000), T=st.integers(2, 120), width=st.sampled_from([0.2, WIDTH, 2.0]))
+def test_a_skipped_arm_is_never_the_argmax(seed, T, width):
+    """At any point of a run, every arm left unscored has an exact UCB below the largest mean (so below the
+    largest UCB, and below every UCB BBKB's batch can reach); the pulled arms are always scored."""
+    X, k, f = _problem(A=600, seed=seed % 7)
+    bandit = _bandit(BKB, X, k, prune=True, beta=width, seed=seed)
+    _run(bandit, f, T)
+    mean, rls = bandit.scores()
+    exact_ucb = mean + width * rls.sqrt()
+    if bandit._scored is not None:
+        skipped = torch.ones(X.shape[0], dtype=torch.bool)
+        skipped[bandit._scored] = False
+        assert not bool(skipped[bandit.counts > 0].any())
+        assert bool((exact_ucb[skipped] < mean.max()).all())
+        assert bool((rls <= bandit.kdiag / LAM).all())  # σ̃² never above the prior's
+
+
+def test_scores_fill_in_the_skipped_variances_exactly():
+    X, k, f = _problem()
+    bandit = _bandit(BKB, X, k, prune=True)
+    _run(bandit, f, 300)
+    assert bandit.arms_scored < X.shape[0]
+    partial = bandit._rls.clone()
+    mean, rls = bandit.scores()
+    post = bandit.posterior  # the DTC posterior on the same dictionary and pulls (float64 reference)
+    ref_mean, ref_var = post(X)
+    assert close(mean, ref_mean, 1e-9) and close(rls, ref_var / LAM, 1e-7)
+    assert torch.equal(rls[bandit._scored], partial[bandit._scored])  # the scored ones are not recomputed
+    assert bandit.scores()[1] is rls  # computed once per update
+
+
+@pytest.mark.parametrize("cls", [BKB, BBKB])
+def test_checkpoint_resume_with_pruning_is_an_identical_continuation(cls):
+    X, k, f = _problem()
+    a = _bandit(cls, X, k, prune=True)
+    _run(a, f, 150)
+    if cls is BBKB:  # stop in the middle of a batch
+        idx = a.ask()
+        while len(idx) < 2:
+            a.tell(idx, f[idx])
+            idx = a.ask()
+        a.tell(idx[:1], f[idx[:1]])
+    assert a.arms_scored < X.shape[0]
+    b = _bandit(cls, X, k, prune=True, seed=99)
+    b.load_state_dict(a.state_dict())
+    _run(a, f, 400)
+    _run(b, f, 400)
+    assert a.history == b.history
+    assert torch.equal(a.scores()[0], b.scores()[0]) and torch.equal(a.scores()[1], b.scores()[1])
+
+
+@pytest.mark.parametrize("cls", [BKB, BBKB])
+def test_excluded_arms_do_not_set_the_pruning_level(cls):
+    """The level the bounds are compared with is the largest mean of the arms that can still be picked: with
+    the best arms excluded, the runs with and without pruning still agree."""
+    X, k, f = _problem()
+    runs = []
+    for prune in (True, False):
+        bandit = _bandit(cls, X, k, prune=prune)
+        _run(bandit, f, 120)
+        excluded, later = 0, []
+        while excluded < 3 or len(later) < 100:
+            idx = bandit.ask()
+            if excluded < 3:  # the first arm of each of the next three selections keeps failing: excluded
+                bandit.discard(idx[:1], exclude=True)
+                idx, excluded = idx[1:], excluded + 1
+            else:
+                later += idx.tolist()  # asked after the exclusions
+            if len(idx):
+                bandit.tell(idx, f[idx])
+        runs.append((bandit.history["index"], later, bandit.excluded.nonzero().squeeze(1).tolist()))
+    assert runs[0] == runs[1]
+    _, later, excluded = runs[0]
+    assert len(excluded) == 3 and not set(later) & set(excluded)
+
+
+@pytest.mark.parametrize("cls", [BKB, BBKB])
+def test_pruning_level_is_the_largest_mean_among_arms_not_excluded(cls):
+    """Exclude every arm whose mean is within the UCB bonus of the top: the arms left all have bounds below
+    the overall largest mean, so a level taken over all arms would skip every one of them."""
+    X, k, f = _problem()
+    bandit = _bandit(cls, X, k, prune=True)
+    _run(bandit, f, 150)
+    mean = bandit.scores()[0]
+    bandit.excluded |= mean >= float(mean.max()) - 2.5  # as discard(..., exclude=True) would, for many arms at once
+    bandit._rebuild(bandit.dictionary.clone())  # rescore with the exclusions (what the next update does)
+    mean, rls = bandit.scores()
+    ucb = (mean + WIDTH * rls.sqrt()).masked_fill(bandit.excluded, -torch.inf)
+    best = int(torch.argmax(ucb))
+    assert bandit._scored is None or best in bandit._scored.tolist()
+    assert int(bandit.ask()[0]) == best
