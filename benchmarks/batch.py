@@ -180,6 +180,7 @@ def run_one(method: str, beta: str, arms, f, T: int, cap: float | None, seed: in
             embeddings_computed=bandit.embeddings_computed,
             ucb_evaluations=bandit.ucb_evaluations,
             ucb_evaluations_per_pick=bandit.ucb_evaluations / max(sum(bandit.batch_sizes), 1),
+            arms_scored_fraction=bandit.arms_scored_total / max(bandit.num_resparsifications * bandit.num_arms, 1),
         )
     if isinstance(bandit, GPBUCB):
         out.update(time_in_batch_s=bandit.time_in_batch, time_update_s=bandit.time_update)
@@ -272,7 +273,7 @@ def table(results: list[dict], T: int) -> str:
         t_txt = f"{t:,.1f}" + (" (extrapolated)" if how == "extrapolated" else "")
         split = ""
         if "time_resparsify_s" in r:
-            split = f"resparsify {r['time_resparsify_s']:.1f} s, in-batch {r['time_in_batch_s']:.1f} s"
+            split = f"resparsify {r['time_resparsify_s']:.2f} s, in-batch {r['time_in_batch_s']:.2f} s, arms scored {100 * r.get('arms_scored_fraction', 1.0):.0f} %"
         elif "time_update_s" in r:
             split = f"in-batch {r['time_in_batch_s']:.1f} s, updates {r['time_update_s']:.1f} s"
         dsz = r["dictionary_size"] if r["dictionary_size"] is not None else "—"

@@ -159,3 +159,18 @@ def test_pruning_level_is_the_largest_mean_among_arms_not_excluded(cls):
     best = int(torch.argmax(ucb))
     assert bandit._scored is None or best in bandit._scored.tolist()
     assert int(bandit.ask()[0]) == best
+
+
+def test_scored_features_and_the_scoring_counters():
+    X, k, f = _problem()
+    bandit = _bandit(BBKB, X, k, prune=True)
+    _run(bandit, f, 300)
+    scored = bandit._scored
+    assert scored is not None and bandit.arms_scored == scored.numel() < X.shape[0]
+    assert close(bandit.scored_features(), bandit.arm_features()[scored], 1e-12)
+    assert bandit.arms_scored <= bandit.arms_scored_total < bandit.num_resparsifications * X.shape[0]
+    full = _bandit(BBKB, X, k, prune=False)
+    _run(full, f, 300)
+    assert full.arms_scored_total == full.num_resparsifications * X.shape[0]
+    with pytest.raises(Exception, match="prune"):
+        full.scored_features()

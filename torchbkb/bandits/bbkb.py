@@ -177,8 +177,10 @@ class BBKB(SketchedKernelBandit):
             if self._W is None:  # empty dictionary: z ≡ 0, V = λ I_0
                 Z = self.arms.new_zeros((self.num_arms, 0))
                 V_inv = self.arms.new_zeros((0, 0), dtype=torch.float64)
-            else:  # features of the few arms the batch reads, among those that can be picked (prune)
-                Z, V_inv = self.feature_rows(self._scored), self.V_inverse()
+            elif self._scored is None:  # features of the few arms the batch reads
+                Z, V_inv = self.feature_rows(), self.V_inverse()
+            else:  # only the arms that can be picked (prune): a few, their features formed at once
+                Z, V_inv = self.scored_features(), self.V_inverse()
             mean, rls = self._mask_excluded(self._mean), self._rls
             if self._scored is not None:  # (k,) ascending: lowest index first on ties, as over all arms
                 mean, rls = mean[self._scored], rls[self._scored]

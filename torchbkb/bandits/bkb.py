@@ -139,6 +139,8 @@ class SketchedKernelBandit(KernelBandit):
         deff: ``Σ_i n_i σ̃²_t(x_i)``, the estimate of ``d_eff`` (000 Eq. 5).
         embeddings_computed: how many times the dictionary changed (kernel rows updated, ``K_S`` refactored).
         arms_scored: how many arm variances the last update computed (``A`` when nothing was skipped).
+        arms_scored_total: the same, summed over all updates (``arms_scored_total / (updates · A)`` is the
+            fraction of the scoring work done).
     """
 
     def __init__(
@@ -189,7 +191,8 @@ class SketchedKernelBandit(KernelBandit):
         self._scored: torch.Tensor | None = None  # (k,) ascending arms whose σ̃² is computed (None: all)
         self._rls_full: torch.Tensor | None = None  # _rls filled in for every arm (scores(), on demand)
         self._M: torch.Tensor | None = None  # (m, m) scoring operator of the current posterior, K's dtype
-        self.arms_scored = 0
+        self._K_scored: torch.Tensor | None = None  # (m, k) kernel columns of the scored arms (with _scored)
+        self.arms_scored = self.arms_scored_total = 0
 
     # ------------------------------------------------------------------ diagnostics
     @property
@@ -244,6 +247,13 @@ class SketchedKernelBandit(KernelBandit):
         if self._W is None:
             raise TorchBKBError(f"{type(self).__name__}: expected a dictionary (after the first reward), got none")
         return FeatureRows(self._K_buf[: len(self._order)], self._W, index)
+
+    def scored_features(self) -> torch.Tensor:
+        """`(k, r)` features ``z(a)`` of the arms the last update scored (``self._scored``, ascending), from their
+        kernel columns kept by the update -- BBKB's batch is selected among them."""
+        if self._scored is None or self._W is None:
+            raise TorchBKBError(f"{type(self).__name__}: expected an update that skipped arms (prune), got none")
+        return self._K_scored.T @ self._W.T.to(self._K_scored.dtype)  # (k, m)·(m, r)
 
     def V_inverse(self) -> torch.Tensor:
         """`(r, r)` ``V⁻¹`` of the current posterior (``V = Zᵀ N Z + λ I`` on the pulled arms' features)."""
@@ -356,10 +366,12 @@ class SketchedKernelBandit(KernelBandit):
             self._rls = rls_kernel_columns(K_SA, self.kdiag, M, self.lam, self.chunk_size)
         else:
             rls = self._prior_rls.clone()  # σ̃² <= k/λ for the arms not scored
-            rls[idx] = rls_kernel_columns(K_SA.index_select(1, idx), self.kdiag[idx], M, self.lam, self.chunk_size)
+            self._K_scored = K_SA.index_select(1, idx)  # (m, k): kept for the scored arms' features
+            rls[idx] = rls_kernel_columns(self._K_scored, self.kdiag[idx], M, self.lam, self.chunk_size)
             self._rls = rls
         self._mean, self._scored = mean, idx
         self.arms_scored = self.num_arms if idx is None else int(idx.numel())
+        self.arms_scored_total += self.arms_scored
 
     def _cache_pulled_rows(self, arms: list[int]) -> None:
         """Add ``k(x, arms)`` of newly pulled arms to the pulled-row cache, each row computed alone (so a
@@ -493,6 +505,7 @@ class SketchedKernelBandit(KernelBandit):
             "rls": self._rls.cpu().clone(),
             "scored": None if self._scored is None else self._scored.cpu().clone(),
             "embeddings_computed": self.embeddings_computed,
+            "arms_scored_total": self.arms_scored_total,
         }
 
     def _load_algorithm_state(self, state: dict[str, Any]) -> None:
@@ -513,6 +526,7 @@ class SketchedKernelBandit(KernelBandit):
         self._rls_full = None
         self.beta = float(state["beta"])
         self.embeddings_computed = int(state["embeddings_computed"])
+        self.arms_scored_total = int(state.get("arms_scored_total", 0))  # absent before pruning
 
 
 class BKB(SketchedKernelBandit):
@@ -541,7 +555,7 @@ class BKB(SketchedKernelBandit):
         beta: the width used for the last selection.
         deff: ``Σ_i n_i σ̃²_t(x_i)``, the estimate of ``d_eff`` used by the theory β.
         embeddings_computed: how many times the dictionary changed (kernel rows updated, ``K_S`` refactored).
-        arms_scored: arm variances computed at the last update.
+        arms_scored: arm variances computed at the last update (``arms_scored_total``: over all updates).
     """
 
     def __init__(
