@@ -638,8 +638,7 @@ def rls_kernel_columns(K: torch.Tensor, kdiag: torch.Tensor, M: torch.Tensor, la
     parts = []
     for i in range(0, max(n, 1), c):
         Kc = K[:, i : i + c]  # (m, c)
-        ones = Kc.new_ones(Kc.shape[0])
-        quad = (ones @ (M @ Kc).mul_(Kc)).clamp_min_(0.0)  # (c,): column sums as one product (faster than sum(0))
+        quad = (M @ Kc).mul_(Kc).sum(0).clamp_min_(0.0)  # (c,)
         parts.append((kdiag[i : i + c] / lam - quad).clamp_min_(0.0))
     return parts[0] if len(parts) == 1 else torch.cat(parts)
 

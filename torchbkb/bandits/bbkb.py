@@ -15,8 +15,11 @@ RLS variances ``σ̃²_fb``, all cached for every arm). Inside the batch (:func:
 
 When every point of the batch is told (or discarded), the dictionary is resampled from the pulled
 arms with probabilities ``min(1, q̄ σ̃²_fb)`` (per pull), the kernel rows are updated (only if the
-dictionary changed), ``V`` and the mean are refitted from the pull counts and every arm is rescored --
-the same code as BKB (:class:`~torchbkb.bandits.bkb.SketchedKernelBandit`). The first batch is one
+dictionary changed), ``V`` and the mean are refitted from the pull counts and the arms are rescored --
+the same code as BKB (:class:`~torchbkb.bandits.bkb.SketchedKernelBandit`). Since the batch's multiplier
+``α̃`` is known at that point, only the arms whose UCB bound ``μ̃ + α̃ √(k/λ)`` reaches the largest mean get
+a variance, and the batch is selected among them: an in-batch UCB never falls below the mean, so no
+other arm can be picked (``prune``; on Cadata about a tenth of the arms). The first batch is one
 uniform arm and ``S_1 = {x_1}``.
 
 Memory: the kernel rows ``k(s, arms)`` of the dictionary and the embedding ``z(arms)`` are cached,

@@ -308,7 +308,7 @@ class SketchedKernelBandit(KernelBandit):
                 self._slot_block, self._blocks = [], {}
                 self._mean = torch.zeros_like(self._mean)
                 self._rls = self._prior_rls.clone()
-                self._scored = self._rls_full = self._M = None
+                self._scored = self._rls_full = self._M = self._K_scored = None
                 self.arms_scored = 0
             else:
                 changed = self._W is None or not torch.equal(new_dict, self.dictionary)
@@ -523,6 +523,8 @@ class SketchedKernelBandit(KernelBandit):
         self._rls = state["rls"].to(self.arms.device)
         scored = state.get("scored")  # absent in checkpoints written before pruning: every arm was scored
         self._scored = None if scored is None else scored.to(self.arms.device)
+        if self._scored is not None:  # the refit above found the same arms; their kernel columns, to be sure
+            self._K_scored = self._K_buf[: len(self._order)].index_select(1, self._scored)
         self._rls_full = None
         self.beta = float(state["beta"])
         self.embeddings_computed = int(state["embeddings_computed"])
