@@ -17,7 +17,8 @@ this kind of machine with NumPy, whose BLAS uses both cores, and BKB's theory-β
 ``(A × m)·(m × m)`` scoring product at ``m ≈ 90``, which the second core speeds up.
 
 The constant width is ``β = 0.5`` on the RLS scale (``μ + 0.5 σ̃ = μ + 5 σ_GP`` at λ = 0.01; BoTorch's
-``beta = 25``): among 0.1, 0.2, 0.5, 1 it gave BKB the lowest regret on the anchor.
+``beta = 25``), the anchor's width since an early stop (chosen then on a single seed; part 4 shows that over
+10 seeds ``β = 0.2`` gives both methods a lower regret, and the same ratio between them).
 
 Part 3 (regret study, :func:`regret_study`). "The same regret as the exact method", measured: on the
 anchor problem over 20 seeds (a seed fixes the first arm and the reward noise), exact GP-UCB and BKB with
@@ -25,6 +26,11 @@ the constant width and q̄ ∈ {2, 4, 8, 16, 10⁶} (10⁶: every pulled arm sta
 is exact GP-UCB), and both with their theorems' widths; medians over seeds, their ratio with a 90 %
 paired-bootstrap interval, on how many seeds BKB pulled exactly GP-UCB's arms, and how often a run
 leaves the arm it exploits. Writes ``sequential_regret.png``; ``--skip-regret-study`` skips it.
+
+Part 4 (width scan, :func:`width_scan`). Is the q̄ = 2 gap a property of the anchor's width? Exact GP-UCB and
+BKB with q̄ = 2 and 4 for each constant width in :data:`WIDTH_SCAN` over 10 seeds (2 quick, 20 full): median
+regrets, their ratio with a 90 % paired-bootstrap interval, seeds on which BKB is higher;
+``--skip-width-scan`` skips it.
 
 The anchor also times an idealized BKB theory-β loop (:func:`idealized_bkb_loop`: kernel rows
 precomputed, no validation or bookkeeping) right after each BKB theory-β repetition, as a floor in the
@@ -81,9 +87,9 @@ from torchbkb.datasets import anchor_problem, gp_sample, random_arms
 NAME = "sequential"
 BETA = 0.5
 SIZES = {
-    "quick": {"scan_A": [500, 2000], "scan_T": 60, "scan_cap": 20.0, "anchor_T": 60, "anchor_reps": 1, "peer_reps": 1, "anchor_cap": 30.0, "study_seeds": 2},
-    "default": {"scan_A": [1000, 10_000, 100_000], "scan_T": 1000, "scan_cap": 60.0, "anchor_T": 1000, "anchor_reps": 5, "peer_reps": 1, "anchor_cap": 120.0, "study_seeds": 20},
-    "full": {"scan_A": [1000, 10_000, 100_000], "scan_T": 3000, "scan_cap": 600.0, "anchor_T": 1000, "anchor_reps": 10, "peer_reps": 3, "anchor_cap": 600.0, "study_seeds": 50},
+    "quick": {"scan_A": [500, 2000], "scan_T": 60, "scan_cap": 20.0, "anchor_T": 60, "anchor_reps": 1, "peer_reps": 1, "anchor_cap": 30.0, "study_seeds": 2, "width_seeds": 2},
+    "default": {"scan_A": [1000, 10_000, 100_000], "scan_T": 1000, "scan_cap": 60.0, "anchor_T": 1000, "anchor_reps": 5, "peer_reps": 1, "anchor_cap": 120.0, "study_seeds": 20, "width_seeds": 10},
+    "full": {"scan_A": [1000, 10_000, 100_000], "scan_T": 3000, "scan_cap": 600.0, "anchor_T": 1000, "anchor_reps": 10, "peer_reps": 3, "anchor_cap": 600.0, "study_seeds": 50, "width_seeds": 20},
 }
 ANCHORS = {
     "BKB-theory": {"time": 19.0, "dictionary_size": 57},
@@ -293,6 +299,38 @@ def regret_study(cfg: dict, device, dtype, seed: int) -> dict:
     return {"T": T, "seeds": seeds, "beta": BETA, "explore_after": EXPLORE_AFTER, "summary": summary, "runs": runs}
 
 
+WIDTH_SCAN = (0.1, 0.2, 0.3, 0.5, 1.0)  # constant widths (RLS scale) of the width scan; 0.5 is the anchor's
+
+
+def width_scan(cfg: dict, device, dtype, seed: int) -> dict:
+    """Part 4: exact GP-UCB and BKB (q̄ = 2 and 4) for each width of :data:`WIDTH_SCAN` on ``cfg["width_seeds"]`` seeds
+    of the anchor problem; per width the median ``R_T/R_unif`` and, for BKB, the ratio of medians to GP-UCB's
+    with a 90 % paired-bootstrap interval and the seeds on which BKB's regret is higher."""
+    from dataclasses import replace
+
+    import torchbkb
+
+    prob = anchor_problem(dtype=dtype, device=device)
+    T, seeds = cfg["anchor_T"], list(range(seed, seed + cfg["width_seeds"]))
+    rows, runs = [], {}
+    for beta in WIDTH_SCAN:
+        base = BanditSettings(lengthscale=0.2, lam=0.01, q_bar=2.0, F=1.0, delta=1.0 / T, beta=beta)
+        res = {}
+        for label, alg, settings in (("GP-UCB", "GPUCB", base), ("BKB q̄=2", "BKB", base), ("BKB q̄=4", "BKB", replace(base, q_bar=4.0))):
+            res[label] = [torchbkb.run(make_bandit(alg, prob.arms, settings, s), prob.objective(s), budget=T, progress=False, values=prob.values).normalized_regret[-1] for s in seeds]
+        runs[str(beta)] = res
+        g = np.array(res["GP-UCB"])
+        row = {"beta": beta, "gpucb_median": float(np.median(g))}
+        for label in ("BKB q̄=2", "BKB q̄=4"):
+            x = np.array(res[label])
+            row[label] = {"median": float(np.median(x)), "ratio_of_medians": float(np.median(x) / np.median(g)),
+                          "ratio_of_medians_90ci": bootstrap_ratio(x, g, np.median), "seeds_higher": int((x > g).sum())}
+        rows.append(row)
+        print(f"  width β = {beta}: GP-UCB {row['gpucb_median']:.4f}, " + ", ".join(
+            f"{k} {row[k]['median']:.4f} ({row[k]['ratio_of_medians']:.2f}x, higher on {row[k]['seeds_higher']}/{len(seeds)})" for k in ("BKB q̄=2", "BKB q̄=4")), flush=True)
+    return {"T": T, "seeds": seeds, "widths": list(WIDTH_SCAN), "rows": rows, "runs": runs}
+
+
 def plot_regret_study(study: dict, out_dir) -> str:
     fig, axes = new_figure(ncols=2, width=5.6)
     ax = axes[0][0]
@@ -344,6 +382,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--skip-scan", action="store_true")
     p.add_argument("--skip-anchor", action="store_true")
     p.add_argument("--skip-regret-study", action="store_true")
+    p.add_argument("--skip-width-scan", action="store_true")
     p.add_argument("--study-seeds", type=int, default=None, help="seeds of the regret study (default: 2 quick, 20, 50 full)")
     args = p.parse_args(argv)
     cfg = dict(SIZES[size_of(args)])
@@ -422,6 +461,18 @@ def main(argv: list[str] | None = None) -> dict:
         payload["regret_study"] = study
         payload["regret_study_table"] = rows
         payload["regret_study_plot"] = plot_regret_study(study, args.out)
+    if not args.skip_width_scan:
+        ws = width_scan(cfg, device, dtype, args.seed)
+        rows = [
+            {"β (RLS)": r["beta"], "GP-UCB median": r["gpucb_median"]}
+            | {f"{k} median": r[k]["median"] for k in ("BKB q̄=2", "BKB q̄=4")}
+            | {f"{k} / GP-UCB": "{:.2f} ({:.2f}-{:.2f})".format(r[k]["ratio_of_medians"], *r[k]["ratio_of_medians_90ci"]) for k in ("BKB q̄=2", "BKB q̄=4")}
+            | {f"{k} higher": f"{r[k]['seeds_higher']}/{len(ws['seeds'])}" for k in ("BKB q̄=2", "BKB q̄=4")}
+            for r in ws["rows"]
+        ]
+        print_table(rows, list(rows[0]), f"width scan: anchor problem, T={ws['T']}, {len(ws['seeds'])} seeds (medians over seeds)")
+        payload["width_scan"] = ws
+        payload["width_scan_table"] = rows
     payload["anchors_design"] = ANCHORS
     payload["targets"] = TARGETS
     payload["total_time"] = time.perf_counter() - t0

@@ -23,3 +23,13 @@ def dtype(request):
 def tol(dtype):
     """Comparison tolerance for results computed in ``dtype``."""
     return 1e-9 if dtype == torch.float64 else 2e-3
+
+
+@pytest.fixture
+def one_thread():
+    """One intra-op thread for the test (a module opts in with ``pytestmark = pytest.mark.usefixtures("one_thread")``):
+    bandit operations are tiny, and a second thread only adds synchronization (much slower on a busy machine)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)

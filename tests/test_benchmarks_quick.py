@@ -126,7 +126,7 @@ def test_registry_and_helpers():
 @pytest.mark.parametrize(
     "name, args, outputs",
     [
-        ("batch", ["--T", "300", "--skip-float64-check", "--threads", "1"], ["batch.json", "batch.png"]),
+        ("batch", ["--T", "300", "--skip-float32-check", "--threads", "1"], ["batch.json", "batch.png"]),
         ("batch", ["--T", "200", "--c-scan", "1.5,2"], ["batch_c_scan.json"]),
         ("batch", ["--T", "200", "--q-scan", "2,4"], ["batch_q_scan.json"]),
         ("botorch_peer", ["--sizes", "100"], ["botorch_peer_quick.json", "botorch_peer_quick.png"]),

@@ -19,13 +19,7 @@ MAKERS = {
     "SBPE": lambda: SBPE(ARMS, GaussianKernel(0.3), noise=0.01, budget=200, rkhs_norm=1.0, subgaussian=0.1, seed=0),
 }
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """The operations here are tiny: a second intra-op thread only adds synchronization (much slower on a busy machine)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny operations: one intra-op thread (tests/conftest.py)
 
 
 

@@ -13,13 +13,7 @@ from torchbkb.kernels import GaussianKernel
 LS = 0.2
 LAM = 0.01
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """The operations here are tiny: a second intra-op thread only adds synchronization (much slower on a busy machine)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny operations: one intra-op thread (tests/conftest.py)
 
 
 

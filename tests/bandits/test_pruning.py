@@ -16,12 +16,7 @@ from torchbkb.kernels import GaussianKernel
 LAM, WIDTH = 0.2, 2.0 * 0.2**0.5  # "2σ on the GP scale": the RLS-scale UCB bonus at the prior is 2.0
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny operations: one intra-op thread (tests/conftest.py)
 
 
 def _problem(A=1500, seed=0):
