@@ -327,9 +327,9 @@ def test_to_float32_keeps_the_float64_factorizations():
 
 @pytest.mark.parametrize("whitening", ["cholesky", "eigh"])
 def test_kernel_row_operator_and_column_scoring_are_000_eq4(whitening):
-    """The bandits' per-step refit (fit_kernel_row_operator + score_kernel_columns, kernel rows stored
-    one per inducing point) equals 000 Eq. 4 with weighted (repeated) observations."""
-    from torchbkb.dtc_posterior import fit_kernel_row_operator, score_kernel_columns
+    """The bandits' per-step refit (fit_kernel_row_operator, then the mean aᵀK and rls_kernel_columns on kernel
+    rows stored one per inducing point) equals 000 Eq. 4 with weighted (repeated) observations."""
+    from torchbkb.dtc_posterior import fit_kernel_row_operator, rls_kernel_columns
     from torchbkb.utils.linalg import inv_sqrt_factor, psd_inv_sqrt
 
     X, y, Xq = _data()
@@ -339,7 +339,8 @@ def test_kernel_row_operator_and_column_scoring_are_000_eq4(whitening):
     W = inv_sqrt_factor(K_ss) if whitening == "cholesky" else psd_inv_sqrt(K_ss)
     Zt = W @ rbf(S, X, LS)
     Ma, V_inv = fit_kernel_row_operator(W, Zt, counts, counts * y, lam)
-    mean, rls = score_kernel_columns(rbf(S, Xq, LS), torch.ones(len(Xq), dtype=torch.float64), Ma, lam, chunk_size=7)
+    K_SQ = rbf(S, Xq, LS)  # (m, q)
+    mean, rls = Ma[-1] @ K_SQ, rls_kernel_columns(K_SQ, torch.ones(len(Xq), dtype=torch.float64), Ma[:-1], lam, chunk_size=7)
     rep = torch.repeat_interleave(torch.arange(len(X)), counts.long())  # every pull as its own row
     m_ref, rls_ref = bkb_eq4(K_ss, rbf(X[rep], S, LS), rbf(Xq, S, LS), torch.ones(len(Xq), dtype=torch.float64), y[rep], lam)
     assert close(mean, m_ref, atol=1e-9)

@@ -338,9 +338,6 @@ class SketchedKernelBandit(KernelBandit):
         self.dictionary = new_dict
         self.deff = float((n * self._rls[pulled].to(torch.float64)).sum())
 
-    def _any_excluded(self) -> bool:
-        return bool(self.excluded.any())
-
     def _prior_width(self, width: float) -> torch.Tensor:
         """`(A,)` ``width · √(k(a,a)/λ)``, the largest UCB bonus an arm can have; kept while ``width`` is unchanged."""
         if self._bonus_cache is None or self._bonus_cache[0] != width:
@@ -361,7 +358,7 @@ class SketchedKernelBandit(KernelBandit):
         idx = None
         width = self._ucb_width() if self.prune else None
         if width is not None:
-            best = (mean.masked_fill(self.excluded, -torch.inf) if self._any_excluded() else mean).max()  # <= the largest UCB
+            best = (mean.masked_fill(self.excluded, -torch.inf) if bool(self.excluded.any()) else mean).max()  # <= the largest UCB
             keep = mean + self._prior_width(width) >= best  # the UCB bound (computed as the selections compute a UCB)
             keep[pulled] = True
             idx = keep.nonzero().squeeze(1)  # (k,) ascending
@@ -369,6 +366,7 @@ class SketchedKernelBandit(KernelBandit):
                 idx = None
         if idx is None:
             self._rls = rls_kernel_columns(K_SA, self.kdiag, M, self.lam, self.chunk_size)
+            self._K_scored = None
         else:
             rls = self._prior_rls.clone()  # σ̃² <= k/λ for the arms not scored
             self._K_scored = K_SA.index_select(1, idx)  # (m, k): kept for the scored arms' features
