@@ -41,7 +41,7 @@ from torchbkb.errors import InputDataError, TorchBKBError, check_finite, check_p
 from torchbkb.nystrom import NystromEmbedding
 from torchbkb.utils.linalg import compute_dtype, keep_dtype_on_apply, spd_inverse
 
-__all__ = ["DTCPosterior", "RankOneDowndate", "ridge_solve", "scoring_operator", "score_kernel_rows", "rls_kernel_columns", "fit_kernel_row_operator"]
+__all__ = ["DTCPosterior", "RankOneDowndate", "ridge_solve", "scoring_operator", "score_kernel_rows", "score_kernel_columns", "rls_kernel_columns", "fit_kernel_row_operator"]
 
 
 class RankOneDowndate(NamedTuple):
@@ -511,8 +511,8 @@ def fit_kernel_row_operator(
     """Fit the DTC posterior of weighted observations and return it as one operator on kernel rows.
 
     With ``V = Zᵀ N Z + λ I``: ``M = Wᵀ (I/λ - V⁻¹) W`` and ``a = Wᵀ V⁻¹ Zᵀ (N y)`` -- the same
-    quantities as :func:`ridge_solve` followed by :func:`scoring_operator`, stacked as ``[M; aᵀ]`` (the
-    bandits score with ``M`` by :func:`rls_kernel_columns` and ``a`` by one product) and computed with as few `(r, r)` passes as possible (this is a
+    quantities as :func:`ridge_solve` followed by :func:`scoring_operator`, stacked as ``[M; aᵀ]`` for
+    :func:`score_kernel_columns` (or ``M`` for :func:`rls_kernel_columns` and ``a`` in one product) and computed with as few `(r, r)` passes as possible (this is a
     bandit's per-step refit). The difference ``I/λ - V⁻¹`` is taken in the `(r, r)` feature
     space, where both terms are ``O(1/λ)``, before ``W`` (whose entries grow like ``1/√(smallest
     eigenvalue of K_S)``) is applied: subtracting ``Wᵀ W/λ - Wᵀ V⁻¹ W`` after it loses the small
@@ -574,12 +574,47 @@ def score_kernel_rows(
     return _join(parts)
 
 
+def score_kernel_columns(K: torch.Tensor, kdiag: torch.Tensor, Ma: torch.Tensor, lam: float, chunk_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`score_kernel_rows` for kernel rows stored as columns -- a cache `(m, n)` holding one
+    contiguous row ``k(s_j, ·)`` per inducing point -- with the operator stacked as ``[M; aᵀ]``
+    (:func:`fit_kernel_row_operator`): one `(m + 1, m)·(m, c)` product per chunk gives ``M k_S`` and
+    the mean together (one pass over ``K``). Variances as in :func:`rls_kernel_columns`.
+
+    Args:
+        K: `(m, n)` ``k(s_j, x)``.
+        kdiag: `(n,)` ``k(x, x)``.
+        Ma: `(m + 1, m)` ``[M; aᵀ]`` in ``K``'s dtype.
+        lam: ``λ``.
+        chunk_size: points per chunk.
+
+    Returns:
+        ``(mean, rls)``, each `(n,)`.
+
+    Example:
+        >>> import torch
+        >>> K = torch.rand(3, 5, dtype=torch.float64)
+        >>> M = torch.eye(3, dtype=torch.float64); a = torch.ones(3, dtype=torch.float64)
+        >>> kd = torch.full((5,), 10.0, dtype=torch.float64)
+        >>> rows = score_kernel_rows(K.T, kd, M, a, 0.5, 2)
+        >>> cols = score_kernel_columns(K, kd, torch.cat([M, a[None]]), 0.5, 2)
+        >>> all(torch.allclose(r, c) for r, c in zip(rows, cols))
+        True
+    """
+    n, c = K.shape[-1], chunk_size
+    parts = []
+    for i in range(0, max(n, 1), c):
+        Kc = K[:, i : i + c]  # (m, c)
+        P = Ma @ Kc  # (m + 1, c)
+        parts.append((P[-1], _rls_from_products(P[:-1], Kc, kdiag[i : i + c], lam)))
+    return _join(parts)
+
+
 def rls_kernel_columns(K: torch.Tensor, kdiag: torch.Tensor, M: torch.Tensor, lam: float, chunk_size: int) -> torch.Tensor:
     """RLS variances ``k(x,x)/λ - k_S(x)ᵀ M k_S(x)`` of points given by their kernel rows stored as columns --
     a cache `(m, n)` holding one contiguous row ``k(s_j, ·)`` per inducing point, as the bandits keep it --
     one `(m, m)·(m, c)` product per chunk, clamped to ``[0, k(x,x)/λ]``: ``M`` is PSD, so a DTC variance never
     exceeds the prior's, and the clamp keeps rounding from breaking that bound (a bandit that skips arms by
-    it relies on it). The mean is one more product, ``aᵀ K``.
+    it relies on it). The mean is one more product, ``aᵀ K``, or see :func:`score_kernel_columns`.
 
     Args:
         K: `(m, n)` ``k(s_j, x)``.
@@ -603,9 +638,14 @@ def rls_kernel_columns(K: torch.Tensor, kdiag: torch.Tensor, M: torch.Tensor, la
     parts = []
     for i in range(0, max(n, 1), c):
         Kc = K[:, i : i + c]  # (m, c)
-        quad = (M @ Kc).mul_(Kc).sum(0).clamp_min_(0.0)  # (c,)
-        parts.append((kdiag[i : i + c] / lam - quad).clamp_min_(0.0))
+        parts.append(_rls_from_products(M @ Kc, Kc, kdiag[i : i + c], lam))
     return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+
+def _rls_from_products(MK: torch.Tensor, K: torch.Tensor, kdiag: torch.Tensor, lam: float) -> torch.Tensor:
+    """``k/λ - Σ_j (M K)_j K_j`` column-wise from ``MK = M K`` `(m, c)` (overwritten), clamped to ``[0, k/λ]``."""
+    quad = MK.mul_(K).sum(0).clamp_min_(0.0)  # (c,)
+    return (kdiag / lam - quad).clamp_min_(0.0)
 
 
 def _join(parts: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:

@@ -38,7 +38,7 @@ import torch
 
 from torchbkb.bandits.base import KernelBandit
 from torchbkb.confidence import alpha_from_epsilon, bkb_beta
-from torchbkb.dtc_posterior import DTCPosterior, fit_kernel_row_operator, rls_kernel_columns
+from torchbkb.dtc_posterior import DTCPosterior, fit_kernel_row_operator, rls_kernel_columns, score_kernel_columns
 from torchbkb.errors import InputDataError, TorchBKBError, check_int, check_positive
 from torchbkb.nystrom import DEFAULT_CHUNK, NystromEmbedding
 from torchbkb.rls_dictionary import RLSDictionary
@@ -52,6 +52,8 @@ ROW_CACHE_BYTES = 256 * 2**20
 REFILL_BYTES = 4 * 2**20
 #: arms skipped by the UCB bound are scored anyway when the arms left to score exceed this fraction of ``A``.
 PRUNE_MAX_FRACTION = 0.5
+#: after a pruning attempt that left most arms to score, up to this many updates score every arm in one pass first.
+PRUNE_MAX_BACKOFF = 16
 
 
 class FeatureRows:
@@ -109,7 +111,9 @@ class SketchedKernelBandit(KernelBandit):
     values, zero prior mean, "2σ" width) BBKB scores about a tenth of the arms (median 8 %); with the
     DESIGN §6 anchor's wide width nearly every arm passes and all are scored. The pulled arms are
     always scored (the dictionary resampling and ``d_eff`` read them); :meth:`scores` fills in the
-    others on demand.
+    others on demand. An attempt costs one more pass over the kernel rows (the mean alone) than scoring
+    every arm (mean and variance in one product), so after an attempt in which more than half of the arms
+    passed, the next 1, 2, 4, ... (at most :data:`PRUNE_MAX_BACKOFF`) updates score every arm without trying.
 
     Precision: the kernel rows and the scoring ``k/λ - k_Sᵀ M k_S`` run in the arms' dtype (the `m × m`
     factorizations and the refit in float64). float32 arms halve memory and scoring time, but the
@@ -198,6 +202,9 @@ class SketchedKernelBandit(KernelBandit):
         self._M: torch.Tensor | None = None  # (m, m) scoring operator of the current posterior, K's dtype
         self._K_scored: torch.Tensor | None = None  # (m, k) kernel columns of the scored arms (with _scored)
         self.arms_scored = self.arms_scored_total = 0
+        self._prune_wait = self._prune_backoff = 0  # updates to score in one pass before the next pruning attempt
+        self._last_attempt = False  # whether the last update tried to prune (a checkpoint repeats its path)
+        self._force_attempt: bool | None = None  # set while a checkpoint is loaded
 
     # ------------------------------------------------------------------ diagnostics
     @property
@@ -350,29 +357,37 @@ class SketchedKernelBandit(KernelBandit):
         return None
 
     def _score(self, K_SA: torch.Tensor, Ma: torch.Tensor, pulled: torch.Tensor) -> None:
-        """``μ̃`` of every arm from its kernel row (one `(m,)·(m, A)` product) and ``σ̃²`` of the arms that can
-        still be selected and of the pulled ones (all of them without a known width, or when most pass)."""
+        """``μ̃`` of every arm from its kernel row and ``σ̃²`` of the arms that can still be selected and of the
+        pulled ones: every arm in one `(m + 1, m)·(m, A)` product when the width is unknown (or pruning is off or
+        backing off), else the means first (one `(m,)·(m, A)` product) and the variances of the arms that pass."""
         M, a = Ma[:-1], Ma[-1]
-        self._M, self._rls_full = M, None
-        mean = a @ K_SA  # (A,)
-        idx = None
         width = self._ucb_width() if self.prune else None
-        if width is not None:
+        attempt = width is not None and (self._prune_wait == 0 if self._force_attempt is None else self._force_attempt)
+        idx = K_scored = None
+        if attempt:
+            mean = a @ K_SA  # (A,)
             best = (mean.masked_fill(self.excluded, -torch.inf) if bool(self.excluded.any()) else mean).max()  # <= the largest UCB
             keep = mean + self._prior_width(width) >= best  # the UCB bound (computed as the selections compute a UCB)
             keep[pulled] = True
             idx = keep.nonzero().squeeze(1)  # (k,) ascending
-            if idx.numel() > PRUNE_MAX_FRACTION * self.num_arms:
+            if idx.numel() > PRUNE_MAX_FRACTION * self.num_arms:  # most arms pass: back off before trying again
                 idx = None
-        if idx is None:
-            self._rls = rls_kernel_columns(K_SA, self.kdiag, M, self.lam, self.chunk_size)
-            self._K_scored = None
+                self._prune_backoff = min(max(2 * self._prune_backoff, 1), PRUNE_MAX_BACKOFF)
+            else:
+                self._prune_backoff = 0
+            self._prune_wait = self._prune_backoff
         else:
+            self._prune_wait = max(self._prune_wait - 1, 0)
+        if idx is not None:
             rls = self._prior_rls.clone()  # σ̃² <= k/λ for the arms not scored
-            self._K_scored = K_SA.index_select(1, idx)  # (m, k): kept for the scored arms' features
-            rls[idx] = rls_kernel_columns(self._K_scored, self.kdiag[idx], M, self.lam, self.chunk_size)
-            self._rls = rls
-        self._mean, self._scored = mean, idx
+            K_scored = K_SA.index_select(1, idx)  # (m, k): kept for the scored arms' features
+            rls[idx] = rls_kernel_columns(K_scored, self.kdiag[idx], M, self.lam, self.chunk_size)
+        elif attempt:  # the means are there already
+            rls = rls_kernel_columns(K_SA, self.kdiag, M, self.lam, self.chunk_size)
+        else:
+            mean, rls = score_kernel_columns(K_SA, self.kdiag, Ma, self.lam, self.chunk_size)
+        self._mean, self._rls, self._scored, self._K_scored = mean, rls, idx, K_scored
+        self._M, self._rls_full, self._last_attempt = M, None, attempt
         self.arms_scored = self.num_arms if idx is None else int(idx.numel())
         self.arms_scored_total += self.arms_scored
 
@@ -509,6 +524,7 @@ class SketchedKernelBandit(KernelBandit):
             "scored": None if self._scored is None else self._scored.cpu().clone(),
             "embeddings_computed": self.embeddings_computed,
             "arms_scored_total": self.arms_scored_total,
+            "prune": [self._last_attempt, self._prune_wait, self._prune_backoff],
         }
 
     def _load_algorithm_state(self, state: dict[str, Any]) -> None:
@@ -521,8 +537,14 @@ class SketchedKernelBandit(KernelBandit):
         self._W = self._V_inv = None
         self._slot_block, self._blocks = [], {}
         self.dictionary = self._long([])
+        last_attempt, wait, backoff = state.get("prune", (False, 0, 0))  # absent before pruning
         if self.t > 0:  # no order/blocks: an older checkpoint (rows recomputed one block)
-            self._rebuild(state["dictionary"].to(self.arms.device), order=state.get("order"), blocks=state.get("blocks"))
+            self._force_attempt = bool(last_attempt)  # the refit takes the scoring path the saved one took
+            try:
+                self._rebuild(state["dictionary"].to(self.arms.device), order=state.get("order"), blocks=state.get("blocks"))
+            finally:
+                self._force_attempt = None
+        self._last_attempt, self._prune_wait, self._prune_backoff = bool(last_attempt), int(wait), int(backoff)
         self._rls = state["rls"].to(self.arms.device)
         scored = state.get("scored")  # absent in checkpoints written before pruning: every arm was scored
         self._scored = None if scored is None else scored.to(self.arms.device)
