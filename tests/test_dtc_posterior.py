@@ -327,9 +327,10 @@ def test_to_float32_keeps_the_float64_factorizations():
 
 @pytest.mark.parametrize("whitening", ["cholesky", "eigh"])
 def test_kernel_row_operator_and_column_scoring_are_000_eq4(whitening):
-    """The bandits' per-step refit (fit_kernel_row_operator, then the mean aᵀK and rls_kernel_columns on kernel
-    rows stored one per inducing point) equals 000 Eq. 4 with weighted (repeated) observations."""
-    from torchbkb.dtc_posterior import fit_kernel_row_operator, rls_kernel_columns
+    """The bandits' per-step refit (fit_kernel_row_operator, then the mean aᵀK and rls_kernel_columns, or both at
+    once by score_kernel_columns, on kernel rows stored one per inducing point) equals 000 Eq. 4 with weighted
+    (repeated) observations."""
+    from torchbkb.dtc_posterior import fit_kernel_row_operator, rls_kernel_columns, score_kernel_columns
     from torchbkb.utils.linalg import inv_sqrt_factor, psd_inv_sqrt
 
     X, y, Xq = _data()
@@ -345,4 +346,6 @@ def test_kernel_row_operator_and_column_scoring_are_000_eq4(whitening):
     m_ref, rls_ref = bkb_eq4(K_ss, rbf(X[rep], S, LS), rbf(Xq, S, LS), torch.ones(len(Xq), dtype=torch.float64), y[rep], lam)
     assert close(mean, m_ref, atol=1e-9)
     assert close(rls, rls_ref, atol=1e-7)
+    one_product = score_kernel_columns(K_SQ, torch.ones(len(Xq), dtype=torch.float64), Ma, lam, chunk_size=7)  # mean and rls at once
+    assert close(one_product[0], m_ref, atol=1e-9) and close(one_product[1], rls_ref, atol=1e-7)
     assert close(V_inv, torch.linalg.inv(Zt @ torch.diag(counts) @ Zt.T + lam * torch.eye(len(W), dtype=torch.float64)), atol=1e-9)
