@@ -7,6 +7,8 @@ import importlib
 import sys
 import time
 
+import torch
+
 from benchmarks import BENCHMARKS, MAIN, OPTIONS
 
 
@@ -46,8 +48,12 @@ def main(argv: list[str] | None = None) -> int:
     common += [("--no-progress", None)] if args.no_progress else []
     explicit = {a.split("=")[0] for a in argv if a.startswith("--")}
     times = {}
+    threads0 = torch.get_num_threads()
     for name in names:
         print(f"\n=== {name} ===", flush=True)
+        # each benchmark sets its own thread count (the bandit loops default to 1): do not let one run's
+        # setting leak into the next one's default
+        torch.set_num_threads(threads0)
         supported = OPTIONS.get(name)
         passed, dropped = [], []
         for flag, value in common:

@@ -153,3 +153,33 @@ def test_runner_defaults_to_main_job_and_drops_unknown_options(tmp_path, capsys)
     rc = main(["--only", "sbpe", "--quick", "--seed", "3", "--out", str(tmp_path), "--threads", "1"])
     assert rc == 0 and (tmp_path / "sbpe.json").exists()
     assert "sbpe does not take --seed" in capsys.readouterr().out
+
+
+def test_runner_does_not_leak_one_benchmarks_thread_count_into_the_next(monkeypatch, capsys):
+    """A benchmark that sets one thread (the bandit loops do) must not change the next one's default."""
+    import types
+
+    import benchmarks.__main__ as runner
+
+    seen = []
+
+    def fake(name):
+        mod = types.ModuleType(name)
+
+        def main(argv):
+            seen.append(torch.get_num_threads())
+            torch.set_num_threads(1)
+
+        mod.main = main
+        monkeypatch.setitem(sys.modules, name, mod)
+        return name
+
+    monkeypatch.setattr(runner, "BENCHMARKS", {"first": fake("_fake_first"), "second": fake("_fake_second")})
+    monkeypatch.setattr(runner, "OPTIONS", {})
+    before = torch.get_num_threads()
+    torch.set_num_threads(3)
+    try:
+        assert runner.main(["--only", "first,second"]) == 0
+    finally:
+        torch.set_num_threads(before)
+    assert seen == [3, 3]
