@@ -68,7 +68,7 @@ import torchbkb.datasets
 from torchbkb import BBKB, BKB, GPBUCB, GPUCB
 from torchbkb.kernels import GaussianKernel
 
-from benchmarks.common import bootstrap_ratio, new_figure, save_figure, strip_plot
+from benchmarks.common import bootstrap_ratio, git_commit, new_figure, save_figure, strip_plot
 
 ROOT = Path(__file__).resolve().parents[1]
 WIDTH, LAM, Q_BAR, F_NORM, C_TILDE, B_GP = 5.0, 0.2, 2.0, 20.0, 2.0, 2.0
@@ -425,6 +425,7 @@ def main(argv: list[str] | None = None) -> None:
         "device": args.device,
         "dtype": args.dtype,
         "load_average_at_start": os.getloadavg(),
+        "git_commit": git_commit(),
     }
     print(f"California housing: A = {arms.shape[0]}, d = {arms.shape[1]}, T = {T}, {args.dtype} on {args.device}, "
           f"{torch.get_num_threads()} threads, load {os.getloadavg()[0]:.1f}", flush=True)

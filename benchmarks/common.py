@@ -207,7 +207,7 @@ def machine_info(device: torch.device | str | None = None) -> dict[str, Any]:
             info[mod] = None
     if device is not None and torch.device(device).type == "cuda":
         info["gpu"] = torch.cuda.get_device_name(device)
-    info["git_commit"] = _git_commit()
+    info["git_commit"] = git_commit()
     return info
 
 
@@ -222,7 +222,9 @@ def _cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
-def _git_commit() -> str | None:
+def git_commit() -> str | None:
+    """The checkout's short commit, with ``-dirty`` when tracked files outside ``results/`` changed;
+    ``None`` outside a git checkout."""
     try:
         out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True, timeout=5)
         # "-dirty": tracked files changed outside results/ (a benchmark rewrites its own outputs as it goes)
