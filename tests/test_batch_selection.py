@@ -6,7 +6,7 @@ from hypothesis import given, settings, strategies as st
 
 from helpers import close
 from torchbkb import DTCPosterior, NystromEmbedding
-from torchbkb.batch_selection import _picks_to_stop, select_batch
+from torchbkb.batch_selection import UNBOUNDED_PICKS, _picks_to_stop, select_batch, stop_rule_stalls
 from torchbkb.errors import InputDataError
 from torchbkb.kernels import GaussianKernel
 
@@ -202,7 +202,12 @@ def test_batches_equal_the_one_at_a_time_reference(seed, alpha, C, cap, stop_rul
 def test_picks_to_stop_matches_accumulating_the_rule(level, s0, C, rule):
     n = _picks_to_stop(level, s0, C, rule)
     after = (lambda k: level + k * s0) if rule == "sum" else (lambda k: level * (1.0 + s0) ** k)
-    assert n >= 1 and after(n) > C and (n == 1 or after(n - 1) <= C)
+    if n is None:  # more than UNBOUNDED_PICKS picks (up to rounding at the boundary)
+        assert after(UNBOUNDED_PICKS * (1 - 1e-9)) <= C
+        assert stop_rule_stalls(level, s0, C, rule)
+    else:
+        assert n >= 1 and after(n) > C and (n == 1 or after(n - 1) <= C)
+        assert n <= UNBOUNDED_PICKS + 1 and not stop_rule_stalls(level, s0, C, rule)
 
 
 @pytest.mark.parametrize("lazy", [True, False])
@@ -235,4 +240,24 @@ def test_a_tiny_batch_start_variance_leaves_the_cap_to_end_the_batch(stop_rule):
     rls = torch.tensor([1e-30, 1.0, 1.0], dtype=torch.float64)
     sel = select_batch(Z, mean, rls, torch.eye(3, dtype=torch.float64), alpha=0.1, batch_bound=2.0, max_batch_size=50, stop_rule=stop_rule)
     assert sel.indices.tolist() == [0] * 50
-    assert _picks_to_stop(1.0, 1e-30, 2.0, stop_rule) >= 2**52
+    assert _picks_to_stop(1.0, 1e-30, 2.0, stop_rule) is None
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("stop_rule", ["sum", "product"])
+@pytest.mark.parametrize("s0", [0.0, 1e-30, 0.1 / UNBOUNDED_PICKS])
+def test_without_a_cap_a_pick_the_rule_cannot_stop_ends_the_batch(stop_rule, s0):
+    """No max_batch_size and σ̃²_fb ≈ 0 (the rule would need > 2²⁴ picks of the arm, or never stop): the batch
+    ends with that pick instead of running (practically) forever; the picks before it are kept."""
+    Z, V_inv = torch.eye(2, dtype=torch.float64), torch.eye(2, dtype=torch.float64)
+    mean = torch.tensor([0.0, 1.0], dtype=torch.float64)
+    rls = torch.tensor([1.0, s0], dtype=torch.float64)  # arm 0 picked j times: σ̃² = 1/(1 + j)
+    # α = 1.5: arm 0's UCB 1.5, 1.06, 0.87 after 0, 1, 2 picks; arm 1's 1 + 1.5·√s0 wins the third pick
+    sel = select_batch(Z, mean, rls, V_inv, alpha=1.5, batch_bound=10.0, stop_rule=stop_rule)
+    assert sel.indices.tolist() == [0, 0, 1]
+    sel = select_batch(Z, mean, rls, V_inv, alpha=0.5, batch_bound=10.0, stop_rule=stop_rule)
+    assert sel.indices.tolist() == [1]  # arm 1 first: a batch of that one pick
+    assert stop_rule_stalls(1.0, s0, 10.0, stop_rule) and stop_rule_stalls(3.0, s0, 10.0, stop_rule)
+    # the threshold: 2²⁴ picks of σ̃² = 1/2²³ would pass 1 + 2 (sum rule) -- not a stall
+    assert not stop_rule_stalls(1.0, 8.0 / UNBOUNDED_PICKS, 3.0, "sum")
+    assert _picks_to_stop(1.0, 8.0 / UNBOUNDED_PICKS, 3.0, "sum") == UNBOUNDED_PICKS // 4 + 1

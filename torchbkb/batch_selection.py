@@ -8,7 +8,8 @@ Inside a batch the dictionary and the mean ``μ̃_fb`` are frozen; each pick ``x
 and so can every UCB ``μ̃_fb + α̃ σ̃_t``. After a pick we therefore only recompute the arms whose *stale*
 UCB is at least the chosen arm's *new* UCB (lazy UCB): every other arm's true UCB is below it and
 cannot be the next argmax. The batch ends with the first pick for which
-``1 + Σ_{s in batch} σ̃²_fb(x_s) > C̃`` (that pick is the last one of the batch), or at ``max_batch_size``.
+``1 + Σ_{s in batch} σ̃²_fb(x_s) > C̃`` (that pick is the last one of the batch), or at ``max_batch_size``
+(without a cap, a pick whose ``σ̃²_fb`` is too small for the rule to end the batch within 2²⁴ picks is the last).
 
 Runs of one arm: late in a run a batch is mostly the same arm picked again and again. Hallucinating
 ``x_i`` ``j`` times is the single rank-one term ``j z_i z_iᵀ``, so with ``u = V_t⁻¹ z_i``, ``s = z_iᵀ u``
@@ -42,9 +43,12 @@ import torch
 
 from torchbkb.errors import InputDataError, check_finite
 
-__all__ = ["BatchSelection", "select_batch"]
+__all__ = ["UNBOUNDED_PICKS", "BatchSelection", "select_batch", "stop_rule_stalls"]
 
 _WINDOW, _MAX_WINDOW = 8, 1024  # repeated picks looked ahead at once (grows while an arm keeps winning)
+# a stop rule that needs more picks of one arm than this cannot end a batch that anyone evaluates (σ̃²_fb of
+# the arm ≈ 0 next to C̃): without max_batch_size the batch ends with that pick, as for σ̃²_fb = 0
+UNBOUNDED_PICKS = 2**24
 
 
 class BatchSelection(NamedTuple):
@@ -91,7 +95,9 @@ def select_batch(
         V_inv: `(r, r)` ``V_fb⁻¹`` at the batch start (not modified).
         alpha: the multiplier ``α̃`` of ``σ̃`` in the UCB (``C̃·β̃`` for the theory; a user float as is).
         batch_bound: ``C̃ >= 1``.
-        max_batch_size: optional cap on the batch length.
+        max_batch_size: optional cap on the batch length. Without it, a pick whose ``σ̃²_fb`` is 0, or so
+            small that the stop rule would need more than :data:`UNBOUNDED_PICKS` (2²⁴) further picks of it,
+            is the batch's last (with a cap the batch runs to the cap then; ``σ̃²_fb = 0`` always ends it).
         lazy: recompute only the arms that could win (``False``: recompute all, for testing).
         stop_rule: ``"sum"`` -- BBKB, stop once ``1 + Σ σ̃²_fb(x_s) > C̃``; ``"product"`` -- GP-BUCB,
             stop once ``Π (1 + σ̃²_fb(x_s)) > C̃``.
@@ -127,6 +133,8 @@ def select_batch(
             n_allowed = 1
         else:
             n_allowed = _picks_to_stop(level, s0, batch_bound, stop_rule)
+            if n_allowed is None:  # more than UNBOUNDED_PICKS: only a cap can end the batch later than now
+                n_allowed = 1 if max_batch_size is None else max_batch_size - len(picks)
         if max_batch_size is not None:
             n_allowed = min(n_allowed, max_batch_size - len(picks))
         z = Z[i : i + 1][0].to(work)  # (r,)
@@ -177,6 +185,26 @@ def select_batch(
     )
 
 
+def stop_rule_stalls(level: float, s0: float, batch_bound: float, stop_rule: str = "sum") -> bool:
+    """Whether picks of an arm with ``σ̃²_fb = s0`` cannot end the batch within :data:`UNBOUNDED_PICKS` picks.
+
+    Args:
+        level: the rule's current value, ``1 + Σ σ̃²_fb`` (``"sum"``) or ``Π (1 + σ̃²_fb)`` (``"product"``).
+        s0: the arm's batch-start variance (RLS scale).
+        batch_bound: ``C̃``.
+        stop_rule: ``"sum"`` or ``"product"``.
+
+    Returns:
+        ``True`` for ``s0 <= 0`` or ``s0 ≈ 0`` next to ``C̃ - level``.
+
+    Example:
+        >>> from torchbkb.batch_selection import stop_rule_stalls
+        >>> stop_rule_stalls(1.0, 0.5, 2.0), stop_rule_stalls(1.0, 1e-30, 2.0), stop_rule_stalls(1.0, 0.0, 2.0, "product")
+        (False, True, True)
+    """
+    return s0 <= 0.0 or _picks_to_stop(level, s0, batch_bound, stop_rule) is None
+
+
 def check_batch_limits(batch_bound: float, max_batch_size: int | None = None) -> tuple[float, int | None]:
     """Validate BBKB/GP-BUCB's batch limits: a finite ``C̃ >= 1`` and ``None`` or an integer ``>= 1``.
 
@@ -200,15 +228,16 @@ def _level_after(level: float, s0: float, n: int, stop_rule: str) -> float:
     return level + n * s0 if stop_rule == "sum" else level * (1.0 + s0) ** n
 
 
-def _picks_to_stop(level: float, s0: float, bound: float, stop_rule: str) -> int:
+def _picks_to_stop(level: float, s0: float, bound: float, stop_rule: str) -> int | None:
     """Number ``n >= 1`` of further picks of an arm with ``σ̃²_fb = s0 > 0`` after which the stop rule ends
-    the batch: the first ``n`` with ``_level_after(level, s0, n) > C̃``."""
+    the batch: the first ``n`` with ``_level_after(level, s0, n) > C̃``; ``None`` when that is more than
+    :data:`UNBOUNDED_PICKS` (σ̃²_fb ≈ 0 next to ``C̃``)."""
     if stop_rule == "sum":
         guess = (bound - level) / s0
     else:
         guess = math.log(bound / level) / math.log1p(s0) if bound > level else 0.0
-    if not guess < 2.0**52:  # practically unbounded (σ̃²_fb ≈ 0): only max_batch_size can end the batch
-        return 2**62
+    if not guess < UNBOUNDED_PICKS:
+        return None
     n = max(1, int(guess) + 1)  # then corrected for rounding
     while n > 1 and _level_after(level, s0, n - 1, stop_rule) > bound:
         n -= 1

@@ -76,7 +76,9 @@ class BBKB(SketchedKernelBandit):
             ``α̃ = b·√λ`` since ``σ_GP = √λ σ̃``.
         batch_bound: ``C̃ >= 1``; a batch continues while ``1 + Σ_{s in batch} σ̃²_fb(x_s) <= C̃``
             (``C̃ = 1`` gives batches of one).
-        max_batch_size: optional cap on the batch length (e.g. the number of workers).
+        max_batch_size: optional cap on the batch length (e.g. the number of workers). Without it a pick
+            whose ``σ̃²_fb`` is 0, or ≈ 0 next to ``C̃`` (the rule would need more than 2²⁴ picks of it), ends
+            the batch (see :func:`~torchbkb.batch_selection.select_batch`).
         seed: generator seed (first arm, dictionary draws).
         F: bound on ``‖f‖_H`` (theory β).
         delta: failure probability (theory β).

@@ -51,7 +51,7 @@ from typing import Any, Callable
 import torch
 
 from torchbkb.bandits.gpucb import GPUCB
-from torchbkb.batch_selection import check_batch_limits
+from torchbkb.batch_selection import check_batch_limits, stop_rule_stalls
 
 __all__ = ["GPBUCB"]
 
@@ -66,7 +66,9 @@ class GPBUCB(GPUCB):
         beta: a float -- the multiplier ``α`` of ``σ`` (RLS scale) in the in-batch UCB -- or
             ``"theory"`` (``α = C̃ β_t``, see the module docstring).
         batch_bound: ``C̃ >= 1``; a batch continues while ``Π (1 + σ²_fb(x_s)) <= C̃``.
-        max_batch_size: optional cap on the batch length.
+        max_batch_size: optional cap on the batch length. A pick with ``σ²_fb = 0`` ends the batch (every
+            later pick would be that arm again), and so does one with ``σ²_fb`` so small that the rule would
+            need more than 2²⁴ picks of it when there is no cap (as in :func:`~torchbkb.batch_selection.select_batch`).
         seed: generator seed (the first arm is uniform).
         noise_std, F, delta: parameters of the theory width.
 
@@ -125,8 +127,11 @@ class GPBUCB(GPUCB):
                     i = int(torch.argmax(mean_fb + self.beta * rls_t.sqrt()))  # lowest index on ties
                     picks.append(i)
                     in_batch.append(float(rls_t[i]))
+                    # σ²_fb(x_i) = 0, or ≈ 0 and no cap: the product would (practically) never pass C̃ and
+                    # the picks would be x_i again and again -- the batch ends with this pick
+                    stalled = rls_fb[i] <= 0.0 or (self.max_batch_size is None and stop_rule_stalls(level, rls_fb[i], self.batch_bound, "product"))
                     level *= 1.0 + rls_fb[i]
-                    if level > self.batch_bound or (self.max_batch_size is not None and len(picks) >= self.max_batch_size):
+                    if stalled or level > self.batch_bound or (self.max_batch_size is not None and len(picks) >= self.max_batch_size):
                         break
                     if len(picks) >= 2 and picks[-2] == i:
                         post.repeat_last()  # the same arm again: its hallucinated row's count + 1, O(A)
