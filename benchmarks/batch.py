@@ -113,14 +113,13 @@ def make_bandit(method: str, beta: str, arms: torch.Tensor, T: int, seed: int, b
     raise ValueError(method)
 
 
-def float32_check(f, T: int, seed: int, device: str) -> dict:
-    """BBKB (constant width) with float32 arms: time and regret, and how far its final RLS variances are from
-    the float64 DTC posterior on the same dictionary and pulls (``scores()``, every arm): float32 kernel
-    values carry a relative error of ~6e-8, which ``cond(K_S)`` amplifies in ``k/λ - k_Sᵀ M k_S``."""
+def float32_check(arms32, arms64, f, T: int, seed: int, device: str) -> dict:
+    """BBKB (constant width) with float32 arms ``arms32``: time and regret, and how far its final RLS variances
+    are from the float64 DTC posterior (arms ``arms64``) on the same dictionary and pulls (``scores()``, every
+    arm): float32 kernel values carry a relative error of ~6e-8, which ``cond(K_S)`` amplifies in
+    ``k/λ - k_Sᵀ M k_S``."""
     from torchbkb import DTCPosterior, NystromEmbedding
 
-    arms32, _ = load_cadata(torch.float32, device)
-    arms64, _ = load_cadata(torch.float64, device)
     bandit = make_bandit("BBKB", "constant", arms32, T, seed)
     _sync(device)
     t0 = time.perf_counter()
@@ -447,8 +446,9 @@ def main(argv: list[str] | None = None) -> None:
                   f"time@T {t:9.1f} s ({how})  R/Runif {r['normalized_regret']:.4f}  batches {r['batches']}  m {r['dictionary_size']}", flush=True)
     f32 = []
     if not args.skip_float32_check and dtype == torch.float64:
+        arms32, _ = load_cadata(torch.float32, args.device)
         for seed in range(seeds):
-            c = float32_check(f, T, seed, args.device)
+            c = float32_check(arms32, arms, f, T, seed, args.device)
             f32.append(c)
             print(f"  BBKB float32 arms seed {seed}: wall {c['wall_s']:.2f} s  R/Runif {c['normalized_regret']:.4f}  batches {c['batches']}  "
                   f"σ̃² relative error vs float64: max {c['rls_rel_err_max']:.1e}, pulled arms max {c['rls_rel_err_pulled_max']:.1e}", flush=True)
