@@ -8,7 +8,16 @@ Core modules (device- and dtype-agnostic ``nn.Module``s):
 * :class:`RLSDictionary` -- ridge-leverage-score (posterior-variance) resampling of the dictionary.
 """
 
-from torchbkb.errors import InputDataError, NumericsError, NumericsWarning, TorchBKBError
+from torchbkb.errors import (
+    CheckpointError,
+    InfrastructureError,
+    InputDataError,
+    NumericsError,
+    NumericsWarning,
+    ObjectiveError,
+    ObjectiveOutputError,
+    TorchBKBError,
+)
 from torchbkb.kernels import GaussianKernel, KernelAdapter, as_kernel
 from torchbkb.nystrom import NystromEmbedding
 from torchbkb.dtc_posterior import DTCPosterior
@@ -17,7 +26,9 @@ from torchbkb.rls_dictionary import RLSDictionary
 from torchbkb import confidence
 from torchbkb.bandits import BKB, GPUCB, Bandit, EpsGreedy, Random
 from torchbkb.bandits import BBKB, GPBUCB
-from torchbkb.loop import ArmObjective, History, ObjectiveError, run
+from torchbkb.history import History
+from torchbkb.objectives import ArmObjective
+from torchbkb.loop import run
 from torchbkb.recursive_rls import RecursiveRLSResult, nystrom_lambda_max, recursive_rls
 from torchbkb.design import UncertaintyExplorer, linf_error, uncertainty_design
 from torchbkb.bandits import SBPE
@@ -29,6 +40,9 @@ __all__ = [
     "InputDataError",
     "NumericsError",
     "NumericsWarning",
+    "CheckpointError",
+    "InfrastructureError",
+    "ObjectiveOutputError",
     "GaussianKernel",
     "KernelAdapter",
     "as_kernel",

@@ -34,6 +34,7 @@ from torchbkb.dtc_posterior import DTCPosterior
 from torchbkb.errors import InputDataError, TorchBKBError, check_generator, check_int, check_matrix, check_positive
 from torchbkb.kernels import KernelAdapter, as_kernel
 from torchbkb.nystrom import DEFAULT_CHUNK, NystromEmbedding
+from torchbkb.objectives import as_objective
 from torchbkb.recursive_rls import DEFAULT_OVERSAMPLE, _check_oversample, nystrom_lambda_max, recursive_rls
 
 __all__ = ["UncertaintyExplorer", "UncertaintyDesign", "uncertainty_design", "linf_error", "theory_rls_delta"]
@@ -306,10 +307,8 @@ def uncertainty_design(
         (True, True)
     """
     check_int(num_points, "num_points")
-    from torchbkb.loop import _as_callable  # here: loop -> bandits -> sbpe -> design would be an import cycle
-
     check_matrix(candidates, "candidates", min_rows=1)
-    objective = _as_callable(objective, candidates.shape[0])  # the run loop's tensor-or-callable rule
+    objective = as_objective(objective, candidates.shape[0])  # the run loop's tensor-or-callable rule
     generator = check_generator(generator, seed)
     ex = UncertaintyExplorer(
         candidates,

@@ -26,6 +26,10 @@ __all__ = [
     "InputDataError",
     "NumericsError",
     "NumericsWarning",
+    "CheckpointError",
+    "ObjectiveError",
+    "ObjectiveOutputError",
+    "InfrastructureError",
     "check_finite",
     "check_matrix",
     "check_same_device_dtype",
@@ -46,7 +50,36 @@ class NumericsError(TorchBKBError, RuntimeError):
 
 
 class NumericsWarning(UserWarning):
-    """Numerical trouble that torchbkb recovered from (jitter added, directions dropped)."""
+    """Numerical trouble that torchbkb recovered from (jitter added, directions dropped), or results whose
+    accuracy it cannot vouch for (an ill-conditioned dictionary next to a tiny noise)."""
+
+
+class CheckpointError(InputDataError):
+    """A checkpoint cannot be used: empty, truncated, not a torchbkb checkpoint, an unknown format version,
+    or written for other arms, another kernel, noise or algorithm settings. Nothing was changed."""
+
+
+class ObjectiveError(TorchBKBError):
+    """The objective failed (after its retries) for some arms; the message names them."""
+
+
+class ObjectiveOutputError(ObjectiveError, InputDataError):
+    """The objective returned something that is not one real reward per asked arm (wrong shape, complex,
+    not a number); the message names the arms. It is a defect of the objective and is never retried."""
+
+
+class InfrastructureError(TorchBKBError):
+    """Evaluations could not be run (executor shut down or broken, workers lost, cancelled futures, timeouts,
+    connection errors) for longer than the run's deadline. No arm is blamed: the run was checkpointed (when
+    it has a checkpoint) and calling :func:`torchbkb.run` again with the same path resumes it.
+
+    Attributes:
+        arms: the arm indices whose evaluation was still outstanding.
+    """
+
+    def __init__(self, message: str, arms: list[int] | None = None):
+        super().__init__(message)
+        self.arms = list(arms or [])
 
 
 def check_finite(t: torch.Tensor, name: str) -> None:

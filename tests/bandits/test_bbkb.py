@@ -324,11 +324,11 @@ def test_batches_read_features_on_demand_and_equal_selection_on_the_full_embeddi
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("cap", [None, 4])
 def test_a_prior_variance_too_small_for_the_stop_rule_ends_the_batch(cap):
-    """A kernel with prior variance 1e-300 (σ̃²_fb ≈ 0 next to C̃): without a cap each pick ends its batch
+    """A kernel with prior variance 1e-100 next to λ = 0.01 (σ̃²_fb ≈ 0 next to C̃): without a cap each pick ends its batch
     instead of a practically endless batch; with a cap the batch runs to the cap."""
     arms, f = _arms(A=40)
     base = GaussianKernel(0.2)
-    b = BBKB(arms, lambda x1, x2: 1e-300 * base(x1, x2), noise=0.01, q_bar=2.0, beta=0.3, batch_bound=2.0, max_batch_size=cap, seed=1)
+    b = BBKB(arms, lambda x1, x2: 1e-100 * base(x1, x2), noise=0.01, q_bar=2.0, beta=0.3, batch_bound=2.0, max_batch_size=cap, seed=1)
     while b.t < 20:
         idx = b.ask()
         b.tell(idx, f[idx])

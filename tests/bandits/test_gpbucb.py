@@ -221,10 +221,10 @@ def test_consecutive_repeats_share_a_row_and_keep_exact_variances():
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("cap", [None, 4])
 def test_a_prior_variance_too_small_for_the_product_rule_ends_the_batch(cap):
-    """A kernel with prior variance 1e-300 (σ²_fb ≈ 0): the product never passes C̃, so without a cap each
+    """A kernel with prior variance 1e-100 (σ²_fb ≈ 0 next to λ): the product never passes C̃, so without a cap each
     pick ends its batch instead of repeating the arm forever; with a cap the batch runs to the cap."""
     arms, f = _arms(A=40)
     base = GaussianKernel(LS)
-    b = GPBUCB(arms, lambda x1, x2: 1e-300 * base(x1, x2), noise=LAM, beta=0.3, batch_bound=2.0, max_batch_size=cap, seed=1)
+    b = GPBUCB(arms, lambda x1, x2: 1e-100 * base(x1, x2), noise=LAM, beta=0.3, batch_bound=2.0, max_batch_size=cap, seed=1)
     _run(b, f, 20)
     assert b.batch_sizes[0] == 1 and set(b.batch_sizes[1:]) == {1 if cap is None else cap}

@@ -35,8 +35,11 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from torchbkb.errors import InputDataError, TorchBKBError, check_finite, check_generator, check_matrix, check_positive
+from torchbkb.bandits.fingerprint import bandit_fingerprint, check_fingerprint
+from torchbkb.bandits.saved_state import check_saved_state
+from torchbkb.errors import CheckpointError, InputDataError, TorchBKBError, check_finite, check_generator, check_matrix, check_positive
 from torchbkb.kernels import KernelAdapter, as_kernel
+from torchbkb.utils.linalg import check_units
 
 __all__ = ["Bandit", "KernelBandit", "check_beta"]
 
@@ -55,6 +58,7 @@ class Bandit:
         t: number of rewards told so far.
         history: dict of lists ``index``, ``reward``, ``batch`` (one entry per told reward).
         excluded: `(A,)` bool, arms never selected again (see :meth:`discard`).
+        exclusions: ``{arm: reason}`` for every excluded arm (the error that made it fail).
         batch_id: number of batches asked so far (the current batch's id is ``batch_id - 1``).
     """
 
@@ -76,6 +80,8 @@ class Bandit:
         self._told_idx: list[int] = []
         self._told_y: list[float] = []
         self.excluded = torch.zeros(A, dtype=torch.bool, device=arms.device)
+        self.exclusions: dict[int, str] = {}
+        self._fingerprint: dict[str, Any] | None = None
 
     # ------------------------------------------------------------------ protocol
     @property
@@ -115,23 +121,48 @@ class Bandit:
         if not self._pending:
             self._finish_batch()
 
-    def discard(self, indices: torch.Tensor, exclude: bool = False) -> None:
+    def discard(self, indices: torch.Tensor, exclude: bool = False, reason: str | None = None) -> None:
         """Drop pending arms that will never be told (e.g. evaluations that kept failing).
 
         Args:
             indices: `(k,)` pending arm indices.
             exclude: also exclude these arms from every later selection (:attr:`excluded`). A
                 discarded arm teaches the bandit nothing, so a deterministic algorithm would ask for a
-                permanently failing arm again and again; :func:`torchbkb.run` excludes the points that
-                failed all their retries.
+                permanently failing arm again and again; :func:`torchbkb.run` excludes the points whose
+                objective failed all their retries (never for infrastructure failures).
+            reason: why they are excluded (kept in :attr:`exclusions` and in checkpoints).
         """
         idx = self._check_indices(indices, "indices")
         remaining = self._check_pending(idx)
         if exclude:
             self.excluded[idx] = True
+            for a in idx.tolist():
+                self.exclusions[a] = "excluded" if reason is None else str(reason)
         self._pending = remaining
         if not self._pending:
             self._finish_batch()
+
+    def readmit(self, indices: torch.Tensor | None = None) -> list[int]:
+        """Let excluded arms be selected again (e.g. once the cause of their failures is fixed).
+
+        Args:
+            indices: `(k,)` arms to readmit (each must be excluded); ``None`` readmits every excluded arm.
+
+        Returns:
+            The readmitted arms, ascending.
+        """
+        if indices is None:
+            idx = self.excluded.nonzero().squeeze(1)
+        else:
+            idx = self._check_indices(indices, "indices")
+            bad = [a for a in idx.tolist() if not bool(self.excluded[a])]
+            if bad:
+                raise InputDataError(f"indices: expected excluded arms (excluded: {sorted(self.exclusions)}), got arms {bad} that are not")
+        arms = sorted(set(idx.tolist()))
+        self.excluded[idx] = False
+        for a in arms:
+            self.exclusions.pop(a, None)
+        return arms
 
     # ------------------------------------------------------------------ hooks
     def _select(self) -> torch.Tensor:  # pragma: no cover - abstract
@@ -147,11 +178,19 @@ class Bandit:
         return None
 
     # ------------------------------------------------------------------ checkpoints
+    def fingerprint(self) -> dict[str, Any]:
+        """What a checkpoint must match to be loaded here: arms, kernel, settings
+        (:func:`~torchbkb.bandits.fingerprint.bandit_fingerprint`; computed once, the arms are fixed)."""
+        if self._fingerprint is None:
+            self._fingerprint = bandit_fingerprint(self)
+        return self._fingerprint
+
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to resume with an identical continuation (plain Python + tensors)."""
         return {
             "class": type(self).__name__,
             "num_arms": self.num_arms,
+            "fingerprint": self.fingerprint(),
             "generator": self.generator.get_state(),
             "counts": self.counts.cpu().clone(),
             "reward_sums": self.reward_sums.cpu().clone(),
@@ -161,26 +200,47 @@ class Bandit:
             "pending": list(self._pending),
             "told": (list(self._told_idx), list(self._told_y)),
             "excluded": self.excluded.cpu().clone(),
+            "exclusions": dict(self.exclusions),
             "algorithm": self._algorithm_state(),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore a :meth:`state_dict` taken from a bandit built with the same arguments."""
-        if state.get("class") != type(self).__name__ or state.get("num_arms") != self.num_arms:
-            raise InputDataError(
-                f"state: expected a {type(self).__name__} checkpoint over {self.num_arms} arms, got "
-                f"{state.get('class')} over {state.get('num_arms')} arms"
-            )
+        """Restore a :meth:`state_dict` taken from a bandit built with the same arguments.
+
+        Everything is checked before anything is applied -- the structure, the shapes and values of every
+        field, and the :meth:`fingerprint` (arms, kernel, settings) -- and if the algorithm's own part still
+        fails to load, the bandit is restored to the state it had: a failed load changes nothing.
+
+        Raises:
+            CheckpointError: the state is malformed or was written for other arms, kernel or settings.
+        """
+        cls, A = (state.get("class"), state.get("num_arms")) if isinstance(state, dict) else (type(state).__name__, None)
+        if not isinstance(state, dict) or not isinstance(cls, str) or cls != type(self).__name__ or type(A) is not int or A != self.num_arms:
+            got = (cls if isinstance(cls, str) else type(cls).__name__, A if type(A) is int else type(A).__name__)
+            raise CheckpointError(f"state: expected a {type(self).__name__} checkpoint over {self.num_arms} arms, got {got[0]} over {got[1]} arms")
+        if "fingerprint" in state:  # absent in checkpoints written before fingerprints
+            check_fingerprint(state["fingerprint"], self.fingerprint())
+        check_saved_state(state, self.num_arms)
+        backup = self.state_dict()
+        try:
+            self._apply_state(state)
+        except Exception as e:
+            self._apply_state(backup)
+            raise CheckpointError(f"state: expected a loadable {type(self).__name__} state, got one that failed with {type(e).__name__}: {e}") from e
+
+    def _apply_state(self, state: dict[str, Any]) -> None:
         self.generator.set_state(state["generator"])
-        self.counts = state["counts"].to(self.arms.device)
-        self.reward_sums = state["reward_sums"].to(self.arms.device)
+        self.counts = state["counts"].to(self.arms.device).clone()
+        self.reward_sums = state["reward_sums"].to(self.arms.device).clone()
         self.t = int(state["t"])
         self.batch_id = int(state["batch_id"])
         self.history = copy.deepcopy(state["history"])
         self._pending = list(state["pending"])
         self._told_idx, self._told_y = list(state["told"][0]), list(state["told"][1])
         excluded = state.get("excluded")  # absent in checkpoints written before exclusion existed
-        self.excluded = torch.zeros_like(self.excluded) if excluded is None else excluded.to(self.arms.device)
+        self.excluded = torch.zeros_like(self.excluded) if excluded is None else excluded.to(self.arms.device).clone()
+        reasons = state.get("exclusions") or {}
+        self.exclusions = {int(a): str(reasons.get(a, "excluded")) for a in self.excluded.nonzero().squeeze(1).tolist()}
         self._load_algorithm_state(state["algorithm"])
 
     def _algorithm_state(self) -> dict[str, Any]:
@@ -318,7 +378,10 @@ class KernelBandit(Bandit):
             raise InputDataError(f"delta: expected 0 < delta < 1, got {delta!r}")
         with torch.no_grad():
             self.kdiag = self.kernel.diag(self.arms)  # (A,) prior variances k(a, a)
+        if not bool(torch.isfinite(self.kdiag).all()) or bool((self.kdiag < 0).any()):
+            raise InputDataError(f"kernel: expected finite prior variances k(a, a) >= 0 at every arm, got min {float(self.kdiag.min()):.3g}, max {float(self.kdiag.max()):.3g}")
         self.kappa2 = float(self.kdiag.max())
+        check_units(self.kappa2, self.lam, self.arms.dtype, type(self).__name__)
 
     def _random_arm(self) -> torch.Tensor:
         """One uniform arm among those not :attr:`excluded`, `(1,)` long."""

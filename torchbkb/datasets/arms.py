@@ -13,6 +13,7 @@ from typing import NamedTuple
 import torch
 
 from torchbkb.errors import InputDataError, check_int
+from torchbkb.objectives import ArmObjective
 
 __all__ = ["Problem", "grid_arms", "random_arms"]
 
@@ -42,8 +43,6 @@ class Problem(NamedTuple):
 
     def objective(self, seed: int = 0):
         """A :class:`torchbkb.ArmObjective` drawing ``values[i] + N(0, noise_std²)`` rewards."""
-        from torchbkb.loop import ArmObjective
-
         return ArmObjective(self.values, noise_std=self.noise_std, seed=seed)
 
 

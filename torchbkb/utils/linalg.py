@@ -29,9 +29,19 @@ import warnings
 
 import torch
 
-from torchbkb.errors import NumericsError, NumericsWarning
+from torchbkb.errors import InputDataError, NumericsError, NumericsWarning
 
-__all__ = ["UPCAST_MAX", "compute_dtype", "safe_cholesky", "spd_inverse", "psd_inv_sqrt", "inv_sqrt_factor", "default_rtol", "keep_dtype_on_apply"]
+__all__ = [
+    "UPCAST_MAX",
+    "compute_dtype",
+    "safe_cholesky",
+    "spd_inverse",
+    "psd_inv_sqrt",
+    "inv_sqrt_factor",
+    "default_rtol",
+    "keep_dtype_on_apply",
+    "check_units",
+]
 
 #: Matrices up to this size are factorized in float64 whatever their input dtype.
 UPCAST_MAX = 16384
@@ -196,3 +206,20 @@ def keep_dtype_on_apply(module, names: tuple[str, ...], fn, recurse: bool, super
     for n, old in saved.items():
         module._buffers[n] = old.to(device=module._buffers[n].device)
     return out
+
+
+def check_units(kmax: float, lam: float, dtype: torch.dtype, name: str) -> None:
+    """Refuse a kernel scale ``kmax = max k(x, x)`` or a noise ``λ`` outside ``[tiny^{1/3}, max^{1/3}]`` of ``dtype``.
+
+    The DTC and GP algebra forms products of up to three such quantities (``M ~ 1/(λ · λ_min(K_S))``); inside
+    this range they stay representable and the results are invariant to the units (rescale the kernel and the
+    noise by ``c`` and the rewards by ``√c``: the same choices); outside it they under- or overflow.
+    """
+    info = torch.finfo(dtype)
+    lo, hi = info.tiny ** (1 / 3), info.max ** (1 / 3)
+    for what, v in (("the kernel's prior variance max k(x, x)", kmax), ("the noise", lam)):
+        if not lo <= v <= hi:
+            raise InputDataError(
+                f"{name}: expected {what} in [{lo:.1e}, {hi:.1e}] for {dtype}, got {v:.3e}; rescale the rewards "
+                f"(the kernel's output scale and the noise follow the rewards' units squared)"
+            )

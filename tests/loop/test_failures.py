@@ -1,0 +1,331 @@
+"""torchbkb.run under failures: the infrastructure's (unreachable objective, dead pool workers, a Dask restart)
+never exclude an arm; the objective's are retried point by point, recorded, excluded and re-admitted; every
+objective result is validated."""
+
+import os
+import threading
+import time
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import torchbkb
+from torchbkb import BBKB, InfrastructureError, ObjectiveError, ObjectiveOutputError
+from torchbkb.bandits.base import Bandit
+from torchbkb.errors import InputDataError
+from torchbkb.kernels import GaussianKernel
+
+REPO = Path(__file__).resolve().parents[2]
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+A = 300
+ARMS = torch.rand(A, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+F = torch.sin(5 * ARMS[:, 0]) * torch.cos(3 * ARMS[:, 1]) + ARMS[:, 1]
+
+
+def _bandit(seed=3):
+    return BBKB(ARMS, GaussianKernel(0.2), noise=0.01, beta=0.3, batch_bound=3.0, seed=seed)
+
+
+def _reference(budget):
+    return torchbkb.run(_bandit(), F, budget, progress=False)
+
+
+class Batches(Bandit):
+    """Asks ``size`` uniform arms (among those not excluded) per batch."""
+
+    def __init__(self, arms, size, seed=0):
+        super().__init__(arms, seed=seed)
+        self.size = size
+
+    def _select(self):
+        allowed = (~self.excluded).nonzero().squeeze(1)
+        return allowed[torch.randint(0, allowed.numel(), (self.size,), generator=self.generator)]
+
+
+class Counter:
+    """Counts calls through files (pool workers share no memory): ``claim(name)`` numbers this call."""
+
+    def __init__(self, root):
+        self.root = str(root)
+
+    def claim(self, name):
+        k = 0
+        while True:
+            try:
+                os.close(os.open(os.path.join(self.root, f"{name}.{k}"), os.O_CREAT | os.O_EXCL))
+                return k
+            except FileExistsError:
+                k += 1
+
+    def count(self, name):
+        return len(list(Path(self.root).glob(f"{name}.*")))
+
+
+class Unreachable(Counter):
+    """``values[i]``, but calls raise ``ConnectionError`` while the service is down: from call ``up`` on (``None``:
+    never), for ``down_for`` seconds after the first failure (``None``: for good); ``kill_at``: the call with that
+    number kills its (pool worker) process, once."""
+
+    def __init__(self, values, root, up=None, down_for=None, kill_at=None, driver_pid=None):
+        super().__init__(root)
+        self.table = values.tolist()  # plain floats: torch shares tensors with pool workers through file descriptors
+        self.up, self.down_for, self.kill_at = up, down_for, kill_at
+        self.driver_pid = os.getpid() if driver_pid is None else driver_pid
+        self.since = None
+
+    def __call__(self, idx):
+        n = self.claim("call")
+        if self.kill_at is not None and n == self.kill_at and os.getpid() != self.driver_pid:
+            os._exit(1)
+        if self.up is not None and n >= self.up:
+            self.since = time.monotonic() if self.since is None else self.since
+            if self.down_for is None or time.monotonic() - self.since < self.down_for:
+                raise ConnectionError("service unreachable")
+        return torch.tensor([self.table[i] for i in torch.as_tensor(idx).reshape(-1).tolist()], dtype=torch.float64)
+
+
+def test_an_objective_unreachable_for_a_while_is_retried_and_blames_no_arm(tmp_path):
+    ref = _reference(60)
+    objective = Unreachable(F, tmp_path, up=5, down_for=0.5)  # many more failures than any arm's max_retries=2
+    with ThreadPoolExecutor(4) as pool:
+        hist = torchbkb.run(_bandit(), objective, 60, executor=pool, progress=False, checkpoint=tmp_path / "c.ckpt", retry_delay=0.01, deadline=60)
+    assert hist.index == ref.index and hist.reward == ref.reward and hist.failures == []
+    assert len(hist.errors) > 3 and all(kind == "infrastructure" for _, _, kind, _ in hist.errors)
+    assert max(hist.attempts) > 3  # retried beyond max_retries: infrastructure failures do not count
+    saved = torch.load(tmp_path / "c.ckpt", weights_only=True)
+    assert not bool(saved["bandit"]["excluded"].any())
+
+
+def test_past_the_deadline_the_run_checkpoints_raises_and_resumes_without_exclusions(tmp_path):
+    ref = _reference(80)
+    ckpt = tmp_path / "run.ckpt"
+    down = Unreachable(F, tmp_path, up=30)  # down for good after 30 calls
+    with ThreadPoolExecutor(2) as pool, pytest.raises(InfrastructureError, match="resume") as err:
+        torchbkb.run(_bandit(), down, 80, executor=pool, progress=False, checkpoint=ckpt, retry_delay=0.01, deadline=0.2)
+    assert err.value.arms  # the outstanding arms are named
+    saved = torch.load(ckpt, weights_only=True)
+    done = len(saved["history"]["index"])
+    assert not bool(saved["bandit"]["excluded"].any()) and done >= 30 - 2 and saved["history"]["index"] == ref.index[:done]
+    for _ in range(2):  # every resume while it is still down fails the same way, and excludes nothing
+        with ThreadPoolExecutor(2) as pool, pytest.raises(InfrastructureError):
+            torchbkb.run(_bandit(), down, 80, executor=pool, progress=False, checkpoint=ckpt, retry_delay=0.01, deadline=0.1)
+    resumed = torchbkb.run(_bandit(), F, 80, progress=False, checkpoint=ckpt)
+    assert resumed.index == ref.index and resumed.reward == ref.reward and resumed.failures == []
+
+
+def test_a_pool_the_run_owns_is_recreated_when_a_worker_dies(tmp_path):
+    ref = _reference(50)
+    objective = Unreachable(F, tmp_path, kill_at=6)
+    hist = torchbkb.run(_bandit(), objective, 50, executor="process", workers=2, progress=False, max_retries=0, retry_delay=0.01)
+    assert hist.index == ref.index and hist.reward == ref.reward and hist.failures == []
+    assert any("BrokenProcessPool" in msg for _, _, kind, msg in hist.errors if kind == "infrastructure")
+
+
+def test_a_broken_pool_of_the_caller_ends_the_run_with_a_typed_error_and_nothing_excluded(tmp_path):
+    ref = _reference(50)
+    ckpt = tmp_path / "run.ckpt"
+    objective = Unreachable(F, tmp_path, kill_at=6)
+    with ProcessPoolExecutor(2) as pool, pytest.raises(InfrastructureError, match="broken"):
+        torchbkb.run(_bandit(), objective, 50, executor=pool, progress=False, checkpoint=ckpt, max_retries=12, retry_delay=0.01)
+    saved = torch.load(ckpt, weights_only=True)
+    assert not bool(saved["bandit"]["excluded"].any())
+    with ProcessPoolExecutor(2) as pool:
+        resumed = torchbkb.run(_bandit(), objective, 50, executor=pool, progress=False, checkpoint=ckpt)
+    assert resumed.index == ref.index and resumed.reward == ref.reward and resumed.failures == []
+
+
+class Slow(Counter):
+    """``values[i]`` after ``delay`` seconds; the first call signals ``started``."""
+
+    def __init__(self, values, root, delay):
+        super().__init__(root)
+        self.values, self.delay = values, delay
+
+    def __call__(self, idx):
+        if self.claim("call") >= 12:
+            Path(self.root, "started").touch()
+            time.sleep(self.delay)
+        return self.values[torch.as_tensor(idx, dtype=torch.long)]
+
+
+def test_a_dask_restart_in_the_middle_of_a_batch_excludes_no_arm(tmp_path):
+    distributed = pytest.importorskip("distributed")
+    old = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = os.pathsep.join([str(REPO)] + ([old] if old else []))
+    cluster = distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None, silence_logs=50)
+    client = distributed.Client(cluster)
+    try:
+        ref = _reference(40)
+        objective = Slow(F, tmp_path, delay=0.3)
+
+        def restart_once():
+            while not (tmp_path / "started").exists():
+                time.sleep(0.01)
+            client.restart()
+
+        watcher = threading.Thread(target=restart_once, daemon=True)
+        watcher.start()
+        hist = torchbkb.run(_bandit(), objective, 40, executor=client, progress=False, max_retries=0, retry_delay=0.1, deadline=120)
+        watcher.join(timeout=60)
+        assert hist.index == ref.index and hist.reward == ref.reward
+        assert hist.failures == [] and any(kind == "infrastructure" for _, _, kind, _ in hist.errors)
+    finally:
+        client.close()
+        cluster.close()
+        if old is None:
+            os.environ.pop("PYTHONPATH", None)
+        else:
+            os.environ["PYTHONPATH"] = old
+
+
+class OnceBroken(Counter):
+    """``values[i]``; arm ``bad`` raises on its first evaluation only. Counts point evaluations."""
+
+    def __init__(self, values, root, bad, vectorized=False):
+        super().__init__(root)
+        self.values, self.bad, self.vectorized = values, bad, vectorized
+
+    def __call__(self, idx):
+        idx = torch.as_tensor(idx, dtype=torch.long).reshape(-1)
+        for _ in idx.tolist():
+            self.claim("point")
+        if self.bad in idx.tolist() and self.claim("bad") == 0:
+            if self.vectorized:
+                out = self.values[idx].clone()
+                out[idx == self.bad] = float("nan")  # a vectorized objective reports the failed point as NaN
+                return out
+            raise RuntimeError(f"transient failure at arm {self.bad}")
+        return self.values[idx]
+
+
+@pytest.mark.parametrize("vectorized", [False, True])
+def test_retries_rerun_only_the_failed_point(tmp_path, vectorized):
+    bandit = Batches(ARMS, 50, seed=1)
+    first = bandit.ask()
+    bad = int(first[7])
+    objective = OnceBroken(F, tmp_path, bad, vectorized=vectorized)
+    hist = torchbkb.run(bandit, objective, 150, progress=False, max_retries=1)
+    assert len(hist) == 150 and hist.failures == []
+    assert objective.count("point") == 151  # 150 rewards, one re-run point
+    assert hist.attempts.count(2) == 1 and hist.attempts[hist.index.index(bad)] == 2
+    assert [(b, a, k) for b, a, k, _ in hist.errors] == [(0, bad, "objective")]
+
+
+class AlwaysBroken:
+    def __init__(self, values, bad):
+        self.values, self.bad = values, set(bad)
+
+    def __call__(self, idx):
+        i = int(torch.as_tensor(idx).reshape(-1)[0])
+        if i in self.bad:
+            raise ValueError(f"sample {i} is contaminated")
+        return self.values[[i]]
+
+
+def test_excluded_arms_keep_their_error_and_can_be_readmitted_on_resume(tmp_path):
+    bandit = Batches(ARMS, 5, seed=2)
+    bad = bandit.ask()[:2].tolist()
+    ckpt = tmp_path / "run.ckpt"
+    with pytest.warns(RuntimeWarning, match="left out"):
+        hist = torchbkb.run(bandit, AlwaysBroken(F, bad), 20, progress=False, on_failure="skip", max_retries=1, checkpoint=ckpt)
+    assert sorted(bandit.exclusions) == sorted(set(bad)) and all("contaminated" in r for r in bandit.exclusions.values())
+    assert {a for _, a, _ in hist.failures} == set(bad) and hist.attempts == [1] * len(hist)
+    fresh = Batches(ARMS, 5, seed=2)
+    resumed = torchbkb.run(fresh, F, 40, progress=False, checkpoint=ckpt)  # the exclusions come back with the checkpoint
+    assert sorted(fresh.exclusions) == sorted(set(bad)) and not set(resumed.index[len(hist):]) & set(bad)
+    again = Batches(ARMS, 5, seed=2)
+    hist2 = torchbkb.run(again, F, 60, progress=False, checkpoint=ckpt, readmit=True)
+    assert not bool(again.excluded.any()) and again.exclusions == {} and sorted(hist2.meta["readmitted"]) == sorted(set(bad))
+    with pytest.raises(InputDataError, match="excluded"):
+        again.readmit([0])
+
+
+def test_a_bandit_readmits_chosen_arms():
+    bandit = Batches(ARMS, 3, seed=0)
+    idx = bandit.ask()
+    bandit.discard(idx, exclude=True, reason="broken sensor")
+    assert bandit.exclusions == {int(a): "broken sensor" for a in idx}
+    assert bandit.readmit(idx[:1]) == [int(idx[0])]
+    assert not bool(bandit.excluded[idx[0]]) and int(idx[0]) not in bandit.exclusions
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda idx: torch.zeros(len(idx), 2),  # (k, 2)
+        lambda idx: torch.zeros(len(idx) + 1),  # k + 1 values
+        lambda idx: torch.zeros(len(idx), dtype=torch.complex128) + 1j,  # complex
+        lambda idx: "1.0",  # not a number
+        lambda idx: None,
+        lambda idx: torch.ones(len(idx), dtype=torch.bool),
+    ],
+)
+@pytest.mark.parametrize("vectorized", [False, True])
+def test_results_that_are_not_one_real_reward_per_arm_are_refused(make, vectorized):
+    class Objective:
+        def __call__(self, idx):
+            return make(idx)
+
+    Objective.vectorized = vectorized
+    bandit = Batches(ARMS, 4, seed=0)
+    asked = bandit.ask().tolist()
+    with pytest.raises(ObjectiveOutputError, match=r"arms \[") as err:
+        torchbkb.run(bandit, Objective(), 8, progress=False)
+    assert str(asked[0]) in str(err.value)
+    assert bandit.t == 0 and bandit.pending.tolist() == asked  # nothing told, nothing dropped
+
+
+def test_nan_rewards_are_failures_of_their_arm():
+    bandit = Batches(ARMS, 3, seed=0)
+    bad = int(bandit.ask()[1])
+    objective = lambda idx: F[idx] if int(idx[0]) != bad else torch.tensor([float("nan")])  # noqa: E731
+    with pytest.raises(ObjectiveError, match=f"arm index {bad}.*non-finite"):
+        torchbkb.run(bandit, objective, 6, progress=False, max_retries=2)
+    assert bandit.t == 2 and bandit.pending.tolist() == [bad]  # the others were kept
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(shape=st.lists(st.integers(0, 4), min_size=0, max_size=3), dtype=st.sampled_from([torch.float64, torch.float32, torch.int64, torch.complex64, torch.bool]))
+def test_any_output_is_accepted_exactly_when_it_is_one_real_reward_per_arm(shape, dtype):
+    k = 3
+    out = torch.ones(shape, dtype=dtype)
+
+    class Objective:
+        vectorized = True
+
+        def __call__(self, idx):
+            return out
+
+    bandit = Batches(ARMS, k, seed=0)
+    ok = tuple(shape) in ((k,), (k, 1)) and dtype in (torch.float64, torch.float32, torch.int64)
+    if ok:
+        hist = torchbkb.run(bandit, Objective(), k, progress=False)
+        assert hist.reward == [1.0] * k
+    else:
+        asked = bandit.ask().tolist()
+        with pytest.raises(ObjectiveOutputError):
+            torchbkb.run(bandit, Objective(), k, progress=False)
+        assert bandit.pending.tolist() == asked and bandit.t == 0
+
+
+def test_values_are_validated_up_front():
+    calls = []
+
+    def objective(idx):
+        calls.append(idx)
+        return F[idx]
+
+    bad = F.clone()
+    bad[3] = float("nan")
+    for values, match in [(bad, "NaN"), (F[:10], "shape"), (F.to(torch.complex128), "real"), ([1.0] * A, "tensor")]:
+        with pytest.raises(InputDataError, match=match):
+            torchbkb.run(Batches(ARMS, 2), objective, 4, values=values, progress=False)
+    with pytest.raises(InputDataError, match="NaN"):
+        torchbkb.run(Batches(ARMS, 2), bad, 4, progress=False)
+    assert calls == []

@@ -1,0 +1,91 @@
+"""The checks a saved bandit state passes before :meth:`Bandit.load_state_dict` applies any of it.
+
+A checkpoint may be truncated, hand-edited or written by another version: every field the base class
+reads is checked for presence, type, shape and value here, so that loading fails before the bandit is
+touched (the algorithm's own part is guarded by a rollback in ``load_state_dict``).
+
+Example:
+    >>> import torch
+    >>> from torchbkb.bandits.baselines import Random
+    >>> state = Random(torch.rand(5, 1), seed=0).state_dict()
+    >>> check_saved_state(state, 5)
+    >>> del state["counts"]
+    >>> try:
+    ...     check_saved_state(state, 5)
+    ... except Exception as e:
+    ...     print(type(e).__name__, e)
+    CheckpointError state: expected a field 'counts', got none
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from torchbkb.errors import CheckpointError
+
+__all__ = ["check_saved_state"]
+
+_FIELDS = ("generator", "counts", "reward_sums", "t", "batch_id", "history", "pending", "told", "algorithm")
+
+
+def check_saved_state(state: dict[str, Any], num_arms: int) -> None:
+    """Raise :class:`~torchbkb.errors.CheckpointError` unless ``state`` is a well-formed base-class state
+    over ``num_arms`` arms (counts consistent with the history, indices in range, finite rewards)."""
+    for name in _FIELDS:
+        if name not in state:
+            raise CheckpointError(f"state: expected a field {name!r}, got none")
+    gen = state["generator"]
+    if not isinstance(gen, torch.Tensor) or gen.dtype != torch.uint8 or gen.dim() != 1:
+        raise CheckpointError(f"state: expected a generator state (a uint8 tensor), got {_describe(gen)}")
+    counts, sums = state["counts"], state["reward_sums"]
+    if not isinstance(counts, torch.Tensor) or counts.dtype != torch.long or counts.shape != (num_arms,):
+        raise CheckpointError(f"state: expected counts of dtype int64 and shape ({num_arms},), got {_describe(counts)}")
+    if not isinstance(sums, torch.Tensor) or not sums.is_floating_point() or sums.shape != (num_arms,):
+        raise CheckpointError(f"state: expected reward_sums of a floating dtype and shape ({num_arms},), got {_describe(sums)}")
+    if bool((counts < 0).any()) or not bool(torch.isfinite(sums).all()):
+        raise CheckpointError("state: expected non-negative counts and finite reward sums, got negative counts or NaN/inf sums")
+    t, batch_id = state["t"], state["batch_id"]
+    if not _is_int(t) or not _is_int(batch_id) or t < 0 or batch_id < 0:
+        raise CheckpointError(f"state: expected integers t >= 0 and batch_id >= 0, got t={t!r}, batch_id={batch_id!r}")
+    if int(counts.sum()) != t:
+        raise CheckpointError(f"state: expected counts summing to t={t}, got {int(counts.sum())}")
+    hist = state["history"]
+    if not isinstance(hist, dict) or any(not isinstance(hist.get(k), list) for k in ("index", "reward", "batch")):
+        raise CheckpointError("state: expected a history with lists 'index', 'reward', 'batch', got something else")
+    if not len(hist["index"]) == len(hist["reward"]) == len(hist["batch"]) == t:
+        raise CheckpointError(f"state: expected {t} history entries, got {len(hist['index'])}/{len(hist['reward'])}/{len(hist['batch'])}")
+    _check_arms(hist["index"], num_arms, "history index")
+    pending = state["pending"]
+    if not isinstance(pending, list):
+        raise CheckpointError(f"state: expected a list of pending arms, got {_describe(pending)}")
+    _check_arms(pending, num_arms, "pending")
+    told = state["told"]
+    if not isinstance(told, (list, tuple)) or len(told) != 2 or not all(isinstance(x, list) for x in told) or len(told[0]) != len(told[1]):
+        raise CheckpointError("state: expected 'told' as two lists of equal length (indices, rewards), got something else")
+    _check_arms(told[0], num_arms, "told")
+    excluded = state.get("excluded")
+    if excluded is not None and (not isinstance(excluded, torch.Tensor) or excluded.dtype != torch.bool or excluded.shape != (num_arms,)):
+        raise CheckpointError(f"state: expected excluded of dtype bool and shape ({num_arms},), got {_describe(excluded)}")
+    reasons = state.get("exclusions")
+    if reasons is not None and not isinstance(reasons, dict):
+        raise CheckpointError(f"state: expected exclusions as a dict arm -> reason, got {_describe(reasons)}")
+    if not isinstance(state["algorithm"], dict):
+        raise CheckpointError(f"state: expected the algorithm's state as a dict, got {_describe(state['algorithm'])}")
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _check_arms(values: list, num_arms: int, name: str) -> None:
+    bad = [v for v in values if not _is_int(v) or not 0 <= v < num_arms]
+    if bad:
+        raise CheckpointError(f"state: expected {name} arm indices in [0, {num_arms}), got {bad[:5]}")
+
+
+def _describe(x: Any) -> str:
+    if isinstance(x, torch.Tensor):
+        return f"a {x.dtype} tensor of shape {tuple(x.shape)}"
+    return type(x).__name__
