@@ -39,7 +39,8 @@ from torch import nn
 
 from torchbkb.errors import InputDataError, TorchBKBError, check_finite, check_positive
 from torchbkb.nystrom import NystromEmbedding
-from torchbkb.utils.linalg import compute_dtype, keep_dtype_on_apply, spd_inverse
+from torchbkb.stable_scoring import feature_scores, stable_factor
+from torchbkb.utils.linalg import check_units, compute_dtype, keep_dtype_on_apply, spd_inverse
 
 __all__ = ["DTCPosterior", "RankOneDowndate", "ridge_solve", "scoring_operator", "score_kernel_rows", "score_kernel_columns", "rls_kernel_columns", "fit_kernel_row_operator"]
 
@@ -101,6 +102,8 @@ class DTCPosterior(nn.Module):
         self.refactor_every = int(refactor_every)
         self.chunk_size = int(chunk_size or embedding.chunk_size)
         S = embedding.inducing_points
+        with torch.no_grad():
+            check_units(float(embedding.kernel_diag(S).max()), self.lam, S.dtype, "DTCPosterior")
         empty_X = S.new_empty((0, embedding.dim))
         self._set_state(self._build(empty_X, S.new_empty((0,)), S.new_empty((0,))), empty_X, S.new_empty((0,)), S.new_empty((0,)), empty_X, S.new_empty((0,)))
 
@@ -335,9 +338,16 @@ class DTCPosterior(nn.Module):
         self._check_fresh()
         self.embedding.check_input(Xq, "Xq")
         K = self.embedding.kernel(Xq, self.embedding.inducing_points)  # (*b, q, m)
+        Kqq = self.embedding.kernel(Xq, Xq)  # (*b, q, q)
+        L = self._stable_factor()
+        if L is not None:  # the feature form: Kqq - Z Zᵀ + λ (L⁻¹Zᵀ)ᵀ (L⁻¹Zᵀ)
+            Z = K.to(L.dtype) @ self.embedding.projection.transpose(-1, -2)  # (*b, q, r)
+            mean = (Z @ torch.cholesky_solve(self.Zty.unsqueeze(-1), L)).squeeze(-1)
+            U = torch.linalg.solve_triangular(L, Z.transpose(-1, -2), upper=False)  # (*b, r, q)
+            cov = (Kqq.to(L.dtype) - Z @ Z.transpose(-1, -2) + self.lam * (U.transpose(-1, -2) @ U)).to(Xq.dtype)
+            return mean.to(Xq.dtype), 0.5 * (cov + cov.transpose(-1, -2))
         M, a = self._scoring_operator(Xq.dtype)
         mean = (K @ a.unsqueeze(-1)).squeeze(-1)
-        Kqq = self.embedding.kernel(Xq, Xq)  # (*b, q, q)
         # Z Zᵀ - λ Z V⁻¹ Zᵀ = λ K M Kᵀ
         cov = Kqq - self.lam * (K @ M @ K.transpose(-1, -2))
         return mean, 0.5 * (cov + cov.transpose(-1, -2))
@@ -360,9 +370,29 @@ class DTCPosterior(nn.Module):
         return torch.cat([p[0] for p in parts], dim=-1), torch.cat([p[1] for p in parts], dim=-1)
 
     def _score_points(self, Xq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Score raw points with one `(c × m)·(m × m)` product (:meth:`score_cross`)."""
+        """Score raw points with one `(c × m)·(m × m)` product (:meth:`score_cross`), or in the feature form
+        when that one is inaccurate for this posterior (:mod:`torchbkb.stable_scoring`)."""
         K = self.embedding.kernel(Xq, self.embedding.inducing_points)  # (*b, c, m)
-        return self.score_cross(K, self.embedding.kernel_diag(Xq))
+        kdiag = self.embedding.kernel_diag(Xq)
+        L = self._stable_factor()
+        if L is None:
+            return self.score_cross(K, kdiag)
+        Z = K.to(L.dtype) @ self.embedding.projection.transpose(-1, -2)  # (*b, c, r) features
+        mean, rls = feature_scores(Z, kdiag, L, self.Zty, self.lam)
+        return mean.to(Xq.dtype), rls.to(Xq.dtype)
+
+    def _stable_factor(self) -> torch.Tensor | None:
+        """The Cholesky factor of ``V`` when the one-product form cancels at the dictionary points, else ``None``;
+        decided again after every change of the posterior (with the scoring operator)."""
+        self._check_fresh()
+        M, _ = self._scoring_operator(self.embedding.inducing_points.dtype)
+        if self._stable is None:
+            S = self.embedding.inducing_points
+            with torch.no_grad():
+                K_SS = self.embedding.kernel(S, S)  # (m, m)
+                L = stable_factor(K_SS, K_SS.diagonal(), self.embedding.projection, M, self.ZtZ, self.lam, S.dtype)
+            self._stable = (L,)
+        return self._stable[0]
 
     def _scoring_operator(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """``M = Wᵀ (I/λ - V⁻¹) W`` `(*b, m, m)` and ``a = Wᵀ w`` `(*b, m)` in ``dtype``.
@@ -373,6 +403,7 @@ class DTCPosterior(nn.Module):
         """
         if self._op is None:
             self._op = scoring_operator(self.embedding.projection, self.V_inv, self.weights, self.lam)
+            self._stable = None  # the choice of the scoring form follows the operator
         M, a = self._op
         return M.to(dtype), a.to(dtype)
 
@@ -423,7 +454,7 @@ class DTCPosterior(nn.Module):
                 self.register_buffer(name, value)
         self._since_refactor = 0
         self._emb_version = self.embedding.version
-        self._op = None
+        self._op = self._stable = None
 
     def _check_fresh(self) -> None:
         if self._emb_version != self.embedding.version:

@@ -32,6 +32,7 @@ Example:
 
 from __future__ import annotations
 
+import copy
 from typing import Any, Callable
 
 import torch
@@ -42,6 +43,7 @@ from torchbkb.dtc_posterior import DTCPosterior, fit_kernel_row_operator, rls_ke
 from torchbkb.errors import InputDataError, TorchBKBError, check_int, check_positive
 from torchbkb.nystrom import DEFAULT_CHUNK, NystromEmbedding
 from torchbkb.rls_dictionary import RLSDictionary
+from torchbkb.stable_scoring import reference_rls, warn_if_unreliable
 from torchbkb.utils.linalg import inv_sqrt_factor
 
 __all__ = ["BKB", "FeatureRows", "SketchedKernelBandit"]
@@ -205,6 +207,9 @@ class SketchedKernelBandit(KernelBandit):
         self._prune_wait = self._prune_backoff = 0  # updates to score in one pass before the next pruning attempt
         self._last_attempt = False  # whether the last update tried to prune (a checkpoint repeats its path)
         self._force_attempt: bool | None = None  # set while a checkpoint is loaded
+        self._accuracy_warned = False  # NumericsWarning for unreliable variances given (once per bandit)
+        self._accuracy_checked = 0  # dictionary size at the last check (checked again once it grew by a quarter)
+        self._kernel64: Callable | None = None  # a float64 copy of the kernel for that check
 
     # ------------------------------------------------------------------ diagnostics
     @property
@@ -340,10 +345,28 @@ class SketchedKernelBandit(KernelBandit):
                 Zt = W @ K_SA.T[pulled].to(W.dtype).T  # (r, p) features of the pulled arms
                 # V = Zᵀ N Z + λ I from the counts, O(min(t, A)·m²); rewards validated by tell()
                 Ma, self._V_inv = fit_kernel_row_operator(W, Zt, n, self.reward_sums[pulled], self.lam)
+                if changed:
+                    self._check_accuracy(K_SA, Ma[:-1].to(K_SA.dtype), pulled, n)
                 self._score(K_SA, Ma.to(K_SA.dtype), pulled)
                 self._posterior = None  # built on demand (the posterior property)
         self.dictionary = new_dict
         self.deff = float((n * self._rls[pulled].to(torch.float64)).sum())
+
+    def _check_accuracy(self, K_SA: torch.Tensor, M: torch.Tensor, pulled: torch.Tensor, n: torch.Tensor) -> None:
+        """Warn once (:class:`~torchbkb.errors.NumericsWarning`) when the variances at the dictionary points, scored
+        as the bandit scores them, are off the float64 feature-form reference (:mod:`torchbkb.stable_scoring`):
+        float32 kernel rows with an ill-conditioned ``K_S``, or a tiny ``λ``. Checked when the dictionary has
+        grown by a quarter since the last check; it reads the state and changes none of it."""
+        m = len(self._order)
+        if self._accuracy_warned or m < 1.25 * self._accuracy_checked + 1:
+            return
+        self._accuracy_checked = m
+        if self._kernel64 is None:
+            self._kernel64 = copy.deepcopy(self.kernel).double()
+        S = self._order_idx  # (m,) the dictionary's arms in slot order
+        fast = rls_kernel_columns(K_SA.index_select(1, S), self.kdiag[S], M, self.lam, self.chunk_size)
+        ref = reference_rls(self._kernel64, self.arms[S], self.arms[pulled], n, self.lam)
+        self._accuracy_warned = warn_if_unreliable(fast, ref, self.arms.dtype, self.lam, type(self).__name__, stacklevel=7)
 
     def _prior_width(self, width: float) -> torch.Tensor:
         """`(A,)` ``width · √(k(a,a)/λ)``, the largest UCB bonus an arm can have; kept while ``width`` is unchanged."""

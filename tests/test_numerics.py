@@ -1,0 +1,142 @@
+"""Numerics that never answer silently wrong: the bandits and posteriors are invariant to the units of the kernel
+and the noise (or refuse them), the DTC posterior with a tiny noise is as accurate as the exact one or warns,
+and float32 runs warn when the dictionary's conditioning makes the variances unreliable."""
+
+import warnings
+
+import pytest
+import torch
+
+from torchbkb import BBKB, BKB, GPBUCB, GPUCB, DTCPosterior, ExactPosterior, NumericsWarning, NystromEmbedding
+from torchbkb.errors import InputDataError
+from torchbkb.kernels import GaussianKernel
+
+mpmath = pytest.importorskip("mpmath")
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+ARMS = torch.rand(150, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+F = torch.sin(5 * ARMS[:, 0]) + ARMS[:, 1]
+
+
+class Scaled:
+    """``c · exp(-‖x - x'‖² / (2 · 0.2²))``: the Gaussian kernel in other units."""
+
+    def __init__(self, c):
+        self.c = c
+
+    def __call__(self, X1, X2):
+        return self.c * torch.exp(-torch.cdist(X1, X2) ** 2 / (2 * 0.2**2))
+
+
+def _choices(cls, c, dtype, beta=0.3, steps=40, **kw):
+    arms, f = ARMS.to(dtype), F.to(dtype)
+    bandit = cls(arms, Scaled(c), noise=0.01 * c, beta=beta if beta == "theory" else beta * c**0.5, seed=0, **kw)
+    picks = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", NumericsWarning)
+        for _ in range(steps):
+            i = bandit.ask()
+            bandit.tell(i, f[i] * c**0.5)
+            picks += i.tolist()
+    return picks
+
+
+BANDITS = [(BKB, {}), (BBKB, {"batch_bound": 3.0}), (GPUCB, {}), (GPBUCB, {"batch_bound": 3.0})]
+
+
+@pytest.mark.parametrize("cls,kw", BANDITS, ids=lambda v: getattr(v, "__name__", ""))
+@pytest.mark.parametrize("dtype,exponents", [(torch.float64, (-300, -100, 100, 300)), (torch.float32, (-30, -16, 16, 30))])
+def test_the_bandits_make_the_same_choices_in_any_units(cls, kw, dtype, exponents):
+    """Kernel and noise times ``c``, rewards and width times ``√c`` (``c`` an even power of two: exact): the same picks."""
+    ref = _choices(cls, 1.0, dtype, **kw)
+    for e in exponents:
+        assert _choices(cls, 2.0**e, dtype, **kw) == ref, f"c = 2^{e}"
+
+
+@pytest.mark.parametrize("cls,kw", BANDITS[1:], ids=lambda v: getattr(v, "__name__", ""))
+def test_the_theory_width_follows_the_units(cls, kw):
+    """BBKB, GP-UCB and GP-BUCB's theory widths scale with √c. (BKB's does not: 000 Thm 2 has ``log(κ² t)``, which
+    depends on the kernel's units as the paper prints it -- see docs/numerics.md.)"""
+    ref = _choices(cls, 1.0, torch.float64, beta="theory", steps=20, **kw)
+    assert _choices(cls, 2.0**-120, torch.float64, beta="theory", steps=20, **kw) == ref
+
+
+@pytest.mark.parametrize("cls,kw", BANDITS, ids=lambda v: getattr(v, "__name__", ""))
+@pytest.mark.parametrize("c", [1e-200, 1e200])
+def test_units_beyond_what_the_arithmetic_holds_are_refused(cls, kw, c):
+    with pytest.raises(InputDataError, match="rescale the rewards"):
+        cls(ARMS, Scaled(c), noise=0.01 * c, beta=0.3, seed=0, **kw)
+
+
+def test_float32_units_are_refused_where_float32_under_or_overflows():
+    with pytest.raises(InputDataError, match="float32"):
+        BKB(ARMS.float(), Scaled(1e-20), noise=1e-22, beta=0.3)
+
+
+def test_a_kernel_without_finite_prior_variances_is_refused():
+    with pytest.raises(InputDataError, match="prior variances"):
+        BKB(ARMS, Scaled(float("nan")), noise=0.1, beta=0.3)
+
+
+@pytest.mark.parametrize("c", [2.0**-300, 2.0**300])
+def test_the_posteriors_are_invariant_to_units_or_refuse(c):
+    X, Xq = ARMS[:30], ARMS[100:107]
+    y = F[:30]
+    k1, kc = Scaled(1.0), Scaled(c)
+    for make in (lambda k, lam: DTCPosterior(NystromEmbedding(k, X[:20]), noise=lam), lambda k, lam: ExactPosterior(k, noise=lam)):
+        m1, v1 = make(k1, 0.01).fit(X, y)(Xq)
+        mc, vc = make(kc, 0.01 * c).fit(X, y * c**0.5)(Xq)
+        torch.testing.assert_close(mc / c**0.5, m1, rtol=1e-12, atol=0)
+        torch.testing.assert_close(vc / c, v1, rtol=1e-12, atol=0)
+    with pytest.raises(InputDataError, match="rescale"):
+        DTCPosterior(NystromEmbedding(Scaled(1e-200), X[:20]), noise=1e-202)
+
+
+def _reference_variance(k, X, Xq, lam):
+    """The exact GP posterior variance with 50 significant digits."""
+    mpmath.mp.dps = 50
+    K = mpmath.matrix(k(X, X).tolist())
+    Kq = mpmath.matrix(k(Xq, X).tolist())
+    Kinv = mpmath.inverse(K + lam * mpmath.eye(X.shape[0]))
+    kqq = k(Xq, Xq).diagonal().tolist()
+    return torch.tensor([float(kqq[i] - (Kq[i, :] * Kinv * Kq[i, :].T)[0]) for i in range(Xq.shape[0])], dtype=torch.float64)
+
+
+@pytest.mark.parametrize("lengthscale", [0.15, 0.3, 0.6])
+@pytest.mark.parametrize("lam", [1e-2, 1e-4, 1e-6, 1e-8, 1e-10])
+def test_the_dtc_posterior_with_a_tiny_noise_is_as_accurate_as_the_exact_one(lengthscale, lam):
+    """With the dictionary = the data, DTC is the exact GP: its variances (and joint covariance) match a 50-digit
+    reference to 1e-5 relative or within 10× of the float64 ExactPosterior's error (the one-product form alone
+    is off by up to 10⁴ at λ = 1e-10 here)."""
+    g = torch.Generator().manual_seed(7)
+    X = torch.rand(40, 2, dtype=torch.float64, generator=g)
+    Xq = torch.cat([torch.rand(8, 2, dtype=torch.float64, generator=g), X[:8]])
+    k = GaussianKernel(lengthscale)
+    y = torch.sin(6 * X[:, 0])
+    ref = _reference_variance(k, X, Xq, lam)
+    post = DTCPosterior(NystromEmbedding(k, X), noise=lam).fit(X, y)
+    exact = ExactPosterior(k, noise=lam).fit(X, y)
+    exact_err = float(((exact(Xq)[1] - ref).abs() / ref).max())
+    for var in (post(Xq)[1], post.joint(Xq)[1].diagonal()):
+        assert float(((var - ref).abs() / ref).max()) < max(1e-5, 10 * exact_err)
+    assert exact_err < 1e-4
+    torch.testing.assert_close(post(Xq)[0], exact(Xq)[0], rtol=1e-4, atol=1e-6 * float(y.abs().max()))
+
+
+def test_float32_runs_warn_when_the_dictionary_makes_variances_unreliable():
+    dense = torch.rand(400, 2, generator=torch.Generator().manual_seed(3))
+    f = torch.sin(5 * dense[:, 0])
+
+    def run(dtype, lam):
+        bandit = BKB(dense.to(dtype), GaussianKernel(0.3), noise=lam, beta=0.3, q_bar=50.0, seed=0)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for _ in range(30):
+                i = bandit.ask()
+                bandit.tell(i, f.to(dtype)[i])
+        return [w for w in caught if issubclass(w.category, NumericsWarning) and "variances at the dictionary points are off" in str(w.message)]
+
+    assert len(run(torch.float32, 1e-4)) == 1  # once per bandit
+    assert run(torch.float64, 1e-4) == []
+    assert run(torch.float32, 0.5) == []
