@@ -1,7 +1,12 @@
 """Shared fixtures: every core test loops over float32/float64 and over the available devices."""
 
+import os
+from pathlib import Path
+
 import pytest
 import torch
+
+REPO = Path(__file__).resolve().parents[1]
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 ALL_DEVICES = [
@@ -33,3 +38,23 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def dask_client():
+    """A Dask ``LocalCluster`` of two one-thread worker processes for the module's tests (skipped without
+    ``distributed``); the workers import torchbkb and the test modules (objectives are pickled by reference)."""
+    distributed = pytest.importorskip("distributed")
+    old = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = os.pathsep.join([str(REPO), str(REPO / "tests")] + ([old] if old else []))
+    cluster = distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None, silence_logs=50)
+    client = distributed.Client(cluster)
+    try:
+        yield client
+    finally:
+        client.close()
+        cluster.close()
+        if old is None:
+            os.environ.pop("PYTHONPATH", None)
+        else:
+            os.environ["PYTHONPATH"] = old

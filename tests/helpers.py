@@ -1,5 +1,6 @@
 """Independent float64 reference formulas used by the tests (written from the papers, not the package)."""
 
+import os
 import torch
 
 
@@ -43,3 +44,15 @@ def bkb_eq4(K_ss, K_xs, K_qs, k_qq_diag, y, lam):
 def close(a, b, atol=1e-12):
     """Absolute comparison (no relative slack)."""
     return bool(torch.allclose(a, b, rtol=0.0, atol=atol))
+
+
+def claim(root, name: str) -> int:
+    """Atomically number a call by files in ``root`` (pool workers share no memory): the k-th call for
+    ``name`` creates ``name.k`` and returns ``k``."""
+    k = 0
+    while True:
+        try:
+            os.close(os.open(os.path.join(str(root), f"{name}.{k}"), os.O_CREAT | os.O_EXCL))
+            return k
+        except FileExistsError:
+            k += 1

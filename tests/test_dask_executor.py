@@ -10,10 +10,10 @@ import pytest
 import torch
 
 import torchbkb
+from helpers import claim
 from torchbkb import BBKB, ObjectiveError
 from torchbkb.kernels import GaussianKernel
 
-REPO = Path(__file__).resolve().parents[1]
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny operations: one intra-op thread (tests/conftest.py)
 
@@ -34,14 +34,7 @@ class FlakyObjective:
         self.driver_pid = os.getpid() if driver_pid is None else driver_pid
 
     def _claim(self, name: str) -> int:
-        """Atomically number this attempt: the k-th call for ``name`` creates ``name.k``."""
-        k = 0
-        while True:
-            try:
-                os.close(os.open(os.path.join(self.root, f"{name}.{k}"), os.O_CREAT | os.O_EXCL))
-                return k
-            except FileExistsError:
-                k += 1
+        return claim(self.root, name)
 
     def attempts(self, arm: int) -> int:
         return len(list(Path(self.root).glob(f"arm{arm}.*")))
@@ -74,25 +67,6 @@ def _bandit(arms, seed=3):
 def _reference(budget):
     arms, f = _problem()
     return torchbkb.run(_bandit(arms), f, budget, progress=False)
-
-
-@pytest.fixture(scope="module")
-def dask_client():
-    distributed = pytest.importorskip("distributed")
-    old = os.environ.get("PYTHONPATH")
-    # worker processes must import torchbkb and this module (the objective is pickled by reference)
-    os.environ["PYTHONPATH"] = os.pathsep.join([str(REPO), str(REPO / "tests")] + ([old] if old else []))
-    cluster = distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None, silence_logs=50)
-    client = distributed.Client(cluster)
-    try:
-        yield client
-    finally:
-        client.close()
-        cluster.close()
-        if old is None:
-            os.environ.pop("PYTHONPATH", None)
-        else:
-            os.environ["PYTHONPATH"] = old
 
 
 def test_dask_flaky_objective_and_dying_worker_give_the_serial_run(dask_client, tmp_path):

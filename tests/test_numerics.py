@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from torchbkb import BBKB, BKB, GPBUCB, GPUCB, DTCPosterior, ExactPosterior, NumericsWarning, NystromEmbedding
-from torchbkb.errors import InputDataError
+from torchbkb.errors import InputDataError, NumericsError
 from torchbkb.kernels import GaussianKernel
 
 mpmath = pytest.importorskip("mpmath")
@@ -140,3 +140,45 @@ def test_float32_runs_warn_when_the_dictionary_makes_variances_unreliable():
     assert len(run(torch.float32, 1e-4)) == 1  # once per bandit
     assert run(torch.float64, 1e-4) == []
     assert run(torch.float32, 0.5) == []
+
+
+def test_a_float32_dtc_posterior_warns_when_its_kernel_values_cannot_carry_the_variances():
+    g = torch.Generator().manual_seed(0)
+    X = torch.rand(300, 2, dtype=torch.float64, generator=g)
+    y = torch.sin(5 * X[:, 0])
+
+    def fit(lengthscale, m, lam):
+        k = GaussianKernel(lengthscale)
+        S = X[:m]
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            post = DTCPosterior(NystromEmbedding(k, S.float()), noise=lam).fit(X.float(), y.float())
+            var32 = post(X[:40].float())[1].double()
+        var64 = DTCPosterior(NystromEmbedding(k, S), noise=lam).fit(X, y)(X[:40])[1]
+        warned = [w for w in caught if issubclass(w.category, NumericsWarning)]
+        return float(((var32 - var64).abs() / var64).max()), warned
+
+    err, warned = fit(0.3, 12, 1e-3)  # cond(K_S) ≈ 3e4: float32 is fine
+    assert err < 5e-3 and warned == []
+    err, warned = fit(0.3, 30, 1e-3)  # cond(K_S) ≈ 8e7: off by 200 %
+    assert err > 0.1 and len(warned) == 1 and "DTCPosterior" in str(warned[0].message)
+
+
+def test_a_kernel_that_returns_nan_never_puts_nan_into_a_bandit():
+    class Holey:
+        def __call__(self, X1, X2):
+            K = torch.exp(-torch.cdist(X1, X2) ** 2 / 0.08)
+            return K.masked_fill((X1[..., :, None, 0] > 0.9) & (X2[..., None, :, 0] < 0.1), float("nan"))
+
+        def diag(self, X):
+            return torch.ones(X.shape[:-1], dtype=X.dtype)
+
+    from torchbkb.kernels import as_kernel
+
+    bandit = BKB(ARMS, as_kernel(Holey(), diag=Holey().diag), noise=0.01, beta=0.3, seed=0)
+    with pytest.raises(NumericsError, match="NaN/inf in the rows of arms"):
+        for _ in range(200):
+            i = bandit.ask()
+            bandit.tell(i, F[i])
+    mean, rls = bandit.scores()
+    assert bool(torch.isfinite(mean).all() and torch.isfinite(rls).all())

@@ -32,6 +32,7 @@ Example:
 
 from __future__ import annotations
 
+import copy
 from typing import NamedTuple
 
 import torch
@@ -39,7 +40,7 @@ from torch import nn
 
 from torchbkb.errors import InputDataError, TorchBKBError, check_finite, check_positive
 from torchbkb.nystrom import NystromEmbedding
-from torchbkb.stable_scoring import feature_scores, stable_factor
+from torchbkb.stable_scoring import feature_scores, reference_rls, stable_factor, warn_if_unreliable
 from torchbkb.utils.linalg import check_units, compute_dtype, keep_dtype_on_apply, spd_inverse
 
 __all__ = ["DTCPosterior", "RankOneDowndate", "ridge_solve", "scoring_operator", "score_kernel_rows", "score_kernel_columns", "rls_kernel_columns", "fit_kernel_row_operator"]
@@ -101,6 +102,7 @@ class DTCPosterior(nn.Module):
         self.register_buffer("noise", torch.tensor(check_positive(noise, "noise"), dtype=torch.float64))
         self.refactor_every = int(refactor_every)
         self.chunk_size = int(chunk_size or embedding.chunk_size)
+        self._precision_warned = False  # a NumericsWarning for float32 kernel values was given
         S = embedding.inducing_points
         with torch.no_grad():
             check_units(float(embedding.kernel_diag(S).max()), self.lam, S.dtype, "DTCPosterior")
@@ -391,8 +393,21 @@ class DTCPosterior(nn.Module):
             with torch.no_grad():
                 K_SS = self.embedding.kernel(S, S)  # (m, m)
                 L = stable_factor(K_SS, K_SS.diagonal(), self.embedding.projection, M, self.ZtZ, self.lam, S.dtype)
-            self._stable = (L,)
+                self._stable = (L,)
+                if S.dtype != torch.float64 and self.batch_shape == torch.Size() and not self._precision_warned:
+                    self._precision_warned = self._check_precision(S)
         return self._stable[0]
+
+    def _check_precision(self, S: torch.Tensor) -> bool:
+        """Warn (once) when the kernel values' own rounding in ``S``'s dtype, amplified by ``cond(K_S)``, leaves the
+        variances at the dictionary points more than 5 % off a float64 reference (:mod:`torchbkb.stable_scoring`)."""
+        X = torch.cat([self.train_X, self.pending_X], dim=-2)
+        if X.shape[-2] == 0:
+            return False
+        counts = torch.cat([self.train_counts, self.pending_counts], dim=-1)
+        here = self.rls(S)
+        ref = reference_rls(copy.deepcopy(self.embedding.kernel).double(), S, X, counts, self.lam)
+        return warn_if_unreliable(here, ref, S.dtype, self.lam, "DTCPosterior", stacklevel=6)
 
     def _scoring_operator(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """``M = Wᵀ (I/λ - V⁻¹) W`` `(*b, m, m)` and ``a = Wᵀ w`` `(*b, m)` in ``dtype``.

@@ -7,9 +7,11 @@ Two kinds of failure are told apart (:func:`is_infrastructure_failure`):
   They count against that arm's ``max_retries``; an arm that exhausts them is reported to the loop, which
   raises or excludes it.
 * **infrastructure failures** -- the executor is shut down or broken, a worker was lost, a future was
-  cancelled, a timeout or a connection error (``ConnectionError``, ``TimeoutError``,
-  ``concurrent.futures.CancelledError``, ``BrokenExecutor``, Dask's ``KilledWorker``/``CommClosedError``,
-  :class:`~torchbkb.errors.InfrastructureError`, plus the types given as ``transient``). They never count
+  cancelled, a timeout, a connection or other operating-system error (``OSError`` and its subclasses
+  ``ConnectionError``, ``TimeoutError``, ``BrokenPipeError``, ``urllib``'s ``URLError``, ``requests``'
+  ``ConnectionError``...; ``EOFError``, ``concurrent.futures.CancelledError``/``TimeoutError``,
+  ``BrokenExecutor``, Dask's ``KilledWorker``/``CommClosedError``, :class:`~torchbkb.errors.InfrastructureError`,
+  plus the types given as ``transient``). They never count
   against an arm: the points are retried with exponential backoff (``retry_delay``, doubled up to
   :data:`MAX_DELAY`) until ``deadline`` seconds have passed since the first of them, a pool the evaluator
   owns (``executor="thread"``/``"process"`` or a factory) is recreated when it breaks, and what is still
@@ -31,8 +33,10 @@ Example:
 
 from __future__ import annotations
 
+import asyncio
 import time
 from concurrent.futures import BrokenExecutor, CancelledError, Executor, ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FuturesTimeoutError
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -44,7 +48,9 @@ from torchbkb.objectives import check_rewards
 __all__ = ["BatchEvaluator", "BatchOutcome", "INFRASTRUCTURE_ERRORS", "MAX_DELAY", "call_objective", "is_infrastructure_failure"]
 
 #: exception types that are the infrastructure's failures, never an arm's.
-INFRASTRUCTURE_ERRORS: tuple[type[BaseException], ...] = (ConnectionError, TimeoutError, CancelledError, BrokenExecutor, InfrastructureError)
+INFRASTRUCTURE_ERRORS: tuple[type[BaseException], ...] = (
+    OSError, EOFError, TimeoutError, FuturesTimeoutError, asyncio.TimeoutError, CancelledError, BrokenExecutor, InfrastructureError,
+)  # fmt: skip
 #: the same, for Dask/Tornado types known by name (no import of distributed needed).
 INFRASTRUCTURE_NAMES = frozenset({"KilledWorker", "CommClosedError", "StreamClosedError", "FutureCancelledError"})
 #: the longest wait between two rounds of infrastructure retries, seconds.
@@ -134,9 +140,10 @@ class BatchEvaluator:
         self.pools_created = 1 if self.owned else 0
 
     def close(self) -> None:
-        """Shut down a pool the evaluator owns."""
+        """Shut down a pool the evaluator owns (without waiting: after an interrupt, tasks still running are
+        abandoned, queued ones cancelled)."""
         if self.owned and self.executor is not None:
-            self.executor.shutdown(wait=True, cancel_futures=True)
+            self.executor.shutdown(wait=False, cancel_futures=True)
             self.executor = None
 
     def evaluate(self, arms: list[int]) -> BatchOutcome:
@@ -222,7 +229,7 @@ class BatchEvaluator:
         except ObjectiveOutputError:
             raise
         except Exception as e:  # noqa: BLE001 - classified below
-            if future is not None and isinstance(e, TimeoutError):
+            if future is not None and isinstance(e, (TimeoutError, FuturesTimeoutError)):
                 future.cancel()
             if is_infrastructure_failure(e, self.transient):
                 return self._infra(e)

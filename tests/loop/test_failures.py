@@ -14,12 +14,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import torchbkb
+from helpers import claim
 from torchbkb import BBKB, InfrastructureError, ObjectiveError, ObjectiveOutputError
 from torchbkb.bandits.base import Bandit
 from torchbkb.errors import InputDataError
 from torchbkb.kernels import GaussianKernel
-
-REPO = Path(__file__).resolve().parents[2]
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -55,13 +54,7 @@ class Counter:
         self.root = str(root)
 
     def claim(self, name):
-        k = 0
-        while True:
-            try:
-                os.close(os.open(os.path.join(self.root, f"{name}.{k}"), os.O_CREAT | os.O_EXCL))
-                return k
-            except FileExistsError:
-                k += 1
+        return claim(self.root, name)
 
     def count(self, name):
         return len(list(Path(self.root).glob(f"{name}.*")))
@@ -100,6 +93,27 @@ def test_an_objective_unreachable_for_a_while_is_retried_and_blames_no_arm(tmp_p
     assert max(hist.attempts) > 3  # retried beyond max_retries: infrastructure failures do not count
     saved = torch.load(tmp_path / "c.ckpt", weights_only=True)
     assert not bool(saved["bandit"]["excluded"].any())
+
+
+class UrlDown:
+    """``values[i]``; the first ``down`` calls raise ``urllib.error.URLError`` (an ``OSError``, not a ``ConnectionError``)."""
+
+    def __init__(self, values, down):
+        self.values, self.down, self.calls = values, down, 0
+
+    def __call__(self, idx):
+        import urllib.error
+
+        self.calls += 1
+        if self.calls <= self.down:
+            raise urllib.error.URLError("no route to host")
+        return self.values[torch.as_tensor(idx, dtype=torch.long)]
+
+
+def test_operating_system_errors_of_the_objective_are_infrastructure_failures():
+    ref = _reference(30)
+    hist = torchbkb.run(_bandit(), UrlDown(F, 6), 30, progress=False, max_retries=0, retry_delay=0.001)
+    assert hist.index == ref.index and hist.failures == [] and [k for _, _, k, _ in hist.errors] == ["infrastructure"] * 6
 
 
 def test_past_the_deadline_the_run_checkpoints_raises_and_resumes_without_exclusions(tmp_path):
@@ -154,34 +168,21 @@ class Slow(Counter):
         return self.values[torch.as_tensor(idx, dtype=torch.long)]
 
 
-def test_a_dask_restart_in_the_middle_of_a_batch_excludes_no_arm(tmp_path):
-    distributed = pytest.importorskip("distributed")
-    old = os.environ.get("PYTHONPATH")
-    os.environ["PYTHONPATH"] = os.pathsep.join([str(REPO)] + ([old] if old else []))
-    cluster = distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None, silence_logs=50)
-    client = distributed.Client(cluster)
-    try:
-        ref = _reference(40)
-        objective = Slow(F, tmp_path, delay=0.3)
+def test_a_dask_restart_in_the_middle_of_a_batch_excludes_no_arm(dask_client, tmp_path):
+    ref = _reference(40)
+    objective = Slow(F, tmp_path, delay=0.3)
 
-        def restart_once():
-            while not (tmp_path / "started").exists():
-                time.sleep(0.01)
-            client.restart()
+    def restart_once():
+        while not (tmp_path / "started").exists():
+            time.sleep(0.01)
+        dask_client.restart()
 
-        watcher = threading.Thread(target=restart_once, daemon=True)
-        watcher.start()
-        hist = torchbkb.run(_bandit(), objective, 40, executor=client, progress=False, max_retries=0, retry_delay=0.1, deadline=120)
-        watcher.join(timeout=60)
-        assert hist.index == ref.index and hist.reward == ref.reward
-        assert hist.failures == [] and any(kind == "infrastructure" for _, _, kind, _ in hist.errors)
-    finally:
-        client.close()
-        cluster.close()
-        if old is None:
-            os.environ.pop("PYTHONPATH", None)
-        else:
-            os.environ["PYTHONPATH"] = old
+    watcher = threading.Thread(target=restart_once, daemon=True)
+    watcher.start()
+    hist = torchbkb.run(_bandit(), objective, 40, executor=dask_client, progress=False, max_retries=0, retry_delay=0.1, deadline=120)
+    watcher.join(timeout=60)
+    assert hist.index == ref.index and hist.reward == ref.reward
+    assert hist.failures == [] and any(kind == "infrastructure" for _, _, kind, _ in hist.errors)
 
 
 class OnceBroken(Counter):

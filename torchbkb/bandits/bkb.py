@@ -40,7 +40,7 @@ import torch
 from torchbkb.bandits.base import KernelBandit
 from torchbkb.confidence import alpha_from_epsilon, bkb_beta
 from torchbkb.dtc_posterior import DTCPosterior, fit_kernel_row_operator, rls_kernel_columns, score_kernel_columns
-from torchbkb.errors import InputDataError, TorchBKBError, check_int, check_positive
+from torchbkb.errors import InputDataError, NumericsError, TorchBKBError, check_int, check_positive
 from torchbkb.nystrom import DEFAULT_CHUNK, NystromEmbedding
 from torchbkb.rls_dictionary import RLSDictionary
 from torchbkb.stable_scoring import reference_rls, warn_if_unreliable
@@ -439,7 +439,7 @@ class SketchedKernelBandit(KernelBandit):
             first = len(self._P_pos)
             for a in new:
                 row = len(self._P_pos)
-                buf[row] = self.kernel(self.arms[a : a + 1], self.arms)[0]
+                buf[row] = _finite_rows(self.kernel(self.arms[a : a + 1], self.arms), [a])[0]
                 self._P_pos[a] = row
             self._P_row[self._long(new)] = torch.arange(first, first + len(new), device=self.arms.device)
 
@@ -523,7 +523,7 @@ class SketchedKernelBandit(KernelBandit):
                     bid = self._next_block
                     self._next_block += 1
                     self._blocks[bid] = list(members)
-                rows = self.kernel(self.arms[self._long(members)], self.arms)  # (e, A): one call per block
+                rows = _finite_rows(self.kernel(self.arms[self._long(members)], self.arms), members)  # (e, A): one call per block
                 js = [j for j, a in enumerate(members) if a in slot_of]
                 slots = [slot_of[members[j]] for j in js]
                 if len(js) < len(members):
@@ -654,3 +654,12 @@ class BKB(SketchedKernelBandit):
         if self.beta_mode != "theory":
             return float(self.beta_mode)
         return bkb_beta(self.deff, max(self.t, 1), noise_std=self.noise_std, lam=self.lam, F=self.F, delta=self.delta, epsilon=self.epsilon, kappa2=self.kappa2)
+
+
+def _finite_rows(rows: torch.Tensor, arms: list[int]) -> torch.Tensor:
+    """``rows`` `(e, A)` of kernel values ``k(arms, ·)``, or a :class:`~torchbkb.errors.NumericsError` before a NaN/inf
+    value can enter the bandit's caches."""
+    if not bool(torch.isfinite(rows).all()):
+        bad = (~torch.isfinite(rows)).any(1).nonzero().squeeze(1).tolist()
+        raise NumericsError(f"kernel: expected finite values k(a, ·), got NaN/inf in the rows of arms {[arms[i] for i in bad]}")
+    return rows
