@@ -53,8 +53,8 @@ INFRASTRUCTURE_ERRORS: tuple[type[BaseException], ...] = (
 )  # fmt: skip
 #: the same, for Dask/Tornado types known by name (no import of distributed needed).
 INFRASTRUCTURE_NAMES = frozenset({"KilledWorker", "CommClosedError", "StreamClosedError", "FutureCancelledError"})
-#: the longest wait between two rounds of infrastructure retries, seconds.
-MAX_DELAY = 60.0
+#: the longest wait between two rounds of infrastructure retries, seconds (a service that is back is noticed within it).
+MAX_DELAY = 2.0
 
 
 def is_infrastructure_failure(exc: BaseException, transient: tuple[type[BaseException], ...] = ()) -> bool:
@@ -116,7 +116,7 @@ class BatchEvaluator:
         *,
         workers: int | None = None,
         max_retries: int = 0,
-        retry_delay: float = 1.0,
+        retry_delay: float = 0.1,
         deadline: float = 900.0,
         timeout: float | None = None,
         transient: tuple[type[BaseException], ...] = (),

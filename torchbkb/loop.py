@@ -77,7 +77,7 @@ def run(
     on_failure: str | None = None,
     time_limit: float | None = None,
     workers: int | None = None,
-    retry_delay: float = 1.0,
+    retry_delay: float = 0.1,
     deadline: float = 900.0,
     timeout: float | None = None,
     transient: tuple[type[BaseException], ...] = (),
@@ -104,7 +104,7 @@ def run(
         time_limit: stop (after the current batch) once this many seconds of wall time have passed
             (for capping slow peers in benchmarks); the history says so in ``meta["stopped"]``.
         workers: ``max_workers`` of an owned ``"thread"``/``"process"`` pool.
-        retry_delay: first wait after infrastructure failures, seconds (doubled each round, at most 60).
+        retry_delay: first wait after infrastructure failures, seconds (doubled each round, at most 2: a service that comes back is noticed within 2 s).
         deadline: seconds of continued infrastructure failures before the run checkpoints and raises.
         timeout: seconds to wait for a batch's results on an executor (late points are infrastructure failures).
         transient: more exception types to treat as infrastructure failures.

@@ -330,3 +330,27 @@ def test_values_are_validated_up_front():
     with pytest.raises(InputDataError, match="NaN"):
         torchbkb.run(Batches(ARMS, 2), bad, 4, progress=False)
     assert calls == []
+
+
+def test_infrastructure_retries_back_off_exponentially_up_to_a_cap_and_a_deadline(monkeypatch):
+    import torchbkb.evaluation as evaluation
+
+    waits, clock = [], [0.0]
+    monkeypatch.setattr(evaluation.time, "sleep", lambda s: (waits.append(s), clock.__setitem__(0, clock[0] + s)))
+    monkeypatch.setattr(evaluation.time, "monotonic", lambda: clock[0])
+    calls = []
+
+    def down_ten_times(idx):
+        calls.append(idx)
+        if len(calls) <= 10:
+            raise ConnectionError("down")
+        return F[idx]
+
+    out = evaluation.BatchEvaluator(down_ten_times, retry_delay=0.1, deadline=100).evaluate([4])
+    assert out.rewards == {0: float(F[4])} and out.attempts == [11] and out.failed == {}
+    assert waits == pytest.approx([0.1, 0.2, 0.4, 0.8, 1.6] + [evaluation.MAX_DELAY] * 5)
+    waits.clear()
+    calls.clear()
+    clock[0] = 0.0
+    out = evaluation.BatchEvaluator(down_ten_times, retry_delay=0.1, deadline=1.0).evaluate([4])
+    assert out.outstanding == [0] and out.rewards == {} and sum(waits) == pytest.approx(1.0)  # gave up at the deadline
