@@ -62,7 +62,10 @@ def save_checkpoint(path: str | os.PathLike, payload: dict[str, Any]) -> None:
     """Write ``payload`` (plus ``format`` and ``version``) to ``path`` atomically and durably."""
     p = Path(os.fspath(path))
     parent = p.parent if str(p.parent) else Path(".")
-    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=parent)  # unique per writer
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=parent)  # unique per writer
+    except OSError as e:  # the directory went away or became read-only during the run
+        raise CheckpointError(f"checkpoint: expected a writable directory, got {str(parent)!r} ({e}); the previous checkpoint, if any, is intact") from e
     try:
         with os.fdopen(fd, "wb") as f:
             torch.save({"format": FORMAT, "version": FORMAT_VERSION, **payload}, f)

@@ -252,3 +252,20 @@ def test_an_empty_algorithm_state_is_refused_and_rolled_back(cls):
     with pytest.raises(CheckpointError, match="failed with KeyError"):
         target.load_state_dict(state)
     assert _same_state(target.state_dict(), before)
+
+
+def test_a_checkpoint_directory_that_disappears_mid_run_is_a_typed_error(tmp_path):
+    folder = tmp_path / "ckpts"
+    folder.mkdir()
+    calls = []
+
+    def objective(idx):
+        calls.append(idx)
+        if len(calls) == 5:
+            for p in folder.iterdir():
+                p.unlink()
+            folder.rmdir()
+        return F[idx]
+
+    with pytest.raises(CheckpointError, match="writable directory"):
+        torchbkb.run(_bkb(), objective, 20, progress=False, checkpoint=folder / "run.ckpt")
