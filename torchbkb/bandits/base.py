@@ -143,14 +143,8 @@ class Bandit:
             self._finish_batch()
 
     def readmit(self, indices: torch.Tensor | None = None) -> list[int]:
-        """Let excluded arms be selected again (e.g. once the cause of their failures is fixed).
-
-        Args:
-            indices: `(k,)` arms to readmit (each must be excluded); ``None`` readmits every excluded arm.
-
-        Returns:
-            The readmitted arms, ascending.
-        """
+        """Let the excluded arms ``indices`` `(k,)` (``None``: all) be selected again, e.g. once the cause of their
+        failures is fixed; returns them, ascending."""
         if indices is None:
             idx = self.excluded.nonzero().squeeze(1)
         else:
@@ -190,7 +184,7 @@ class Bandit:
         return {
             "class": type(self).__name__,
             "num_arms": self.num_arms,
-            "fingerprint": self.fingerprint(),
+            "fingerprint": copy.deepcopy(self.fingerprint()),
             "generator": self.generator.get_state(),
             "counts": self.counts.cpu().clone(),
             "reward_sums": self.reward_sums.cpu().clone(),
@@ -205,15 +199,9 @@ class Bandit:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore a :meth:`state_dict` taken from a bandit built with the same arguments.
-
-        Everything is checked before anything is applied -- the structure, the shapes and values of every
-        field, and the :meth:`fingerprint` (arms, kernel, settings) -- and if the algorithm's own part still
-        fails to load, the bandit is restored to the state it had: a failed load changes nothing.
-
-        Raises:
-            CheckpointError: the state is malformed or was written for other arms, kernel or settings.
-        """
+        """Restore a :meth:`state_dict` of a bandit built with the same arguments. Every field and the
+        :meth:`fingerprint` (arms, kernel, settings) are checked first, and a failure of the algorithm's own part
+        rolls back: a failed load (:class:`~torchbkb.errors.CheckpointError`) changes nothing."""
         cls, A = (state.get("class"), state.get("num_arms")) if isinstance(state, dict) else (type(state).__name__, None)
         if not isinstance(state, dict) or not isinstance(cls, str) or cls != type(self).__name__ or type(A) is not int or A != self.num_arms:
             got = (cls if isinstance(cls, str) else type(cls).__name__, A if type(A) is int else type(A).__name__)
