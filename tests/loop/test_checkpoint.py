@@ -269,3 +269,31 @@ def test_a_checkpoint_directory_that_disappears_mid_run_is_a_typed_error(tmp_pat
 
     with pytest.raises(CheckpointError, match="writable directory"):
         torchbkb.run(_bkb(), objective, 20, progress=False, checkpoint=folder / "run.ckpt")
+
+
+@pytest.mark.parametrize(
+    "field,value",
+    [("rls", torch.zeros(3, dtype=torch.float64)), ("rls", torch.full((A,), float("nan"), dtype=torch.float64)), ("dictionary", torch.tensor([0, A + 5])), ("order", "abc")],
+)
+def test_algorithm_fields_of_the_wrong_kind_are_refused_before_loading(field, value):
+    """A field the algorithm would accept silently (a short or NaN variance vector, out-of-range indices) is refused."""
+    target = _mid_run(BKB)
+    state = _mid_run(BKB).state_dict()
+    state["algorithm"][field] = value
+    before = target.state_dict()
+    with pytest.raises(CheckpointError, match=field):
+        target.load_state_dict(state)
+    assert _same_state(target.state_dict(), before)
+
+
+def test_a_dictionary_as_large_as_the_arm_set_still_loads_smaller_ones():
+    arms = ARMS[:6]
+    big = BKB(arms, GaussianKernel(0.2), noise=0.01, beta=50.0, q_bar=1e6, seed=0)
+    small = BKB(arms, GaussianKernel(0.2), noise=0.01, beta=50.0, q_bar=1e6, seed=0)
+    for b, steps in ((big, 60), (small, 3)):
+        for _ in range(steps):
+            i = b.ask()
+            b.tell(i, F[:6][i])
+    assert big.dictionary_size == 6 and small.dictionary_size < 6
+    big.load_state_dict(small.state_dict())
+    assert big.dictionary_size == small.dictionary_size

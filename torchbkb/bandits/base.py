@@ -36,7 +36,7 @@ import torch
 from torch import nn
 
 from torchbkb.bandits.fingerprint import bandit_fingerprint, check_fingerprint
-from torchbkb.bandits.saved_state import check_saved_state
+from torchbkb.bandits.saved_state import check_algorithm_state, check_saved_state
 from torchbkb.errors import CheckpointError, InputDataError, TorchBKBError, check_finite, check_generator, check_matrix, check_positive
 from torchbkb.kernels import KernelAdapter, as_kernel
 from torchbkb.utils.linalg import check_units
@@ -210,6 +210,7 @@ class Bandit:
             check_fingerprint(state["fingerprint"], self.fingerprint())
         check_saved_state(state, self.num_arms)
         backup = self.state_dict()
+        check_algorithm_state(state["algorithm"], backup["algorithm"], self.num_arms)
         try:
             self._apply_state(state)
         except Exception as e:

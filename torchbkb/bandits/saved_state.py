@@ -25,7 +25,7 @@ import torch
 
 from torchbkb.errors import CheckpointError
 
-__all__ = ["check_saved_state"]
+__all__ = ["check_saved_state", "check_algorithm_state"]
 
 _FIELDS = ("generator", "counts", "reward_sums", "t", "batch_id", "history", "pending", "told", "algorithm")
 
@@ -73,6 +73,36 @@ def check_saved_state(state: dict[str, Any], num_arms: int) -> None:
         raise CheckpointError(f"state: expected exclusions as a dict arm -> reason, got {_describe(reasons)}")
     if not isinstance(state["algorithm"], dict):
         raise CheckpointError(f"state: expected the algorithm's state as a dict, got {_describe(state['algorithm'])}")
+
+
+def check_algorithm_state(saved: dict[str, Any], reference: dict[str, Any], num_arms: int) -> None:
+    """Raise :class:`~torchbkb.errors.CheckpointError` unless every field of the algorithm's saved state that the
+    ``reference`` (the same bandit's own current state) has is of the same kind: a tensor of the same dtype --
+    floating and boolean per-arm tensors of length ``num_arms``, integer (index) tensors within ``[0, num_arms)``,
+    floating tensors without NaN -- a list,
+    a number or a string. A field the reference holds as ``None`` (or that can be ``None``) may be either;
+    a field missing from ``saved`` is left to the algorithm (older checkpoints lack some)."""
+    for key, ref in reference.items():
+        if key not in saved:
+            continue
+        got = saved[key]
+        if got is None or ref is None:
+            if got is not None and not isinstance(got, (torch.Tensor, list, tuple, int, float, str)):
+                raise CheckpointError(f"state: expected algorithm field {key!r} as None or data, got {_describe(got)}")
+            continue
+        if isinstance(ref, torch.Tensor):
+            if not isinstance(got, torch.Tensor) or got.dtype != ref.dtype or got.dim() != ref.dim():
+                raise CheckpointError(f"state: expected algorithm field {key!r} as a {ref.dtype} tensor of {ref.dim()} dims, got {_describe(got)}")
+            if ref.dim() and not ref.dtype == torch.long and ref.shape[0] == num_arms and got.shape[0] != num_arms:
+                raise CheckpointError(f"state: expected algorithm field {key!r} of length {num_arms} (one entry per arm), got {_describe(got)}")
+            if got.is_floating_point() and bool(got.isnan().any()):
+                raise CheckpointError(f"state: expected algorithm field {key!r} without NaN, got {int(got.isnan().sum())} NaN entries")
+            if got.dtype == torch.long and got.numel() and (int(got.min()) < 0 or int(got.max()) >= num_arms):
+                raise CheckpointError(f"state: expected arm indices in [0, {num_arms}) in algorithm field {key!r}, got values in [{int(got.min())}, {int(got.max())}]")
+        elif isinstance(ref, bool) != isinstance(got, bool) or (isinstance(ref, (int, float)) and not isinstance(got, (int, float))):
+            raise CheckpointError(f"state: expected algorithm field {key!r} as a {type(ref).__name__}, got {_describe(got)}")
+        elif isinstance(ref, (list, tuple, dict, str)) and not isinstance(got, type(ref) if not isinstance(ref, (list, tuple)) else (list, tuple)):
+            raise CheckpointError(f"state: expected algorithm field {key!r} as a {type(ref).__name__}, got {_describe(got)}")
 
 
 def _is_int(v: Any) -> bool:
