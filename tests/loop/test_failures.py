@@ -354,3 +354,33 @@ def test_infrastructure_retries_back_off_exponentially_up_to_a_cap_and_a_deadlin
     clock[0] = 0.0
     out = evaluation.BatchEvaluator(down_ten_times, retry_delay=0.1, deadline=1.0).evaluate([4])
     assert out.outstanding == [0] and out.rewards == {} and sum(waits) == pytest.approx(1.0)  # gave up at the deadline
+
+
+def test_an_executor_that_was_shut_down_ends_the_run_with_a_typed_error_and_no_exclusion(tmp_path):
+    pool = ThreadPoolExecutor(2)
+    pool.shutdown()
+    bandit = _bandit()
+    with pytest.raises(InfrastructureError, match="shutdown"):
+        torchbkb.run(bandit, F, 20, executor=pool, progress=False, checkpoint=tmp_path / "c.ckpt")
+    assert not bool(bandit.excluded.any()) and len(bandit.pending) == 1 and bandit.t == 0
+
+
+class SlowFirst:
+    """``values[i]``; the first call sleeps ``delay`` seconds."""
+
+    def __init__(self, values, delay):
+        self.values, self.delay, self.calls = values, delay, 0
+
+    def __call__(self, idx):
+        self.calls += 1
+        if self.calls == 1:
+            time.sleep(self.delay)
+        return self.values[torch.as_tensor(idx, dtype=torch.long)]
+
+
+def test_a_point_that_times_out_is_an_infrastructure_failure_and_is_retried():
+    ref = _reference(15)
+    with ThreadPoolExecutor(2) as pool:
+        hist = torchbkb.run(_bandit(), SlowFirst(F, 1.0), 15, executor=pool, progress=False, max_retries=0, timeout=0.2, retry_delay=0.01)
+    assert hist.index == ref.index and hist.failures == []
+    assert [k for _, _, k, msg in hist.errors] == ["infrastructure"] and hist.attempts[0] == 2
