@@ -1,8 +1,13 @@
 """Ridge-leverage-score (posterior-variance) dictionary resampling -- BKB's Algorithm 1, lines 8-12.
 
 Every candidate (a pulled arm) enters the new dictionary independently with probability
-``p = min(1, q̄ · σ̃²(x))`` where ``σ̃²`` is the RLS-scale variance of the *previous* posterior; an arm
-pulled ``n`` times is one Bernoulli per pull, so it enters with ``1 - (1 - p)^n``.
+``p = min(1, q̄ · σ̃²(x))`` where ``σ̃²`` is the RLS-scale variance of the *previous* posterior. For an arm
+pulled ``n`` times there are two readings (``inclusion=``):
+
+* ``"per_pull"`` (the default): one Bernoulli per pull, Algorithm 1 of 000 read literally -- ``1 - (1 - p)^n``;
+* ``"count_scaled"``: the authors' code (batch-bkb's ``_resample_dict``) -- ``min(1, q̄ · n · σ̃²(x))``.
+
+They agree for ``n <= 1`` and when ``p`` is 0 or 1; otherwise ``count_scaled`` keeps an arm at least as often.
 
 Example:
     >>> import torch
@@ -13,6 +18,8 @@ Example:
     [True, False]
     >>> dic.inclusion_probability(torch.tensor([0.1]), counts=torch.tensor([3]))   # 1 - 0.8³
     tensor([0.4880])
+    >>> RLSDictionary(2.0, inclusion="count_scaled").inclusion_probability(torch.tensor([0.1]), counts=torch.tensor([3]))
+    tensor([0.6000])
 """
 
 from __future__ import annotations
@@ -22,7 +29,17 @@ from torch import nn
 
 from torchbkb.errors import InputDataError, check_finite, check_generator, check_positive
 
-__all__ = ["RLSDictionary"]
+__all__ = ["RLSDictionary", "INCLUSION_RULES", "check_inclusion"]
+
+#: the readings of the inclusion probability of an arm pulled ``n`` times (see the module docstring).
+INCLUSION_RULES = ("per_pull", "count_scaled")
+
+
+def check_inclusion(inclusion: object) -> str:
+    """``inclusion`` if it is one of :data:`INCLUSION_RULES`, else an :class:`~torchbkb.errors.InputDataError`."""
+    if not isinstance(inclusion, str) or inclusion not in INCLUSION_RULES:
+        raise InputDataError(f"inclusion: expected one of {list(INCLUSION_RULES)}, got {inclusion!r}")
+    return inclusion
 
 
 class RLSDictionary(nn.Module):
@@ -30,6 +47,7 @@ class RLSDictionary(nn.Module):
 
     Args:
         q_bar: oversampling ``q̄ > 0`` (Theorem 1 of 000 asks ``q̄ >= 6α log(4T/δ)/ε²``).
+        inclusion: ``"per_pull"`` or ``"count_scaled"``, how pull counts enter (module docstring).
         generator: a seeded ``torch.Generator`` for reproducibility (its state is part of
             ``state_dict()``, so a checkpointed run resumes with the same draws).
         seed: convenience alternative to ``generator``.
@@ -42,14 +60,15 @@ class RLSDictionary(nn.Module):
         True
     """
 
-    def __init__(self, q_bar: float = 2.0, generator: torch.Generator | None = None, *, seed: int | None = None):
+    def __init__(self, q_bar: float = 2.0, generator: torch.Generator | None = None, *, seed: int | None = None, inclusion: str = "per_pull"):
         super().__init__()
         self.register_buffer("q_bar", torch.tensor(check_positive(q_bar, "q_bar"), dtype=torch.float64))
+        self.inclusion = check_inclusion(inclusion)
         generator = check_generator(generator, seed)
         self.generator = generator
 
     def inclusion_probability(self, rls: torch.Tensor, counts: torch.Tensor | None = None) -> torch.Tensor:
-        """``1 - (1 - min(1, q̄·σ̃²))^n``.
+        """``1 - (1 - min(1, q̄·σ̃²))^n`` (``"per_pull"``) or ``min(1, q̄·n·σ̃²)`` (``"count_scaled"``).
 
         Args:
             rls: `(n,)` RLS-scale variances ``σ̃² >= 0``.
@@ -62,6 +81,8 @@ class RLSDictionary(nn.Module):
         return self._probability(rls, counts)
 
     def _probability(self, rls: torch.Tensor, counts: torch.Tensor | None) -> torch.Tensor:
+        if counts is not None and self.inclusion == "count_scaled":
+            return (self.q_bar.to(rls.dtype) * counts.to(rls.dtype) * rls).clamp(0.0, 1.0)
         p = (self.q_bar.to(rls.dtype) * rls).clamp(0.0, 1.0)
         if counts is None:
             return p
@@ -82,11 +103,16 @@ class RLSDictionary(nn.Module):
         u = torch.rand(p.shape, generator=self.generator, dtype=torch.float64, device=self.generator.device)
         return u.to(p.device) < p.to(torch.float64)
 
+    def extra_repr(self) -> str:
+        return f"q_bar={float(self.q_bar):g}, inclusion={self.inclusion!r}"
+
     def get_extra_state(self) -> dict:
-        return {"generator_state": self.generator.get_state()}
+        return {"generator_state": self.generator.get_state(), "inclusion": self.inclusion}
 
     def set_extra_state(self, state: dict) -> None:
+        inclusion = check_inclusion(state.get("inclusion", "per_pull"))
         self.generator.set_state(state["generator_state"])
+        self.inclusion = inclusion
 
     def _check(self, rls, counts):
         if not isinstance(rls, torch.Tensor) or rls.dim() != 1 or not rls.is_floating_point():

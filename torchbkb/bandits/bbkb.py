@@ -92,6 +92,9 @@ class BBKB(SketchedKernelBandit):
             be picked in the batch, since in-batch UCBs never fall below the mean (see
             :class:`~torchbkb.bandits.bkb.SketchedKernelBandit`; ``False`` scores every arm -- the same
             batches, slower).
+        inclusion: how an arm pulled ``n`` times enters the dictionary: ``"per_pull"`` (``1 - (1 - p)^n``, 000
+            Algorithm 1 read literally) or ``"count_scaled"`` (``min(1, q̄·n·σ̃²)``, the authors' code); see
+            :mod:`torchbkb.rls_dictionary`.
 
     Attributes:
         dictionary: `(m,)` long, arm indices of the dictionary ``S_fb``.
@@ -140,10 +143,11 @@ class BBKB(SketchedKernelBandit):
         chunk_size: int = DEFAULT_CHUNK,
         row_cache_bytes: int = ROW_CACHE_BYTES,
         prune: bool = True,
+        inclusion: str = "per_pull",
     ):
         super().__init__(
             arms, kernel, noise=noise, q_bar=q_bar, beta=beta, seed=seed, F=F, delta=delta, noise_std=noise_std, chunk_size=chunk_size, row_cache_bytes=row_cache_bytes,
-            prune=prune,
+            prune=prune, inclusion=inclusion,
         )
         self.batch_bound, self.max_batch_size = check_batch_limits(batch_bound, max_batch_size)
         self.lazy = bool(lazy)

@@ -42,7 +42,7 @@ from torchbkb.confidence import alpha_from_epsilon, bkb_beta
 from torchbkb.dtc_posterior import DTCPosterior, fit_kernel_row_operator, rls_kernel_columns, score_kernel_columns
 from torchbkb.errors import InputDataError, NumericsError, TorchBKBError, check_int, check_positive
 from torchbkb.nystrom import DEFAULT_CHUNK, NystromEmbedding
-from torchbkb.rls_dictionary import RLSDictionary
+from torchbkb.rls_dictionary import RLSDictionary, check_inclusion
 from torchbkb.stable_scoring import reference_rls, warn_if_unreliable
 from torchbkb.utils.linalg import inv_sqrt_factor
 
@@ -143,6 +143,9 @@ class SketchedKernelBandit(KernelBandit):
             pulled arms no longer fit, the cache is dropped and entering rows are computed.
         prune: score the variance only of the arms whose UCB bound reaches the largest mean (see above;
             ``False`` scores every arm at every update: the same choices, slower -- for testing).
+        inclusion: how an arm pulled ``n`` times enters the dictionary: ``"per_pull"`` (``1 - (1 - p)^n``, 000
+            Algorithm 1 read literally) or ``"count_scaled"`` (``min(1, q̄·n·σ̃²)``, the authors' code); see
+            :mod:`torchbkb.rls_dictionary`.
 
     Attributes:
         dictionary: `(m,)` long, arm indices of the current dictionary.
@@ -169,9 +172,11 @@ class SketchedKernelBandit(KernelBandit):
         chunk_size: int = DEFAULT_CHUNK,
         row_cache_bytes: int = ROW_CACHE_BYTES,
         prune: bool = True,
+        inclusion: str = "per_pull",
     ):
         super().__init__(arms, kernel, noise=noise, beta=beta, seed=seed, noise_std=noise_std, F=F, delta=delta)
         self.prune = bool(prune)
+        self.inclusion = check_inclusion(inclusion)
         self.q_bar = check_positive(q_bar, "q_bar")
         self.chunk_size = int(chunk_size)
         self.row_cache_bytes = check_int(row_cache_bytes, "row_cache_bytes", minimum=0)
@@ -180,7 +185,7 @@ class SketchedKernelBandit(KernelBandit):
         self._P_row = torch.full((self.num_arms,), -1, dtype=torch.long, device=arms.device)  # _P_pos as a tensor (-1: none)
         self._pulled: torch.Tensor | None = None  # (p,) the pulled arms, ascending (None: to be found again)
         self._pulled_set: set[int] = set()
-        self.sampler = RLSDictionary(self.q_bar, generator=self.generator)
+        self.sampler = RLSDictionary(self.q_bar, generator=self.generator, inclusion=self.inclusion)
         self.dictionary = self._long([])
         self.beta = float("nan")
         self.deff = 0.0
@@ -599,6 +604,9 @@ class BKB(SketchedKernelBandit):
         prune: with a constant ``beta``, score the variance only of the arms whose UCB can still be the
             largest (see :class:`SketchedKernelBandit`; the same choices as ``False``). The theory width
             depends on the scores, so with ``beta="theory"`` every arm is scored.
+        inclusion: how an arm pulled ``n`` times enters the dictionary: ``"per_pull"`` (``1 - (1 - p)^n``, 000
+            Algorithm 1 read literally) or ``"count_scaled"`` (``min(1, q̄·n·σ̃²)``, the authors' code); see
+            :mod:`torchbkb.rls_dictionary`.
 
     Attributes:
         dictionary: `(m,)` long, arm indices of the current dictionary.
@@ -625,10 +633,11 @@ class BKB(SketchedKernelBandit):
         chunk_size: int = DEFAULT_CHUNK,
         row_cache_bytes: int = ROW_CACHE_BYTES,
         prune: bool = True,
+        inclusion: str = "per_pull",
     ):
         super().__init__(
             arms, kernel, noise=noise, q_bar=q_bar, beta=beta, seed=seed, F=F, delta=delta, noise_std=noise_std, chunk_size=chunk_size, row_cache_bytes=row_cache_bytes,
-            prune=prune,
+            prune=prune, inclusion=inclusion,
         )
         if alpha is not None:
             a = check_positive(alpha, "alpha")

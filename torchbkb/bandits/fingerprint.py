@@ -39,7 +39,7 @@ __all__ = ["KERNEL_PROBES", "SETTINGS", "bandit_fingerprint", "check_fingerprint
 KERNEL_PROBES = 8
 #: the bandit attributes that define an algorithm's behaviour (those a bandit has are compared).
 SETTINGS = (
-    "lam", "beta_mode", "noise_std", "F", "delta", "q_bar", "epsilon", "batch_bound", "max_batch_size", "lazy",
+    "lam", "beta_mode", "noise_std", "F", "delta", "q_bar", "inclusion", "epsilon", "batch_bound", "max_batch_size", "lazy",
     "budget", "interval", "lambda_max_mode", "discretization_c", "num_batches", "oversample", "refresh",
     "schedule", "base_size",
 )  # fmt: skip
