@@ -32,7 +32,6 @@ Example:
 
 from __future__ import annotations
 
-import copy
 from typing import NamedTuple
 
 import torch
@@ -40,7 +39,7 @@ from torch import nn
 
 from torchbkb.errors import InputDataError, TorchBKBError, check_finite, check_positive
 from torchbkb.nystrom import NystromEmbedding
-from torchbkb.stable_scoring import feature_scores, reference_rls, stable_factor, warn_if_unreliable
+from torchbkb.stable_scoring import AccuracyMonitor, feature_rls, stable_factor
 from torchbkb.utils.linalg import check_units, compute_dtype, keep_dtype_on_apply, spd_inverse
 
 __all__ = ["DTCPosterior", "RankOneDowndate", "ridge_solve", "scoring_operator", "score_kernel_rows", "score_kernel_columns", "rls_kernel_columns", "fit_kernel_row_operator"]
@@ -102,7 +101,7 @@ class DTCPosterior(nn.Module):
         self.register_buffer("noise", torch.tensor(check_positive(noise, "noise"), dtype=torch.float64))
         self.refactor_every = int(refactor_every)
         self.chunk_size = int(chunk_size or embedding.chunk_size)
-        self._precision_warned = False  # a NumericsWarning for float32 kernel values was given
+        self._precision = AccuracyMonitor("DTCPosterior")  # float32 kernel values vs a float64 reference
         S = embedding.inducing_points
         with torch.no_grad():
             check_units(float(embedding.kernel_diag(S).max()), self.lam, S.dtype, "DTCPosterior")
@@ -341,10 +340,11 @@ class DTCPosterior(nn.Module):
         self.embedding.check_input(Xq, "Xq")
         K = self.embedding.kernel(Xq, self.embedding.inducing_points)  # (*b, q, m)
         Kqq = self.embedding.kernel(Xq, Xq)  # (*b, q, q)
-        L = self._stable_factor()
-        if L is not None:  # the feature form: Kqq - Z Zᵀ + λ (L⁻¹Zᵀ)ᵀ (L⁻¹Zᵀ)
+        stable = self._stable_form()
+        if stable is not None:  # the feature form: Kqq - Z Zᵀ + λ (L⁻¹Zᵀ)ᵀ (L⁻¹Zᵀ)
+            L, w = stable
             Z = K.to(L.dtype) @ self.embedding.projection.transpose(-1, -2)  # (*b, q, r)
-            mean = (Z @ torch.cholesky_solve(self.Zty.unsqueeze(-1), L)).squeeze(-1)
+            mean = (Z @ w).squeeze(-1)
             U = torch.linalg.solve_triangular(L, Z.transpose(-1, -2), upper=False)  # (*b, r, q)
             cov = (Kqq.to(L.dtype) - Z @ Z.transpose(-1, -2) + self.lam * (U.transpose(-1, -2) @ U)).to(Xq.dtype)
             return mean.to(Xq.dtype), 0.5 * (cov + cov.transpose(-1, -2))
@@ -376,16 +376,17 @@ class DTCPosterior(nn.Module):
         when that one is inaccurate for this posterior (:mod:`torchbkb.stable_scoring`)."""
         K = self.embedding.kernel(Xq, self.embedding.inducing_points)  # (*b, c, m)
         kdiag = self.embedding.kernel_diag(Xq)
-        L = self._stable_factor()
-        if L is None:
+        stable = self._stable_form()
+        if stable is None:
             return self.score_cross(K, kdiag)
+        L, w = stable
         Z = K.to(L.dtype) @ self.embedding.projection.transpose(-1, -2)  # (*b, c, r) features
-        mean, rls = feature_scores(Z, kdiag, L, self.Zty, self.lam)
-        return mean.to(Xq.dtype), rls.to(Xq.dtype)
+        return (Z @ w).squeeze(-1).to(Xq.dtype), feature_rls(Z, kdiag, L, self.lam).to(Xq.dtype)
 
-    def _stable_factor(self) -> torch.Tensor | None:
-        """The Cholesky factor of ``V`` when the one-product form cancels at the dictionary points, else ``None``;
-        decided again after every change of the posterior (with the scoring operator)."""
+    def _stable_form(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """``(L, w)`` -- the Cholesky factor of ``V`` and ``w = V⁻¹ Zᵀ C y`` `(*b, r, 1)` -- when the one-product form
+        cancels at the dictionary points, else ``None``; decided again after every change of the posterior (with
+        the scoring operator). On float32 inputs it also checks the kernel values' precision (:attr:`_precision`)."""
         self._check_fresh()
         M, _ = self._scoring_operator(self.embedding.inducing_points.dtype)
         if self._stable is None:
@@ -393,21 +394,13 @@ class DTCPosterior(nn.Module):
             with torch.no_grad():
                 K_SS = self.embedding.kernel(S, S)  # (m, m)
                 L = stable_factor(K_SS, K_SS.diagonal(), self.embedding.projection, M, self.ZtZ, self.lam, S.dtype)
-                self._stable = (L,)
-                if S.dtype != torch.float64 and self.batch_shape == torch.Size() and not self._precision_warned:
-                    self._precision_warned = self._check_precision(S)
+                self._stable = (None if L is None else (L, torch.cholesky_solve(self.Zty.unsqueeze(-1), L)),)
+                n = self.num_train + self.pending_X.shape[-2]
+                if S.dtype != torch.float64 and self.batch_shape == torch.Size() and n and self._precision.due(n):
+                    X = torch.cat([self.train_X, self.pending_X], dim=-2)
+                    counts = torch.cat([self.train_counts, self.pending_counts], dim=-1)
+                    self._precision.check(self.embedding.kernel, self.rls(S), S, X, counts, self.lam, S.dtype, stacklevel=5)
         return self._stable[0]
-
-    def _check_precision(self, S: torch.Tensor) -> bool:
-        """Warn (once) when the kernel values' own rounding in ``S``'s dtype, amplified by ``cond(K_S)``, leaves the
-        variances at the dictionary points more than 5 % off a float64 reference (:mod:`torchbkb.stable_scoring`)."""
-        X = torch.cat([self.train_X, self.pending_X], dim=-2)
-        if X.shape[-2] == 0:
-            return False
-        counts = torch.cat([self.train_counts, self.pending_counts], dim=-1)
-        here = self.rls(S)
-        ref = reference_rls(copy.deepcopy(self.embedding.kernel).double(), S, X, counts, self.lam)
-        return warn_if_unreliable(here, ref, S.dtype, self.lam, "DTCPosterior", stacklevel=6)
 
     def _scoring_operator(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """``M = Wᵀ (I/λ - V⁻¹) W`` `(*b, m, m)` and ``a = Wᵀ w`` `(*b, m)` in ``dtype``.

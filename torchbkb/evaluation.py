@@ -34,6 +34,7 @@ Example:
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from concurrent.futures import BrokenExecutor, CancelledError, Executor, ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FuturesTimeoutError
@@ -42,7 +43,7 @@ from typing import Any, Callable
 
 import torch
 
-from torchbkb.errors import InfrastructureError, InputDataError, ObjectiveOutputError
+from torchbkb.errors import InfrastructureError, InputDataError, ObjectiveOutputError, check_int
 from torchbkb.objectives import check_rewards
 
 __all__ = ["BatchEvaluator", "BatchOutcome", "INFRASTRUCTURE_ERRORS", "MAX_DELAY", "call_objective", "is_infrastructure_failure"]
@@ -121,8 +122,7 @@ class BatchEvaluator:
         timeout: float | None = None,
         transient: tuple[type[BaseException], ...] = (),
     ):
-        if not (isinstance(max_retries, int) and not isinstance(max_retries, bool) and max_retries >= 0):
-            raise InputDataError(f"max_retries: expected an integer >= 0, got {max_retries!r}")
+        check_int(max_retries, "max_retries", minimum=0)
         for name, v in (("retry_delay", retry_delay), ("deadline", deadline)):
             if not float(v) >= 0:
                 raise InputDataError(f"{name}: expected seconds >= 0, got {v!r}")
@@ -137,7 +137,6 @@ class BatchEvaluator:
         self.executor = self.factory() if self.owned else executor
         self.in_driver = self.executor is None or bool(getattr(objective, "evaluate_in_driver", False))
         self.vectorized = bool(getattr(objective, "vectorized", False))
-        self.pools_created = 1 if self.owned else 0
 
     def close(self) -> None:
         """Shut down a pool the evaluator owns (without waiting: after an interrupt, tasks still running are
@@ -164,7 +163,10 @@ class BatchEvaluator:
                 elif kind == "objective":
                     out.errors.append((j, kind, value))
                     failures[j] += 1
-                    (retry.append(j) if failures[j] <= self.max_retries else out.failed.__setitem__(j, value))
+                    if failures[j] <= self.max_retries:
+                        retry.append(j)
+                    else:
+                        out.failed[j] = value
                 else:
                     out.errors.append((j, "infrastructure", value[0]))
                     infra.append(j)
@@ -251,7 +253,6 @@ class BatchEvaluator:
         except Exception:  # noqa: BLE001 - a broken pool may fail to shut down cleanly
             pass
         self.executor = self.factory()
-        self.pools_created += 1
 
 
 def _pool_factory(executor: Any, workers: int | None) -> Callable[[], Any] | None:
@@ -269,7 +270,7 @@ def _pool_factory(executor: Any, workers: int | None) -> Callable[[], Any] | Non
 
 
 def _finite(v: float) -> tuple[str, Any]:
-    return ("ok", v) if v == v and abs(v) != float("inf") else ("objective", f"non-finite reward {v}")
+    return ("ok", v) if math.isfinite(v) else ("objective", f"non-finite reward {v}")
 
 
 def _is_shutdown(e: BaseException) -> bool:

@@ -55,7 +55,7 @@ import torch
 
 from torchbkb.bandits.base import Bandit
 from torchbkb.checkpoint import check_checkpoint_path, read_checkpoint, save_checkpoint
-from torchbkb.errors import CheckpointError, InfrastructureError, InputDataError, ObjectiveError
+from torchbkb.errors import CheckpointError, InfrastructureError, InputDataError, ObjectiveError, check_int
 from torchbkb.evaluation import BatchEvaluator
 from torchbkb.history import History
 from torchbkb.objectives import ArmObjective, as_objective, check_values
@@ -215,8 +215,8 @@ def run(
             for j in failed:  # the objective failed every retry: left out and excluded, with its error
                 warnings.warn(f"torchbkb.run: arm {todo[j]} failed {out.attempts[j]} time(s) and is left out: {out.failed[j]}", RuntimeWarning, stacklevel=2)
                 hist.failures.append((batch, todo[j], out.failed[j]))
-            if failed and len(bandit.pending):
-                bandit.discard(torch.tensor([todo[j] for j in failed], dtype=torch.long), exclude=True, reason=out.failed[failed[-1]] if len(failed) == 1 else "; ".join(sorted({out.failed[j] for j in failed})))
+                if len(bandit.pending):
+                    bandit.discard(torch.tensor([todo[j]]), exclude=True, reason=out.failed[j])
             algo += time.perf_counter() - a0
             batches_done += 1
             if bar is not None:
@@ -239,14 +239,11 @@ def run(
 
 
 def _integer(value: Any, name: str, minimum: int) -> int:
-    """``value`` as an ``int`` >= ``minimum`` (Python or NumPy integers; not bools or floats)."""
+    """``value`` as an ``int`` >= ``minimum`` (:func:`~torchbkb.errors.check_int`, NumPy integers converted first)."""
     try:
-        v = operator.index(value)
+        return check_int(value if isinstance(value, bool) else operator.index(value), name, minimum)
     except TypeError:
-        v = None
-    if v is None or isinstance(value, bool) or v < minimum:
-        raise InputDataError(f"{name}: expected an integer >= {minimum}, got {value!r}")
-    return v
+        raise InputDataError(f"{name}: expected an integer >= {minimum}, got {value!r}") from None
 
 
 def _resume(path, bandit: Bandit, objective: Any) -> tuple[History, int]:
@@ -261,7 +258,7 @@ def _resume(path, bandit: Bandit, objective: Any) -> tuple[History, int]:
     obj_state = state.get("objective")
     restorable = obj_state is not None and hasattr(objective, "load_state_dict") and not isinstance(objective, torch.Tensor)
     obj_backup = objective.state_dict() if restorable and hasattr(objective, "state_dict") else None
-    bandit_backup = bandit.state_dict()
+    bandit_backup = bandit.state_dict() if restorable else None  # to undo the bandit's load if the objective's fails
     bandit.load_state_dict(state["bandit"])  # validated, all or nothing
     if restorable:
         try:

@@ -105,26 +105,23 @@ class TensorObjective:
 def as_objective(objective: Any, A: int) -> Callable[[torch.Tensor], Any]:
     """``objective`` as a callable over arm indices; a tensor `(A,)` of finite rewards becomes a :class:`TensorObjective`."""
     if isinstance(objective, torch.Tensor):
-        if objective.shape != (A,) or not objective.is_floating_point():
-            raise InputDataError(f"objective: expected a floating tensor of rewards of shape ({A},), got {objective.dtype} {tuple(objective.shape)}")
-        check_finite(objective, "objective")
-        return TensorObjective(objective.detach())
+        return TensorObjective(check_values(None, objective, A, name="objective").detach())
     if not callable(objective):
         raise InputDataError(f"objective: expected a callable indices -> rewards or a tensor of shape ({A},), got {type(objective).__name__}")
     return objective
 
 
-def check_values(objective: Any, values: Any, A: int) -> torch.Tensor | None:
+def check_values(objective: Any, values: Any, A: int, *, name: str = "values") -> torch.Tensor | None:
     """The noise-free values `(A,)` for regret (``values``, a tensor objective, or ``objective.values``), checked
-    to be real and finite; ``None`` when there are none."""
+    to be real and finite (``name`` in errors); ``None`` when there are none."""
     if values is None:
         values = objective if isinstance(objective, torch.Tensor) else getattr(objective, "values", None)
     if values is None:
         return None
     if not isinstance(values, torch.Tensor) or values.shape != (A,) or not values.is_floating_point():
         got = f"{values.dtype} {tuple(values.shape)}" if isinstance(values, torch.Tensor) else type(values).__name__
-        raise InputDataError(f"values: expected a real floating tensor of shape ({A},), got {got}")
-    check_finite(values, "values")
+        raise InputDataError(f"{name}: expected a real floating tensor of shape ({A},), got {got}")
+    check_finite(values, name)
     return values
 
 

@@ -27,6 +27,7 @@ Example:
 
 from __future__ import annotations
 
+import copy
 import warnings
 from typing import Callable
 
@@ -35,7 +36,7 @@ import torch
 from torchbkb.errors import NumericsWarning
 from torchbkb.utils.linalg import inv_sqrt_factor, safe_cholesky
 
-__all__ = ["FAST_RTOL", "UNRELIABLE_RTOL", "feature_scores", "stable_factor", "reference_rls", "warn_if_unreliable"]
+__all__ = ["FAST_RTOL", "UNRELIABLE_RTOL", "AccuracyMonitor", "feature_rls", "stable_factor", "reference_rls", "warn_if_unreliable"]
 
 #: largest relative disagreement at the dictionary points for which the fast form is kept: float64, other dtypes.
 FAST_RTOL = (1e-7, 1e-3)
@@ -43,24 +44,20 @@ FAST_RTOL = (1e-7, 1e-3)
 UNRELIABLE_RTOL = (1e-3, 5e-2)
 
 
-def feature_scores(Z: torch.Tensor, kdiag: torch.Tensor, L: torch.Tensor, Zty: torch.Tensor, lam: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Mean and RLS variance from features (the accurate form above).
+def feature_rls(Z: torch.Tensor, kdiag: torch.Tensor, L: torch.Tensor, lam: float) -> torch.Tensor:
+    """RLS variance from features in the accurate form above (the mean is ``Z @ w`` with ``w = V⁻¹ Zᵀ C y``).
 
     Args:
         Z: `(*b, q, r)` features ``z(x)`` in ``L``'s dtype.
         kdiag: `(*b, q)` ``k(x, x)``.
         L: `(*b, r, r)` lower Cholesky factor of ``V = Zᵀ C Z + λ I``.
-        Zty: `(*b, r)` ``Zᵀ C y``.
         lam: ``λ``.
 
     Returns:
-        ``(mean, rls)``, each `(*b, q)` in ``L``'s dtype.
+        `(*b, q)` in ``L``'s dtype.
     """
-    w = torch.cholesky_solve(Zty.unsqueeze(-1), L)  # (*b, r, 1) V⁻¹ Zᵀ C y
-    mean = (Z @ w).squeeze(-1)
     U = torch.linalg.solve_triangular(L, Z.transpose(-1, -2), upper=False)  # (*b, r, q) L⁻¹ zᵀ
-    rls = (kdiag.to(Z.dtype) - (Z * Z).sum(-1)).clamp_min(0.0) / lam + (U * U).sum(-2)
-    return mean, rls
+    return (kdiag.to(Z.dtype) - (Z * Z).sum(-1)).clamp_min(0.0) / lam + (U * U).sum(-2)
 
 
 def stable_factor(K_SS: torch.Tensor, kdiag_S: torch.Tensor, W: torch.Tensor, M: torch.Tensor, ZtZ: torch.Tensor, lam: float, dtype: torch.dtype) -> torch.Tensor | None:
@@ -77,7 +74,7 @@ def stable_factor(K_SS: torch.Tensor, kdiag_S: torch.Tensor, W: torch.Tensor, M:
     fast = kdiag_S.to(M.dtype) / lam - ((K @ M) * K).sum(-1)  # (*b, m) as score_kernel_rows computes it
     L = safe_cholesky(ZtZ + lam * torch.eye(ZtZ.shape[-1], dtype=ZtZ.dtype, device=ZtZ.device), name="V")
     Z = K_SS.to(W.dtype) @ W.T  # (m, r)
-    _, accurate = feature_scores(Z.expand(*ZtZ.shape[:-2], *Z.shape), kdiag_S, L, ZtZ.new_zeros(ZtZ.shape[:-1]), lam)
+    accurate = feature_rls(Z.expand(*ZtZ.shape[:-2], *Z.shape), kdiag_S, L, lam)
     scale = accurate.abs().clamp_min(torch.finfo(accurate.dtype).tiny)
     off = float(((fast.to(accurate.dtype) - accurate).abs() / scale).max())
     return L if not off <= FAST_RTOL[dtype != torch.float64] else None
@@ -94,7 +91,7 @@ def reference_rls(kernel: Callable, S: torch.Tensor, X: torch.Tensor, counts: to
         Zx = kernel(X64, S64) @ W.T  # (p, r)
         V = (Zx.T * counts.double()) @ Zx + lam * torch.eye(W.shape[0], dtype=torch.float64, device=S.device)
         L = safe_cholesky(V, name="V")
-        return feature_scores(Zs, K_SS.diagonal(), L, Zs.new_zeros(W.shape[0]), lam)[1]
+        return feature_rls(Zs, K_SS.diagonal(), L, lam)
 
 
 def warn_if_unreliable(rls: torch.Tensor, reference: torch.Tensor, dtype: torch.dtype, lam: float, what: str, stacklevel: int = 3) -> bool:
@@ -114,3 +111,33 @@ def warn_if_unreliable(rls: torch.Tensor, reference: torch.Tensor, dtype: torch.
     )
     return True
 
+
+class AccuracyMonitor:
+    """One :class:`~torchbkb.errors.NumericsWarning` per owner (a bandit, a posterior) when its variances at the
+    dictionary points are off the float64 :func:`reference_rls`, checked each time its data (dictionary or
+    observations) has grown by a quarter since the last check, with a float64 copy of the kernel made once.
+
+    Args:
+        what: the owner's name in the warning.
+    """
+
+    def __init__(self, what: str):
+        self.what = what
+        self.warned = False
+        self.checked = 0  # the size at the last check
+        self._kernel64: Callable | None = None
+
+    def due(self, size: int) -> bool:
+        """Whether to check now, at data size ``size`` (records it as checked when so)."""
+        if self.warned or size < 1.25 * self.checked + 1:
+            return False
+        self.checked = size
+        return True
+
+    def check(self, kernel: Callable, rls: torch.Tensor, S: torch.Tensor, X: torch.Tensor, counts: torch.Tensor, lam: float, dtype: torch.dtype, stacklevel: int) -> bool:
+        """Compare ``rls`` `(m,)` at ``S`` with the float64 reference on the data ``X`` `(p, d)` weighted by
+        ``counts``; warn (:func:`warn_if_unreliable`) and return ``True`` when it is off."""
+        if self._kernel64 is None:
+            self._kernel64 = copy.deepcopy(kernel).double()
+        self.warned = warn_if_unreliable(rls, reference_rls(self._kernel64, S, X, counts, lam), dtype, lam, self.what, stacklevel + 1)
+        return self.warned

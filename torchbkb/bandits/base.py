@@ -367,8 +367,9 @@ class KernelBandit(Bandit):
             raise InputDataError(f"delta: expected 0 < delta < 1, got {delta!r}")
         with torch.no_grad():
             self.kdiag = self.kernel.diag(self.arms)  # (A,) prior variances k(a, a)
-        if not bool(torch.isfinite(self.kdiag).all()) or bool((self.kdiag < 0).any()):
-            raise InputDataError(f"kernel: expected finite prior variances k(a, a) >= 0 at every arm, got min {float(self.kdiag.min()):.3g}, max {float(self.kdiag.max()):.3g}")
+        check_finite(self.kdiag, "kernel: prior variances k(a, a)")
+        if bool((self.kdiag < 0).any()):
+            raise InputDataError(f"kernel: expected prior variances k(a, a) >= 0 at every arm, got min {float(self.kdiag.min()):.3g}")
         self.kappa2 = float(self.kdiag.max())
         check_units(self.kappa2, self.lam, self.arms.dtype, type(self).__name__)
 

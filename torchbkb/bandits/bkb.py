@@ -32,7 +32,6 @@ Example:
 
 from __future__ import annotations
 
-import copy
 from typing import Any, Callable
 
 import torch
@@ -43,7 +42,7 @@ from torchbkb.dtc_posterior import DTCPosterior, fit_kernel_row_operator, rls_ke
 from torchbkb.errors import InputDataError, NumericsError, TorchBKBError, check_int, check_positive
 from torchbkb.nystrom import DEFAULT_CHUNK, NystromEmbedding
 from torchbkb.rls_dictionary import RLSDictionary, check_inclusion
-from torchbkb.stable_scoring import reference_rls, warn_if_unreliable
+from torchbkb.stable_scoring import AccuracyMonitor
 from torchbkb.utils.linalg import inv_sqrt_factor
 
 __all__ = ["BKB", "FeatureRows", "SketchedKernelBandit"]
@@ -212,9 +211,7 @@ class SketchedKernelBandit(KernelBandit):
         self._prune_wait = self._prune_backoff = 0  # updates to score in one pass before the next pruning attempt
         self._last_attempt = False  # whether the last update tried to prune (a checkpoint repeats its path)
         self._force_attempt: bool | None = None  # set while a checkpoint is loaded
-        self._accuracy_warned = False  # NumericsWarning for unreliable variances given (once per bandit)
-        self._accuracy_checked = 0  # dictionary size at the last check (checked again once it grew by a quarter)
-        self._kernel64: Callable | None = None  # a float64 copy of the kernel for that check
+        self._accuracy = AccuracyMonitor(type(self).__name__)  # variances vs a float64 reference, as the dictionary grows
 
     # ------------------------------------------------------------------ diagnostics
     @property
@@ -362,16 +359,11 @@ class SketchedKernelBandit(KernelBandit):
         as the bandit scores them, are off the float64 feature-form reference (:mod:`torchbkb.stable_scoring`):
         float32 kernel rows with an ill-conditioned ``K_S``, or a tiny ``λ``. Checked when the dictionary has
         grown by a quarter since the last check; it reads the state and changes none of it."""
-        m = len(self._order)
-        if self._accuracy_warned or m < 1.25 * self._accuracy_checked + 1:
+        if not self._accuracy.due(len(self._order)):
             return
-        self._accuracy_checked = m
-        if self._kernel64 is None:
-            self._kernel64 = copy.deepcopy(self.kernel).double()
         S = self._order_idx  # (m,) the dictionary's arms in slot order
         fast = rls_kernel_columns(K_SA.index_select(1, S), self.kdiag[S], M, self.lam, self.chunk_size)
-        ref = reference_rls(self._kernel64, self.arms[S], self.arms[pulled], n, self.lam)
-        self._accuracy_warned = warn_if_unreliable(fast, ref, self.arms.dtype, self.lam, type(self).__name__, stacklevel=7)
+        self._accuracy.check(self.kernel, fast, self.arms[S], self.arms[pulled], n, self.lam, self.arms.dtype, stacklevel=7)
 
     def _prior_width(self, width: float) -> torch.Tensor:
         """`(A,)` ``width · √(k(a,a)/λ)``, the largest UCB bonus an arm can have; kept while ``width`` is unchanged."""
