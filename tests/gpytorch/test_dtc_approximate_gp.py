@@ -237,3 +237,40 @@ def test_bad_inputs_give_clear_errors(i):
     Z, X, y, kw, msg = _bad_cases()[i]
     with pytest.raises(InputDataError, match=msg):
         DTCApproximateGP(Z, X, y, **kw)
+
+
+@pytest.mark.parametrize("learn_inducing", [False, True])
+def test_variational_elbo_has_the_collapsed_bounds_value_and_gradients(learn_inducing):
+    # GPyTorch's standard recipe (VariationalELBO in training mode) must train the same model as titsias_bound
+    g = torch.Generator().manual_seed(3)
+    x = torch.rand(150, 2, generator=g, dtype=torch.float64)
+    y = torch.sin(6 * x[:, 0]) + 0.1 * torch.randn(150, generator=g, dtype=torch.float64)
+    model = DTCApproximateGP(x[:15], x, y, noise=0.05, learn_inducing_locations=learn_inducing)
+    model.covar_module.base_kernel.lengthscale = 0.3
+    model.train()
+    elbo = gpytorch.mlls.VariationalELBO(model.likelihood, model, num_data=150)(model(x), y)
+    elbo.backward()
+    grads = {name: p.grad.clone() for name, p in model.named_parameters()}
+    model.zero_grad()
+    bound = model.titsias_bound() / 150
+    bound.backward()
+    assert close(elbo, bound, 1e-10)
+    assert len(grads) == len(list(model.parameters())) >= 4
+    for name, p in model.named_parameters():
+        assert close(grads[name], p.grad, 1e-8), name
+
+
+def test_variational_elbo_training_improves_the_collapsed_bound():
+    g = torch.Generator().manual_seed(4)
+    x = torch.rand(120, 1, generator=g, dtype=torch.float64)
+    y = torch.sin(8 * x[:, 0]) + 0.05 * torch.randn(120, generator=g, dtype=torch.float64)
+    model = DTCApproximateGP(x[:12], x, y, noise=0.5)
+    model.train()
+    mll = gpytorch.mlls.VariationalELBO(model.likelihood, model, num_data=120)
+    opt = torch.optim.Adam(model.parameters(), lr=0.05)
+    start = float(model.titsias_bound())
+    for _ in range(40):
+        opt.zero_grad()
+        (-mll(model(x), y)).backward()
+        opt.step()
+    assert float(model.titsias_bound()) > start + 10.0

@@ -76,9 +76,10 @@ class DTCApproximateGP(ApproximateGP):
         train_inputs, train_targets: `(n, d)`, `(n,)` buffers.
 
     Predictions (``model(x)`` for `(*batch, q, d)` ``x``) are recomputed from the current hyperparameters at
-    each call (``O(n m² + m³)``); they are differentiable w.r.t. ``x`` but not w.r.t. the hyperparameters --
-    learn those with :meth:`titsias_bound`. For many repeated predictions build the posterior once with
-    :meth:`dtc_posterior`.
+    each call (``O(n m² + m³)``). Learn the hyperparameters with :meth:`titsias_bound`, or with GPyTorch's
+    ``VariationalELBO`` in training mode, which has the same value and gradients (``q*(u)`` is held at its
+    optimum, see :meth:`DTCVariationalStrategy.kl_divergence`). For many repeated predictions build the
+    posterior once with :meth:`dtc_posterior`.
 
     Example:
         >>> import torch
@@ -232,7 +233,13 @@ class DTCVariationalStrategy(_VariationalStrategy):
 
     def forward(self, x: Tensor, *args, **kwargs) -> MultivariateNormal:
         """DTC predictive distribution at `(*batch, q, d)` ``x``: mean `(*batch, q)`, covariance
-        ``K_xx - Z_x Z_xᵀ + σ² Z_x V⁻¹ Z_xᵀ`` as a lazy `(*batch, q, q)` operator (cheap diagonal)."""
+        ``K_xx - Z_x Z_xᵀ + σ² Z_x V⁻¹ Z_xᵀ`` as a lazy `(*batch, q, q)` operator (cheap diagonal).
+
+        In training mode the same distribution is built from :meth:`optimal_whitened_q` held fixed, so that
+        GPyTorch's ``VariationalELBO`` has the value *and* the hyperparameter gradients of the collapsed bound.
+        """
+        if self.training:
+            return self._whitened_predictive(x)
         model = self.model
         post = model.dtc_posterior()
         post.embedding.check_input(x, "x")
@@ -243,6 +250,44 @@ class DTCVariationalStrategy(_VariationalStrategy):
         mean = model.mean_module(x) + (Zx @ post.weights.to(dt).unsqueeze(-1)).squeeze(-1)
         Kxx = model.covar_module(x)  # lazy (*b, q, q)
         covar = Kxx + LowRankRootLinearOperator(Zx @ root) + LowRankRootLinearOperator(Zx).mul(-1.0)
+        return MultivariateNormal(mean, covar)
+
+    def kl_divergence(self) -> Tensor:
+        """``KL(q*(u) ‖ p(u))`` computed in whitened coordinates with ``q*`` held fixed (no gradient).
+
+        With ``u = m(Z) + L w`` (``L Lᵀ = K_ZZ``), ``p(w) = N(0, I)`` does not depend on the hyperparameters and
+        ``q*(w) = N(μ_w, B⁻¹)`` is the optimum, so by the envelope theorem the ELBO's gradient is the collapsed
+        bound's when ``q*`` is held fixed (:meth:`forward` in training mode does the same).
+        """
+        mu, LB = self.optimal_whitened_q()
+        m = mu.shape[-1]
+        eye = torch.eye(m, dtype=LB.dtype, device=LB.device)
+        LB_inv = torch.linalg.solve_triangular(LB, eye, upper=False)
+        trace = (LB_inv * LB_inv).sum()  # tr(B⁻¹)
+        logdet = -2.0 * torch.log(torch.diagonal(LB)).sum()  # log det B⁻¹
+        kl = 0.5 * (trace + (mu * mu).sum() - m - logdet)
+        return kl.to(self.inducing_points.dtype)
+
+    def optimal_whitened_q(self) -> tuple[Tensor, Tensor]:
+        """``(μ_w, L_B)`` of the optimal ``q*(w) = N(μ_w, B⁻¹)``, ``B = L_B L_Bᵀ``, detached (compute dtype)."""
+        with torch.no_grad():
+            t = self._collapsed_terms()
+            mu = torch.linalg.solve_triangular(t["LB"].transpose(-1, -2), t["c"].unsqueeze(-1), upper=True).squeeze(-1)
+        return mu, t["LB"]
+
+    def _whitened_predictive(self, x: Tensor) -> MultivariateNormal:
+        """``f(x) = m(x) + a(x)ᵀ w`` with ``a = L⁻¹ k_Z(x)`` differentiable and ``w ~ q*(w)`` fixed."""
+        model = self.model
+        mu, LB = self.optimal_whitened_q()
+        Z = self.inducing_points
+        L = safe_cholesky(model.covar_module(Z).to_dense(), name="K_ZZ")  # (m, m), with gradients
+        dt = L.dtype
+        Kzx = model.covar_module(Z, x).to_dense().to(dt)  # (*b, m, q)
+        a = torch.linalg.solve_triangular(L, Kzx, upper=False)  # (*b, m, q)
+        root = torch.linalg.solve_triangular(LB.transpose(-1, -2), torch.eye(LB.shape[-1], dtype=dt, device=LB.device), upper=True)
+        at = a.transpose(-1, -2).to(x.dtype)  # (*b, q, m)
+        mean = model.mean_module(x) + (at @ mu.to(x.dtype).unsqueeze(-1)).squeeze(-1)
+        covar = model.covar_module(x) + LowRankRootLinearOperator(at @ root.to(x.dtype)) + LowRankRootLinearOperator(at).mul(-1.0)
         return MultivariateNormal(mean, covar)
 
     # ------------------------------------------------------------------ closed-form pieces
