@@ -43,7 +43,7 @@ from gpytorch.likelihoods import GaussianLikelihood
 from gpytorch.means import ConstantMean
 from gpytorch.models import ApproximateGP
 from gpytorch.variational import _VariationalDistribution, _VariationalStrategy
-from linear_operator.operators import LowRankRootLinearOperator
+from linear_operator.operators import LowRankRootLinearOperator, SumLinearOperator
 from torch import Tensor
 
 from torchbkb.dtc_posterior import DTCPosterior
@@ -249,7 +249,7 @@ class DTCVariationalStrategy(_VariationalStrategy):
             root = safe_cholesky(post.lam * post.V_inv, name="σ² V⁻¹").to(dt)  # (r, r)
         mean = model.mean_module(x) + (Zx @ post.weights.to(dt).unsqueeze(-1)).squeeze(-1)
         Kxx = model.covar_module(x)  # lazy (*b, q, q)
-        covar = Kxx + LowRankRootLinearOperator(Zx @ root) + LowRankRootLinearOperator(Zx).mul(-1.0)
+        covar = SumLinearOperator(Kxx, LowRankRootLinearOperator(Zx @ root), LowRankRootLinearOperator(Zx).mul(-1.0))  # no root decomposition of Kxx
         return MultivariateNormal(mean, covar)
 
     def kl_divergence(self) -> Tensor:
@@ -287,7 +287,7 @@ class DTCVariationalStrategy(_VariationalStrategy):
         root = torch.linalg.solve_triangular(LB.transpose(-1, -2), torch.eye(LB.shape[-1], dtype=dt, device=LB.device), upper=True)
         at = a.transpose(-1, -2).to(x.dtype)  # (*b, q, m)
         mean = model.mean_module(x) + (at @ mu.to(x.dtype).unsqueeze(-1)).squeeze(-1)
-        covar = model.covar_module(x) + LowRankRootLinearOperator(at @ root.to(x.dtype)) + LowRankRootLinearOperator(at).mul(-1.0)
+        covar = SumLinearOperator(model.covar_module(x), LowRankRootLinearOperator(at @ root.to(x.dtype)), LowRankRootLinearOperator(at).mul(-1.0))
         return MultivariateNormal(mean, covar)
 
     # ------------------------------------------------------------------ closed-form pieces
