@@ -40,7 +40,7 @@ from torch import nn
 from torchbkb.errors import InputDataError, TorchBKBError, check_finite, check_positive
 from torchbkb.nystrom import NystromEmbedding
 from torchbkb.stable_scoring import AccuracyMonitor, feature_rls, stable_factor
-from torchbkb.utils.linalg import check_units, compute_dtype, keep_dtype_on_apply, spd_inverse
+from torchbkb.utils.linalg import check_units, compute_dtype, keep_dtype_on_apply, safe_cholesky, spd_inverse
 
 __all__ = ["DTCPosterior", "RankOneDowndate", "ridge_solve", "scoring_operator", "score_kernel_rows", "score_kernel_columns", "rls_kernel_columns", "fit_kernel_row_operator"]
 
@@ -400,7 +400,11 @@ class DTCPosterior(nn.Module):
                     X = torch.cat([self.train_X, self.pending_X], dim=-2)
                     counts = torch.cat([self.train_counts, self.pending_counts], dim=-1)
                     self._precision.check(self.embedding.kernel, self.rls(S), S, X, counts, self.lam, S.dtype, stacklevel=5)
-        return self._stable[0]
+        stable = self._stable[0]
+        if stable is not None and torch.is_grad_enabled() and (self.ZtZ.requires_grad or self.Zty.requires_grad):
+            L = safe_cholesky(_add_diag(self.ZtZ, self.lam), name="V")  # conditioned on differentiable data
+            return L, torch.cholesky_solve(self.Zty.unsqueeze(-1), L)
+        return stable
 
     def _scoring_operator(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """``M = Wᵀ (I/λ - V⁻¹) W`` `(*b, m, m)` and ``a = Wᵀ w`` `(*b, m)` in ``dtype``.

@@ -8,6 +8,9 @@
 * :class:`BBKBUpperConfidenceBound` -- the same with ``X_pending`` (hallucinated variance updates), for
   ``optimize_acqf_discrete(q > 1)``.
 * :func:`optimize_acqf_bbkb` -- BBKB's adaptive batch over a discrete candidate set.
+* :func:`optimize_acqf_thompson` -- a Thompson batch over a huge discrete candidate set, in chunks;
+  ``draw_matheron_paths`` (hence ``qJointEntropySearch``, ``get_optimal_samples``) accepts a ``BKBModel``.
+* With Ax installed, ``ModelConfig(botorch_model_class=BKBModel)`` works as is (:mod:`.ax_support`).
 
 The subpackage is named ``botorch`` but imports the real BoTorch with absolute imports.
 """
@@ -15,12 +18,19 @@ The subpackage is named ``botorch`` but imports the real BoTorch with absolute i
 from torchbkb.botorch.model import BKBModel, sample_dictionary, default_kernel
 from torchbkb.botorch.acquisition import BKBUpperConfidenceBound, BBKBUpperConfidenceBound, theory_beta, vakili_theory_beta
 from torchbkb.botorch.batch import optimize_acqf_bbkb
+from torchbkb.botorch.pathwise import BKBSamplePath, draw_bkb_paths
+from torchbkb.botorch.thompson import optimize_acqf_thompson
+from torchbkb.botorch.ax_support import AX_AVAILABLE  # registers BKBModel with Ax's fit dispatcher
 
 __all__ = [
     "BKBModel",
     "BKBUpperConfidenceBound",
     "BBKBUpperConfidenceBound",
     "optimize_acqf_bbkb",
+    "optimize_acqf_thompson",
+    "draw_bkb_paths",
+    "BKBSamplePath",
+    "AX_AVAILABLE",
     "sample_dictionary",
     "default_kernel",
     "theory_beta",

@@ -1,0 +1,105 @@
+"""BKB's dictionary over a given training set: 000 Algorithm 1's variance sampling, replayed in geometric rounds.
+
+Example:
+    >>> import torch
+    >>> from torchbkb.kernels import GaussianKernel
+    >>> X = torch.rand(300, 1, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    >>> S = sample_dictionary(GaussianKernel(0.2), X, noise=0.01, generator=torch.Generator().manual_seed(0))
+    >>> S.shape[0] < 300
+    True
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+from torch import Tensor
+
+from torchbkb.dtc_posterior import DTCPosterior
+from torchbkb.errors import InputDataError, check_positive
+from torchbkb.nystrom import NystromEmbedding
+from torchbkb.rls_dictionary import RLSDictionary
+
+__all__ = ["sample_dictionary"]
+
+
+def sample_dictionary(
+    kernel: Callable,
+    X: Tensor,
+    noise: float,
+    q_bar: float = 2.0,
+    generator: torch.Generator | None = None,
+    counts: Tensor | None = None,
+) -> Tensor:
+    """BKB's posterior-variance (ridge-leverage-score) dictionary over a set of training points.
+
+    000 Algorithm 1 resamples after every pull: each point enters with probability ``min(1, q̄·σ̃²(x))``
+    computed under the previous posterior (RLS scale). Replaying that over ``n`` given points would cost
+    ``n`` refits, so the history is replayed in geometric rounds: with ``S = {x_1}``, for prefixes of length
+    ``1, 2, 4, ..., n``, the posterior fitted on the current prefix with the current dictionary scores the
+    next (twice as long) prefix and the dictionary is resampled from it; a last round scores all ``n``
+    points under the posterior fitted on all of them. Each round costs ``O(n_j m²)``, ``O(n m²)`` in all.
+    If no point is drawn, the one of largest ``σ̃²`` is kept.
+
+    Args:
+        kernel: a GPyTorch kernel or callable ``(X1, X2) -> Tensor``.
+        X: `(*batch, n, d)` training points, ``n >= 1`` (a batch gets the union of its batches' dictionaries).
+        noise: ``λ > 0``.
+        q_bar: oversampling ``q̄``.
+        generator: ``torch.Generator`` for reproducibility.
+        counts: optional `(*batch, n)` positive weights of the points (``λ / noise_i`` for per-point noise).
+
+    Returns:
+        `(m, d)` dictionary (rows of ``X``).
+
+    Example:
+        >>> import torch
+        >>> from torchbkb.kernels import GaussianKernel
+        >>> X = torch.rand(500, 1, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+        >>> S = sample_dictionary(GaussianKernel(0.2), X, noise=0.01, generator=torch.Generator().manual_seed(0))
+        >>> 1 <= S.shape[0] < 100                      # a smooth 1-d kernel: small effective dimension
+        True
+    """
+    lam = check_positive(noise, "noise")
+    if not isinstance(X, Tensor) or X.dim() < 2 or X.shape[-2] < 1:
+        raise InputDataError(f"X: expected shape (*batch, n >= 1, d), got {tuple(X.shape) if isinstance(X, Tensor) else type(X).__name__}")
+    dic = RLSDictionary(q_bar, generator=generator if generator is not None else _fresh_generator(X.device))
+    flat = X.detach().reshape(-1, *X.shape[-2:])  # (B, n, d): one history per batch
+    if counts is None:
+        w = flat.new_ones(flat.shape[:-1])
+    else:
+        if not isinstance(counts, Tensor) or counts.shape != X.shape[:-1]:
+            raise InputDataError(f"counts: expected shape {tuple(X.shape[:-1])}, got {tuple(counts.shape) if isinstance(counts, Tensor) else type(counts).__name__}")
+        w = counts.detach().to(flat).reshape(flat.shape[:-1])
+    parts = [_sample_one(kernel, flat[i], w[i], lam, dic) for i in range(flat.shape[0])]
+    return torch.cat(parts, dim=0)
+
+
+def _sample_one(kernel, X: Tensor, w: Tensor, lam: float, dic: RLSDictionary) -> Tensor:
+    n = X.shape[0]
+    emb = NystromEmbedding(kernel, X[:1])  # S_1 = {x_1}
+    post = DTCPosterior(emb, noise=lam)
+    end = 1
+    with torch.no_grad():
+        while True:
+            final = end == n
+            new_end = n if final else min(n, 2 * end)
+            Z = emb(X[:new_end])  # (new_end, r): embedded once per round
+            post.fit(X[:0], X.new_zeros(0))  # empty posterior on the current dictionary
+            post.update_features(Z[:end], X.new_zeros(end), w[:end])  # condition on the prefix (σ̃² ignores y)
+            _, rls = post.score_embedded(Z, emb.kernel_diag(X[:new_end]))  # (new_end,)
+            keep = dic.resample(rls.clamp_min(0.0))
+            if not bool(keep.any()):
+                keep[int(rls.argmax())] = True
+            idx = keep.nonzero().squeeze(-1)
+            if final:
+                return X[idx]
+            emb.set_inducing_points(X[idx])
+            end = new_end
+
+
+def _fresh_generator(device) -> torch.Generator:
+    g = torch.Generator(device=device)
+    g.seed()
+    return g

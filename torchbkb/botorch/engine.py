@@ -1,0 +1,156 @@
+"""The posterior a :class:`~torchbkb.botorch.BKBModel` computes with: DTC on its dictionary, or the exact GP when
+the dictionary holds (nearly) every training point.
+
+Both forms answer the same questions in the model's transformed space -- mean and variance, joint covariance,
+conditioning on new (possibly differentiable) observations, hallucination -- so the model never asks which one
+it holds. The DTC form is also built on demand in exact mode for what needs DTC quantities (BBKB batches,
+BKB's widths): with the complete dictionary it is the same posterior.
+
+Example:
+    >>> import torch
+    >>> from torchbkb.kernels import GaussianKernel
+    >>> X = torch.rand(20, 2, dtype=torch.float64); y = X.sum(-1)
+    >>> exact = ModelEngine(GaussianKernel(0.5), X, y, None, 0.01, X, exact_fraction=0.9)
+    >>> dtc = ModelEngine(GaussianKernel(0.5), X, y, None, 0.01, X, exact_fraction=None)
+    >>> exact.is_exact, dtc.is_exact
+    (True, False)
+    >>> Xq = torch.rand(5, 2, dtype=torch.float64)
+    >>> all(torch.allclose(a, b) for a, b in zip(exact.joint(Xq), dtc.joint(Xq)))
+    True
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+from torch import Tensor, nn
+
+from torchbkb.botorch.conditioning import dtc_condition, shallow_module_copy
+from torchbkb.botorch.exact_state import ExactGPState
+from torchbkb.dtc_posterior import DTCPosterior
+from torchbkb.nystrom import NystromEmbedding
+
+__all__ = ["ModelEngine"]
+
+
+class ModelEngine:
+    """DTC or exact posterior of centered, transformed outcomes with noise ``λ`` (or per-point noise).
+
+    Args:
+        kernel: the model's kernel.
+        X: `(*b, n, d)` transformed inputs; y: `(*b, n)` centered transformed outcomes.
+        noise: `(*b, n)` per-point noise variances, or ``None`` for ``λ`` everywhere.
+        lam: ``λ`` (the mean noise with per-point noise).
+        dictionary: `(m, d)` the dictionary.
+        exact_fraction: compute exactly when ``m >= exact_fraction · n`` (``None``: never).
+    """
+
+    def __init__(self, kernel: Callable, X: Tensor, y: Tensor, noise: Tensor | None, lam: float, dictionary: Tensor, exact_fraction: float | None):
+        self.kernel, self.lam, self.dictionary = kernel, float(lam), dictionary
+        counts = None if noise is None else self.lam / noise
+        if exact_fraction is not None and dictionary.shape[0] >= exact_fraction * X.shape[:-1].numel():
+            self.exact_state: ExactGPState | None = ExactGPState(kernel, X, y, torch.full_like(y, self.lam) if noise is None else noise)
+            self._dtc: DTCPosterior | None = None
+        else:
+            self.exact_state = None
+            self._dtc = DTCPosterior(NystromEmbedding(kernel, dictionary), noise=self.lam).fit(X, y, counts)
+
+    @property
+    def is_exact(self) -> bool:
+        """Whether the exact GP is computed."""
+        return self.exact_state is not None
+
+    @property
+    def _active(self) -> nn.Module:
+        return self.exact_state if self.exact_state is not None else self._dtc
+
+    @property
+    def dtc(self) -> DTCPosterior:
+        """The DTC posterior on the dictionary (built on first use in exact mode, on the same data)."""
+        if self._dtc is None:
+            state = self.exact_state
+            counts = self.lam / state.train_noise.detach()
+            emb = NystromEmbedding(self.kernel, self.dictionary)
+            self._dtc = DTCPosterior(emb, noise=self.lam).fit(state.train_X.detach(), state.train_y.detach(), counts)
+        return self._dtc
+
+    @property
+    def train_X(self) -> Tensor:
+        """`(*b, n, d)` every observed input (transformed)."""
+        return self._active.train_X
+
+    @property
+    def train_y(self) -> Tensor:
+        """`(*b, n)` the centered observed outcomes."""
+        return self._active.train_y
+
+    @property
+    def batch_shape(self) -> torch.Size:
+        """Batch shape of the observations (grows with fantasies)."""
+        return self._active.batch_shape
+
+    def forward(self, X: Tensor) -> tuple[Tensor, Tensor]:
+        """Mean and GP-scale variance at `(*b, q, d)` ``X``, each `(*b', q)`."""
+        return self._active(X)
+
+    def joint(self, X: Tensor) -> tuple[Tensor, Tensor]:
+        """Mean `(*b', q)` and joint covariance `(*b', q, q)` at `(*b, q, d)` ``X``."""
+        return self._active.joint(X)
+
+    def predict(self, X: Tensor, observation_noise: bool | Tensor = False) -> tuple[Tensor, Tensor]:
+        """Mean `(*b', q)` and covariance `(*b', q, q)` (batch dimensions broadcast) at `(*b, q, d)` ``X``, plus
+        ``λ·I`` (``observation_noise=True``) or the given `(*b, q[, 1])` noise; ``q = 1`` needs only ``k(x, x)``."""
+        if X.shape[-2] == 1:
+            mean, var = self.forward(X)  # (*b, 1)
+            cov = var.unsqueeze(-1)  # (*b, 1, 1)
+        else:
+            mean, cov = self.joint(X)
+        if isinstance(observation_noise, Tensor):
+            noise = observation_noise.to(cov)
+            if noise.dim() >= 1 and noise.shape[-1] == 1:
+                noise = noise.squeeze(-1)  # (*b, q)
+            cov = cov + torch.diag_embed(noise.expand(cov.shape[:-1]))
+        elif observation_noise is not False:
+            cov = cov + self.lam * torch.eye(cov.shape[-1], dtype=cov.dtype, device=cov.device)
+        batch = torch.broadcast_shapes(mean.shape[:-1], cov.shape[:-2])
+        return mean.expand(*batch, mean.shape[-1]), cov.expand(*batch, *cov.shape[-2:])
+
+    def condition(self, X: Tensor, y: Tensor, noise: Tensor | None, batch: torch.Size) -> "ModelEngine":
+        """A new engine that also observed ``y`` `(*b', k)` at ``X`` `(*b, k, d)` with noise `(*b'', k)` (default
+        ``λ``); ``batch`` is the broadcast batch shape. Differentiable in ``X`` and ``y``; ``self`` is unchanged."""
+        new = self._copy()
+        k, d = X.shape[-2:]
+        if self.is_exact:
+            nz = torch.full_like(y, self.lam) if noise is None else noise
+            new.exact_state = self.exact_state.condition(X.expand(*batch, k, d), y.expand(*batch, k), nz.expand(*batch, k))
+            new._dtc = None
+        else:
+            new._dtc = shallow_module_copy(self._dtc)
+            dtc_condition(new._dtc, X, y, None if noise is None else self.lam / noise, batch)
+        return new
+
+    def hallucinate(self, X: Tensor) -> "ModelEngine":
+        """A new engine conditioned on `(*b, k, d)` ``X`` with the posterior mean as outcome (variance shrinks,
+        mean unchanged)."""
+        new = self._copy()
+        with torch.no_grad():
+            if self.is_exact:
+                mean = self.exact_state(X)[0]
+                new.exact_state = self.exact_state.condition(X, mean, torch.full_like(mean, self.lam))
+                new._dtc = None
+            else:
+                new._dtc = shallow_module_copy(self._dtc)
+                new._dtc.update(X, None)
+        return new
+
+    def apply(self, fn) -> None:
+        """Apply ``fn`` to every tensor (``nn.Module._apply``: ``.to()``, ``.double()``...)."""
+        for part in {id(p): p for p in (self.exact_state, self._dtc) if p is not None}.values():
+            part._apply(fn)
+        self.dictionary = fn(self.dictionary)
+
+    def _copy(self) -> "ModelEngine":
+        new = ModelEngine.__new__(ModelEngine)
+        new.__dict__.update(self.__dict__)
+        return new

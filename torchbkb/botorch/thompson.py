@@ -1,0 +1,80 @@
+"""Thompson sampling over a huge discrete candidate set, in chunks: ``q`` posterior function draws, each
+maximized over every candidate, with extra memory ``O(A + chunk·(m + F))`` for ``A`` candidates, ``m``
+dictionary points and ``F`` random prior features.
+
+Each draw is a pathwise sample of the model's posterior (:mod:`torchbkb.botorch.pathwise`), so the picks are
+exact Thompson draws of the DTC (or exact) posterior up to the random-feature prior, and the cost is linear in
+``A``; a joint ``(A × A)`` posterior covariance (BoTorch's ``MaxPosteriorSampling``) is never formed.
+
+Example:
+    >>> import torch
+    >>> from torchbkb.botorch import BKBModel, optimize_acqf_thompson
+    >>> X = torch.rand(40, 2, dtype=torch.float64); Y = -(X - 0.3).pow(2).sum(-1, keepdim=True)
+    >>> choices = torch.rand(10_000, 2, dtype=torch.float64)
+    >>> cand, values = optimize_acqf_thompson(BKBModel(X, Y, seed=0), choices, q=5, chunk_size=4096)
+    >>> cand.shape, values.shape
+    (torch.Size([5, 2]), torch.Size([5]))
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Size, Tensor
+
+from torchbkb.botorch.model import BKBModel
+from torchbkb.botorch.pathwise import draw_bkb_paths
+from torchbkb.errors import InputDataError
+
+__all__ = ["optimize_acqf_thompson", "DEFAULT_CHUNK"]
+
+#: Candidates evaluated at once.
+DEFAULT_CHUNK = 4096
+
+
+def optimize_acqf_thompson(
+    model: BKBModel,
+    choices: Tensor,
+    q: int,
+    *,
+    chunk_size: int = DEFAULT_CHUNK,
+    num_features: int = 1024,
+    return_indices: bool = False,
+) -> tuple[Tensor, Tensor] | tuple[Tensor, Tensor, Tensor]:
+    """A batch of ``q`` Thompson picks from ``choices``: the maximizer of each of ``q`` posterior draws.
+
+    Args:
+        model: a :class:`~torchbkb.botorch.BKBModel` without batch dimensions.
+        choices: `(A, d)` candidates in the model's original input space.
+        q: number of picks (draws); two draws may pick the same candidate.
+        chunk_size: candidates evaluated at once.
+        num_features: random features of the prior draws.
+        return_indices: also return the `(q,)` indices into ``choices``.
+
+    Returns:
+        ``(candidates, values)``: `(q, d)` picks and `(q,)` the value of each draw at its pick (original
+        outcome units); with ``return_indices=True`` also the indices.
+    """
+    if not isinstance(model, BKBModel):
+        raise InputDataError(f"model: expected a BKBModel, got {type(model).__name__}")
+    if model.batch_shape != Size():
+        raise InputDataError(f"model: expected a model without batch dimensions, got batch_shape {tuple(model.batch_shape)}")
+    if not isinstance(choices, Tensor) or choices.dim() != 2 or choices.shape[0] < 1:
+        got = tuple(choices.shape) if isinstance(choices, Tensor) else type(choices).__name__
+        raise InputDataError(f"choices: expected shape (A >= 1, {model.input_dim}), got {got}")
+    model.check_query(choices, "choices")
+    for name, value in (("q", q), ("chunk_size", chunk_size), ("num_features", num_features)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise InputDataError(f"{name}: expected an integer >= 1, got {value!r}")
+    model.eval()
+    with torch.no_grad():
+        paths = draw_bkb_paths(model, Size([q]), num_features=num_features)
+        best = torch.full((q,), -torch.inf, dtype=choices.dtype, device=choices.device)
+        idx = torch.zeros(q, dtype=torch.long, device=choices.device)
+        for start in range(0, choices.shape[0], chunk_size):
+            values = paths(choices[start : start + chunk_size])  # (q, c)
+            v, i = values.max(dim=-1)
+            better = v > best
+            best = torch.where(better, v, best)
+            idx = torch.where(better, i + start, idx)
+    out = (choices[idx], best)
+    return (*out, idx) if return_indices else out
