@@ -39,7 +39,7 @@ from torch import nn
 
 from torchbkb.errors import InputDataError, TorchBKBError, check_finite, check_positive
 from torchbkb.nystrom import NystromEmbedding
-from torchbkb.stable_scoring import AccuracyMonitor, feature_rls, stable_factor
+from torchbkb.stable_scoring import AccuracyMonitor, feature_rls, stable_factor, whiten_rows
 from torchbkb.utils.linalg import check_units, compute_dtype, keep_dtype_on_apply, safe_cholesky, spd_inverse
 
 __all__ = ["DTCPosterior", "RankOneDowndate", "ridge_solve", "scoring_operator", "score_kernel_rows", "score_kernel_columns", "rls_kernel_columns", "fit_kernel_row_operator"]
@@ -345,8 +345,8 @@ class DTCPosterior(nn.Module):
             L, w = stable
             Z = K.to(L.dtype) @ self.embedding.projection.transpose(-1, -2)  # (*b, q, r)
             mean = (Z @ w).squeeze(-1)
-            U = torch.linalg.solve_triangular(L, Z.transpose(-1, -2), upper=False)  # (*b, r, q)
-            cov = (Kqq.to(L.dtype) - Z @ Z.transpose(-1, -2) + self.lam * (U.transpose(-1, -2) @ U)).to(Xq.dtype)
+            U = whiten_rows(L, Z)  # (*b, q, r)
+            cov = (Kqq.to(L.dtype) - Z @ Z.transpose(-1, -2) + self.lam * (U @ U.transpose(-1, -2))).to(Xq.dtype)
             return mean.to(Xq.dtype), 0.5 * (cov + cov.transpose(-1, -2))
         M, a = self._scoring_operator(Xq.dtype)
         mean = (K @ a.unsqueeze(-1)).squeeze(-1)

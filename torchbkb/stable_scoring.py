@@ -36,7 +36,8 @@ import torch
 from torchbkb.errors import NumericsWarning
 from torchbkb.utils.linalg import inv_sqrt_factor, safe_cholesky
 
-__all__ = ["FAST_RTOL", "UNRELIABLE_RTOL", "AccuracyMonitor", "feature_rls", "stable_factor", "reference_rls", "warn_if_unreliable"]
+__all__ = [
+    "whiten_rows","FAST_RTOL", "UNRELIABLE_RTOL", "AccuracyMonitor", "feature_rls", "stable_factor", "reference_rls", "warn_if_unreliable"]
 
 #: largest relative disagreement at the dictionary points for which the fast form is kept: float64, other dtypes.
 FAST_RTOL = (1e-7, 1e-3)
@@ -56,8 +57,23 @@ def feature_rls(Z: torch.Tensor, kdiag: torch.Tensor, L: torch.Tensor, lam: floa
     Returns:
         `(*b, q)` in ``L``'s dtype.
     """
-    U = torch.linalg.solve_triangular(L, Z.transpose(-1, -2), upper=False)  # (*b, r, q) L⁻¹ zᵀ
-    return (kdiag.to(Z.dtype) - (Z * Z).sum(-1)).clamp_min(0.0) / lam + (U * U).sum(-2)
+    U = whiten_rows(L, Z)  # (*b, q, r) rows L⁻¹ z
+    return (kdiag.to(Z.dtype) - (Z * Z).sum(-1)).clamp_min(0.0) / lam + (U * U).sum(-1)
+
+
+def whiten_rows(L: torch.Tensor, Z: torch.Tensor) -> torch.Tensor:
+    """Rows ``L⁻¹ z`` of `(*b, q, r)` ``Z`` for the lower-triangular `(*b', r, r)` ``L``; an unbatched ``L`` solves
+    all rows in one triangular solve (broadcasting it would run one small solve per batch element).
+
+    Example:
+        >>> L = torch.tensor([[2.0, 0.0], [1.0, 1.0]]); Z = torch.tensor([[[2.0, 3.0]], [[4.0, 2.0]]])
+        >>> whiten_rows(L, Z).tolist()
+        [[[1.0, 2.0]], [[2.0, 0.0]]]
+    """
+    if L.dim() == 2:
+        flat = Z.reshape(-1, Z.shape[-1])  # (N, r)
+        return torch.linalg.solve_triangular(L, flat.transpose(0, 1), upper=False).transpose(0, 1).reshape(Z.shape)
+    return torch.linalg.solve_triangular(L, Z.transpose(-1, -2), upper=False).transpose(-1, -2)
 
 
 def stable_factor(K_SS: torch.Tensor, kdiag_S: torch.Tensor, W: torch.Tensor, M: torch.Tensor, ZtZ: torch.Tensor, lam: float, dtype: torch.dtype) -> torch.Tensor | None:

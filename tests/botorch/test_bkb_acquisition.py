@@ -40,7 +40,7 @@ def _setup(n=25, seed=0, dtype=torch.float64, device="cpu", standardize=True):
     C = torch.rand(60, 2, generator=g, dtype=torch.float64)
     model = BKBModel(
         X.to(device, dtype), Y.to(device, dtype), kernel=_kernel(dtype, device), noise=LAM, inducing_points=S.to(device, dtype),
-        outcome_transform=Standardize(m=1) if standardize else None,
+        outcome_transform=Standardize(m=1) if standardize else None, exact_fraction=None,  # the DTC formulas
     )
     a, s = (Y.mean(), Y.std()) if standardize else (torch.tensor(0.0, dtype=torch.float64), torch.tensor(1.0, dtype=torch.float64))
     return model, X, (Y[:, 0] - a) / s, S, C, a, s

@@ -23,8 +23,10 @@ DEFAULT_LENGTHSCALE = 0.2
 DEFAULT_OUTPUTSCALE = 1.0
 #: Noise variance ``λ`` of the standardized outcomes (also BKB's regularization).
 DEFAULT_NOISE = 1e-3
-#: The model computes the exact GP when the dictionary holds at least this fraction of the training points.
-EXACT_FRACTION = 0.9
+#: The model computes the exact GP when the dictionary holds at least this fraction of the training points:
+#: past it the DTC algebra (``O(n·m² + m³)`` and an eigendecomposition of ``K_S``) costs more than the exact
+#: solve it approximates (measured crossover on 2 CPU cores, docs/botorch.md).
+EXACT_FRACTION = 0.5
 #: Floor of known noise variances (transformed outcomes), as BoTorch's noise-free ``train_Yvar`` of 1e-6.
 MIN_YVAR = 1e-6
 

@@ -11,6 +11,7 @@ Example:
 
 from __future__ import annotations
 
+import math
 from typing import Callable
 
 import torch
@@ -21,7 +22,7 @@ from torchbkb.errors import InputDataError, check_positive
 from torchbkb.nystrom import NystromEmbedding
 from torchbkb.rls_dictionary import RLSDictionary
 
-__all__ = ["sample_dictionary"]
+__all__ = ["sample_dictionary", "draw_dictionary"]
 
 
 def sample_dictionary(
@@ -31,7 +32,8 @@ def sample_dictionary(
     q_bar: float = 2.0,
     generator: torch.Generator | None = None,
     counts: Tensor | None = None,
-) -> Tensor:
+    complete_above: float | None = None,
+) -> Tensor | None:
     """BKB's posterior-variance (ridge-leverage-score) dictionary over a set of training points.
 
     000 Algorithm 1 resamples after every pull: each point enters with probability ``min(1, q̄·σ̃²(x))``
@@ -49,9 +51,14 @@ def sample_dictionary(
         q_bar: oversampling ``q̄``.
         generator: ``torch.Generator`` for reproducibility.
         counts: optional `(*batch, n)` positive weights of the points (``λ / noise_i`` for per-point noise).
+        complete_above: if given (unbatched ``X``), return ``None`` when the dictionary is heading for at least
+            this fraction of the points: at the first round conditioned on a quarter of them, the mean inclusion
+            probability of the points conditioned on, extrapolated by its ratio to the previous round's over the
+            doublings still to come, reaches it. The caller then draws the dictionary from the exact posterior
+            (:func:`draw_dictionary`), which the last rounds would approximate at a higher cost.
 
     Returns:
-        `(m, d)` dictionary (rows of ``X``).
+        `(m, d)` dictionary (rows of ``X``), or ``None`` (see ``complete_above``).
 
     Example:
         >>> import torch
@@ -72,15 +79,34 @@ def sample_dictionary(
         if not isinstance(counts, Tensor) or counts.shape != X.shape[:-1]:
             raise InputDataError(f"counts: expected shape {tuple(X.shape[:-1])}, got {tuple(counts.shape) if isinstance(counts, Tensor) else type(counts).__name__}")
         w = counts.detach().to(flat).reshape(flat.shape[:-1])
+    if complete_above is not None and flat.shape[0] == 1:
+        return _sample_one(kernel, flat[0], w[0], lam, dic, float(complete_above))
     parts = [_sample_one(kernel, flat[i], w[i], lam, dic) for i in range(flat.shape[0])]
     return torch.cat(parts, dim=0)
 
 
-def _sample_one(kernel, X: Tensor, w: Tensor, lam: float, dic: RLSDictionary) -> Tensor:
+def draw_dictionary(X: Tensor, rls: Tensor, q_bar: float = 2.0, generator: torch.Generator | None = None) -> Tensor:
+    """Each point of `(n, d)` ``X`` enters with probability ``min(1, q̄·σ̃²)`` for its given RLS variance
+    ``rls`` `(n,)` (if none does, the one of largest ``σ̃²``).
+
+    Example:
+        >>> import torch
+        >>> X = torch.arange(4.0).unsqueeze(-1)
+        >>> draw_dictionary(X, torch.tensor([1.0, 0.0, 0.9, 0.0]), q_bar=2.0).squeeze(-1).tolist()
+        [0.0, 2.0]
+    """
+    dic = RLSDictionary(check_positive(q_bar, "q_bar"), generator=generator if generator is not None else _fresh_generator(X.device))
+    keep = dic.resample(rls.detach().clamp_min(0.0))
+    if not bool(keep.any()):
+        keep[int(rls.argmax())] = True
+    return X[keep]
+
+
+def _sample_one(kernel, X: Tensor, w: Tensor, lam: float, dic: RLSDictionary, complete_above: float | None = None) -> Tensor | None:
     n = X.shape[0]
     emb = NystromEmbedding(kernel, X[:1])  # S_1 = {x_1}
     post = DTCPosterior(emb, noise=lam)
-    end = 1
+    end, previous = 1, 1.0
     with torch.no_grad():
         while True:
             final = end == n
@@ -95,6 +121,13 @@ def _sample_one(kernel, X: Tensor, w: Tensor, lam: float, dic: RLSDictionary) ->
             idx = keep.nonzero().squeeze(-1)
             if final:
                 return X[idx]
+            if complete_above is not None:
+                kept = float(dic.inclusion_probability(rls[:end].clamp_min(0.0)).mean())  # of the points conditioned on
+                if 4 * end >= n:  # predict the last round's fraction: its trend over the doublings still to come
+                    if kept * (kept / max(previous, 1e-12)) ** math.log2(n / end) >= complete_above:
+                        return None
+                    complete_above = None  # sparse: replay to the end
+                previous = kept
             emb.set_inducing_points(X[idx])
             end = new_end
 

@@ -27,6 +27,7 @@ import torch
 from torch import Tensor, nn
 
 from torchbkb.botorch.conditioning import dtc_condition, shallow_module_copy
+from torchbkb.botorch.dictionary_sampling import draw_dictionary, sample_dictionary
 from torchbkb.botorch.exact_state import ExactGPState
 from torchbkb.dtc_posterior import DTCPosterior
 from torchbkb.nystrom import NystromEmbedding
@@ -46,15 +47,45 @@ class ModelEngine:
         exact_fraction: compute exactly when ``m >= exact_fraction · n`` (``None``: never).
     """
 
-    def __init__(self, kernel: Callable, X: Tensor, y: Tensor, noise: Tensor | None, lam: float, dictionary: Tensor, exact_fraction: float | None):
+    def __init__(self, kernel: Callable, X: Tensor, y: Tensor, noise: Tensor | None, lam: float, dictionary: Tensor, exact_fraction: float | None, exact_state: ExactGPState | None = None):
         self.kernel, self.lam, self.dictionary = kernel, float(lam), dictionary
         counts = None if noise is None else self.lam / noise
-        if exact_fraction is not None and dictionary.shape[0] >= exact_fraction * X.shape[:-1].numel():
-            self.exact_state: ExactGPState | None = ExactGPState(kernel, X, y, torch.full_like(y, self.lam) if noise is None else noise)
+        if exact_fraction is not None and dictionary.shape[0] >= exact_fraction * X.shape[-2]:
+            self.exact_state: ExactGPState | None = exact_state or ExactGPState(kernel, X, y, torch.full_like(y, self.lam) if noise is None else noise)
             self._dtc: DTCPosterior | None = None
         else:
             self.exact_state = None
             self._dtc = DTCPosterior(NystromEmbedding(kernel, dictionary), noise=self.lam).fit(X, y, counts)
+
+    @classmethod
+    def build(cls, kernel: Callable, X: Tensor, y: Tensor, noise: Tensor | None, lam: float, q_bar: float, generator, exact_fraction: float | None) -> "ModelEngine":
+        """Draw the dictionary by BKB's variance sampling and build the engine.
+
+        When the replay of :func:`~torchbkb.botorch.sample_dictionary` predicts a dictionary of at least
+        ``exact_fraction`` of the points (``complete_above``), the engine is exact and the dictionary (kept for
+        DTC quantities) is drawn from the exact RLS variances at the training points, what the replay's last
+        rounds approximate: a replay heading for a dense dictionary never costs more than the exact model.
+        Otherwise the replay runs to the end and the engine is exact iff ``m >= exact_fraction · n``.
+        """
+        counts = None if noise is None else lam / noise
+        S = sample_dictionary(kernel, X, lam, q_bar=q_bar, generator=generator, counts=counts, complete_above=exact_fraction)
+        if S is not None:
+            return cls(kernel, X, y, noise, lam, S, exact_fraction)
+        exact = ExactGPState(kernel, X, y, torch.full_like(y, lam) if noise is None else noise)
+        engine = cls(kernel, X, y, noise, lam, X[:0], 0.0, exact_state=exact)  # exact, whatever the draw's size
+        engine._draw = lambda: draw_dictionary(X, exact.training_variances() / lam, q_bar=q_bar, generator=generator)
+        return engine  # the draw costs a triangular inverse: made when the dictionary is first read
+
+    @property
+    def dictionary(self) -> Tensor:
+        """`(m, d)` the dictionary (transformed space)."""
+        if self._draw is not None:
+            self._dictionary, self._draw = self._draw(), None
+        return self._dictionary
+
+    @dictionary.setter
+    def dictionary(self, value: Tensor) -> None:
+        self._dictionary, self._draw = value, None
 
     @property
     def is_exact(self) -> bool:

@@ -9,8 +9,8 @@ whitened against the ones before it (a block Cholesky factorization)::
     mean(x) = Σ_j U_j(x) β_j,    cov(x, x') = k(x, x') - Σ_j U_j(x) U_j(x')ᵀ
 
 so conditioning on new observations (BoTorch's fantasies) appends one block in ``O(q·N² + q³)`` and stays
-differentiable in the new points and values, and the first block uses ``L_1⁻¹`` precomputed so that
-scoring is one GEMM. ``N_j`` is the diagonal observation noise (heteroskedastic allowed).
+differentiable in the new points and values (``L_1 = C_1`` is the Cholesky factor of the first block;
+``N_j`` is the diagonal observation noise, heteroskedastic allowed).
 
 Example:
     >>> import torch
@@ -32,6 +32,7 @@ import torch
 from torch import Tensor, nn
 
 from torchbkb.kernels import as_kernel
+from torchbkb.stable_scoring import whiten_rows
 from torchbkb.utils.linalg import compute_dtype, safe_cholesky
 
 __all__ = ["ExactGPState"]
@@ -60,10 +61,8 @@ class ExactGPState(nn.Module):
         dt = compute_dtype(X.dtype, X.shape[-2])
         K = self.kernel(X, X).to(dt)
         L = safe_cholesky(K + torch.diag_embed(noise.to(dt)), name="K + noise")  # (*b, n, n)
-        eye = torch.eye(L.shape[-1], dtype=dt, device=L.device)
-        Linv = torch.linalg.solve_triangular(L, eye, upper=False)  # (*b, n, n): scoring becomes one GEMM
-        beta = (Linv @ y.to(dt).unsqueeze(-1)).squeeze(-1)
-        self._blocks = [{"X": X, "Linv": Linv, "beta": beta, "y": y, "noise": noise}]
+        beta = whiten_rows(L, y.to(dt).unsqueeze(-2)).squeeze(-2)  # L⁻¹ y
+        self._blocks = [{"X": X, "C": L, "beta": beta, "y": y, "noise": noise}]
 
     # ------------------------------------------------------------------ data
     @property
@@ -95,8 +94,8 @@ class ExactGPState(nn.Module):
     def features(self, X: Tensor) -> list[Tensor]:
         """The whitened cross-covariances ``[U_1(X), U_2(X), ...]``, each `(*b, q, n_j)` (compute dtype)."""
         first = self._blocks[0]
-        dt = first["Linv"].dtype
-        U = [self.kernel(X, first["X"]).to(dt) @ first["Linv"].transpose(-1, -2)]
+        dt = first["C"].dtype
+        U = [whiten_rows(first["C"], self.kernel(X, first["X"]).to(dt))]  # rows L⁻¹ k(X_1, x): one triangular solve
         for block in self._blocks[1:]:
             R = self.kernel(X, block["X"]).to(dt) - _cat(U, trailing=2, dim=-1) @ block["B"].transpose(-1, -2)
             U.append(torch.linalg.solve_triangular(block["C"].transpose(-1, -2), R, upper=True, left=False))
@@ -116,6 +115,14 @@ class ExactGPState(nn.Module):
         cov = self.kernel(X, X).to(U[0].dtype) - sum(u @ u.transpose(-1, -2) for u in U)
         return mean.to(X.dtype), (0.5 * (cov + cov.transpose(-1, -2))).to(X.dtype)
 
+    def training_variances(self) -> Tensor:
+        """`(*b, n)` posterior variances at the first block's points, ``N - N² diag((K + N)⁻¹)`` in ``O(n²)``."""
+        first = self._blocks[0]
+        L = first["C"]
+        Linv = torch.linalg.solve_triangular(L, torch.eye(L.shape[-1], dtype=L.dtype, device=L.device), upper=False)
+        N = first["noise"].to(L.dtype)
+        return (N - N * N * (Linv * Linv).sum(-2)).clamp_min(0.0)  # diag((K + N)⁻¹) = column norms of L⁻¹
+
     def whiten(self, v: Tensor) -> list[Tensor]:
         """``[w_1, w_2, ...]`` with ``Σ_j U_j(x) w_j = k(x, X) (K + N)⁻¹ v`` for `(*s, *b, N)` values ``v`` at the
         observed inputs (the blocks' forward substitution); each `(*s, *b, n_j)` (compute dtype)."""
@@ -123,10 +130,10 @@ class ExactGPState(nn.Module):
         start = 0
         for block in self._blocks:
             n = block["X"].shape[-2]
-            vj = v[..., start : start + n].to(block["C" if out else "Linv"].dtype)
+            vj = v[..., start : start + n].to(block["C"].dtype)
             start += n
             if not out:
-                out.append((block["Linv"] @ vj.unsqueeze(-1)).squeeze(-1))
+                out.append(whiten_rows(block["C"], vj.unsqueeze(-2)).squeeze(-2))
                 continue
             prev = _cat(out, trailing=1)
             r = vj - (block["B"] @ prev.unsqueeze(-1)).squeeze(-1)

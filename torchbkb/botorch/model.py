@@ -214,11 +214,12 @@ class BKBModel(Model, FantasizeMixin):
         """Draw the dictionary (unless given) and build the posterior on the stored data."""
         X, y, nz = self._data_X, self._data_y, self._data_noise
         lam = self.noise
-        S = self._given_dictionary
-        if S is None:
+        y = y - float(self.mean_constant)
+        if self._given_dictionary is not None:
+            self.engine = ModelEngine(self.covar_module, X, y, nz, lam, self._given_dictionary, self.exact_fraction)
+        else:
             gen = None if self.seed is None else torch.Generator(device=X.device).manual_seed(self.seed)
-            S = sample_dictionary(self.covar_module, X, lam, q_bar=self.q_bar, generator=gen, counts=None if nz is None else lam / nz)
-        self.engine = ModelEngine(self.covar_module, X, y - float(self.mean_constant), nz, lam, S, self.exact_fraction)
+            self.engine = ModelEngine.build(self.covar_module, X, y, nz, lam, self.q_bar, gen, self.exact_fraction)
 
     def _apply(self, fn, recurse: bool = True):
         out = super()._apply(fn, recurse)
