@@ -82,6 +82,7 @@ def select_batch(
     stop_rule: str = "sum",
     *,
     validate: bool = True,
+    chunk_size: int | None = None,
 ) -> BatchSelection:
     """Select one BBKB batch over embedded candidates.
 
@@ -103,6 +104,8 @@ def select_batch(
             stop once ``Π (1 + σ̃²_fb(x_s)) > C̃``.
         validate: check shapes, finiteness and ranges (``False`` skips the ``O(A·r)`` scans; for callers
             such as :class:`~torchbkb.BBKB` whose inputs come from their own posterior).
+        chunk_size: read at most this many rows of ``Z`` at once (memory ``O(A + chunk_size·(r + J))`` with a
+            ``Z`` that computes rows on demand); ``None`` reads all the rows a step needs at once.
 
     Returns:
         A :class:`BatchSelection`.
@@ -144,7 +147,7 @@ def select_batch(
         if n_allowed > 1 and picks and picks[-1] == i:  # i again: how many more times, hallucinated 1, 2, ... times?
             # (only once an arm repeats: when picks alternate between arms, looking ahead costs more than it saves)
             J = min(n_allowed - 1, window)
-            wins, seen = _run_length(Z, i, u, s, J, ucb, mean_c, rls0, cur_rls[i], U_buf, coef_buf, b, V_t, V_inv, alpha, lazy)
+            wins, seen = _run_length(Z, i, u, s, J, ucb, mean_c, rls0, cur_rls[i], U_buf, coef_buf, b, V_t, V_inv, alpha, lazy, chunk_size)
             evaluations += seen
             run += wins
             window = min(4 * window, _MAX_WINDOW) if wins == J else _WINDOW
@@ -167,12 +170,12 @@ def select_batch(
         # rounding left every refreshed UCB below that level: then the arms between are refreshed too
         ucb_i_new = min(float(mean_c[i]) + alpha * math.sqrt(max(rls_i - g * (s * s), 0.0)), float(ucb[i]))  # <= the stale one
         idx = (ucb >= ucb_i_new).nonzero().squeeze(1) if lazy else torch.arange(ucb.numel(), device=dev)  # (M,)
-        rls_m, ucb_m = _refresh(Z, idx, rls0, U_buf, coef_buf, b, V_t, V_inv, mean_c, alpha)
+        rls_m, ucb_m = _refresh(Z, idx, rls0, U_buf, coef_buf, b, V_t, V_inv, mean_c, alpha, chunk_size)
         cur_rls[idx], ucb[idx] = rls_m, ucb_m
         evaluations += int(idx.numel())
         if lazy and (top := float(ucb_m.max())) < ucb_i_new:
             more = ((ucb >= top) & (ucb < ucb_i_new)).nonzero().squeeze(1)
-            rls_m, ucb_m = _refresh(Z, more, rls0, U_buf, coef_buf, b, V_t, V_inv, mean_c, alpha)
+            rls_m, ucb_m = _refresh(Z, more, rls0, U_buf, coef_buf, b, V_t, V_inv, mean_c, alpha, chunk_size)
             cur_rls[more], ucb[more] = rls_m, ucb_m
             evaluations += int(more.numel())
     picked = torch.tensor(picks, dtype=torch.long, device=dev)
@@ -246,7 +249,7 @@ def _picks_to_stop(level: float, s0: float, bound: float, stop_rule: str) -> int
     return n
 
 
-def _run_length(Z, i, u, s, J, ucb, mean, rls0, rls_i, U_buf, coef_buf, b, V_t, V_0, alpha, lazy) -> tuple[int, int]:
+def _run_length(Z, i, u, s, J, ucb, mean, rls0, rls_i, U_buf, coef_buf, b, V_t, V_0, alpha, lazy, chunk=None) -> tuple[int, int]:
     """How many of the next ``J`` picks are ``i`` again.
 
     Hallucinating ``i`` ``j`` times is one rank-one term: with ``u = V_t⁻¹ z_i`` and ``s = z_iᵀ u`` every
@@ -278,21 +281,29 @@ def _run_length(Z, i, u, s, J, ucb, mean, rls0, rls_i, U_buf, coef_buf, b, V_t, 
     if M * J > Z.shape[0] * max(r, 1):  # keep the step within O(A·r): look fewer picks ahead (idx stays a superset)
         J = max(1, Z.shape[0] * max(r, 1) // M)
         g, ucb_i = g[:J], ucb_i[:J]
-    Zi = Z[idx]  # (M, r)
-    rls_c, _ = _refresh_rows(Zi, idx, rls0, U_buf, coef_buf, b, V_t, V_0, mean, alpha)  # (M,) σ̃²_t now
-    p2 = (Zi @ u.to(dt)).square_()  # (M,) (z_aᵀ u)²
-    ucb_c = mean[idx, None] + alpha * (rls_c[:, None] - p2[:, None] * g).clamp_min_(0.0).sqrt_()  # (M, J)
-    beats = (ucb_c > ucb_i) | ((ucb_c == ucb_i) & (idx < i)[:, None])
-    lost = beats.any(0)  # (J,)
+    lost = torch.zeros(J, dtype=torch.bool, device=ucb.device)
+    step = M if chunk is None else max(1, int(chunk))
+    for start in range(0, M, step):  # chunks of the arms checked: memory O(chunk·(r + J))
+        part = idx[start : start + step]
+        Zi = Z[part]  # (c, r)
+        rls_c, _ = _refresh_rows(Zi, part, rls0, U_buf, coef_buf, b, V_t, V_0, mean, alpha)  # (c,) σ̃²_t now
+        p2 = (Zi @ u.to(dt)).square_()  # (c,) (z_aᵀ u)²
+        ucb_c = mean[part, None] + alpha * (rls_c[:, None] - p2[:, None] * g).clamp_min_(0.0).sqrt_()  # (c, J)
+        beats = (ucb_c > ucb_i) | ((ucb_c == ucb_i) & (part < i)[:, None])
+        lost |= beats.any(0)  # (J,)
     wins = int(torch.argmax(lost.to(torch.uint8))) if bool(lost.any()) else J
     return wins, M
 
 
-def _refresh(Z, idx, rls0, U_buf, coef_buf, b, V_t, V_0, mean, alpha):
+def _refresh(Z, idx, rls0, U_buf, coef_buf, b, V_t, V_0, mean, alpha, chunk=None):
     """Current RLS variance and UCB of the arms ``idx`` (a long tensor): ``σ̃²_fb - Σ_j c_j (zᵀu_j)²``
     (directions ``u_j`` in the first ``b`` columns of ``U_buf``, ``c_j`` in ``coef_buf``) while at most ``r``
-    runs were hallucinated (cost ``|idx|·r·b``), else ``σ̃²_fb - zᵀV_0⁻¹z + zᵀV_t⁻¹z`` (cost ``|idx|·r²``)."""
-    return _refresh_rows(Z[idx], idx, rls0, U_buf, coef_buf, b, V_t, V_0, mean, alpha)
+    runs were hallucinated (cost ``|idx|·r·b``), else ``σ̃²_fb - zᵀV_0⁻¹z + zᵀV_t⁻¹z`` (cost ``|idx|·r²``);
+    rows are read ``chunk`` at a time when given."""
+    if chunk is None or idx.numel() <= chunk:
+        return _refresh_rows(Z[idx], idx, rls0, U_buf, coef_buf, b, V_t, V_0, mean, alpha)
+    parts = [_refresh_rows(Z[p], p, rls0, U_buf, coef_buf, b, V_t, V_0, mean, alpha) for p in idx.split(int(chunk))]
+    return torch.cat([r for r, _ in parts]), torch.cat([u for _, u in parts])
 
 
 def _refresh_rows(Zi, idx, rls0, U_buf, coef_buf, b, V_t, V_0, mean, alpha):

@@ -11,7 +11,7 @@ from botorch.sampling.pathwise.paths import SamplePath
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import torchbkb.botorch.thompson as thompson
-from torchbkb.botorch import BKBModel, default_kernel, draw_bkb_paths, optimize_acqf_thompson
+from torchbkb.botorch import BKBModel, draw_bkb_paths, optimize_acqf_thompson
 from torchbkb.errors import InputDataError
 
 D = 2

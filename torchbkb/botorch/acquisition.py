@@ -158,7 +158,7 @@ def _noise_of(model: Model) -> float:
     return float(noise.detach())
 
 
-def _beta_rls(model, beta, F, delta, epsilon, noise_std, num_points=None) -> Tensor:
+def beta_rls(model, beta, F, delta, epsilon, noise_std, num_points=None) -> Tensor:
     if isinstance(beta, str):
         if beta == "vakili":
             return vakili_theory_beta(model, rkhs_norm=F, delta=delta, subgaussian=noise_std, num_points=num_points)
@@ -217,11 +217,11 @@ class BKBUpperConfidenceBound(UpperConfidenceBound):
         maximize: bool = True,
     ) -> None:
         lam = _noise_of(model)
-        beta_rls = _beta_rls(model, beta, F, delta, epsilon, noise_std, num_points)
-        if beta_rls.dim() > 0:  # one β̃ per model batch: (*batch, 1) broadcasts against the (*batch, 1) mean
-            beta_rls = beta_rls.unsqueeze(-1)
-        super().__init__(model=model, beta=beta_rls**2 / lam, posterior_transform=posterior_transform, maximize=maximize)
-        self.register_buffer("beta_rls", beta_rls)
+        width = beta_rls(model, beta, F, delta, epsilon, noise_std, num_points)
+        if width.dim() > 0:  # one β̃ per model batch: (*batch, 1) broadcasts against the (*batch, 1) mean
+            width = width.unsqueeze(-1)
+        super().__init__(model=model, beta=width**2 / lam, posterior_transform=posterior_transform, maximize=maximize)
+        self.register_buffer("beta_rls", width)
 
 
 class BBKBUpperConfidenceBound(BKBUpperConfidenceBound):
@@ -275,7 +275,7 @@ class BBKBUpperConfidenceBound(BKBUpperConfidenceBound):
             raise InputDataError(f"model: expected a BKBModel, got {type(model).__name__}")
         C, _ = check_batch_limits(batch_bound)
         if isinstance(beta, str):
-            beta = _beta_rls(model, beta, F, delta, epsilon, noise_std) * C
+            beta = beta_rls(model, beta, F, delta, epsilon, noise_std) * C
         super().__init__(model, beta=beta, posterior_transform=posterior_transform, maximize=maximize)
         self.batch_bound = C
         self._pending_model = model

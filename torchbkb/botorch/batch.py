@@ -4,8 +4,9 @@
 of a fixed ``q`` it returns the adaptive batch of 001 Algorithm 1 (lines 4-8) -- the dictionary and the
 mean are frozen at the batch start, each pick is hallucinated into the variance by a rank-one update,
 UCBs are recomputed lazily, and the batch ends once ``1 + Σ σ̃²_fb(x_s) > C̃``. The selection itself is
-:func:`torchbkb.batch_selection.select_batch`; this module embeds the candidates in chunks (peak memory
-``O(chunk · m)`` besides the `(A, r)` embedding the lazy updates need) and converts the scales.
+:func:`torchbkb.batch_selection.select_batch`; this module scores the candidates in chunks and lets it read
+their features on demand (:class:`CandidateFeatures`): extra memory ``O(A + chunk·(m + J))``, no `(A, m)`
+tensor.
 
 Example:
     >>> import torch
@@ -25,11 +26,11 @@ import torch
 from torch import Tensor
 
 from torchbkb.batch_selection import check_batch_limits, select_batch
-from torchbkb.botorch.acquisition import _beta_rls
+from torchbkb.botorch.acquisition import beta_rls
 from torchbkb.errors import InputDataError
 from torchbkb.nystrom import DEFAULT_CHUNK
 
-__all__ = ["optimize_acqf_bbkb"]
+__all__ = ["optimize_acqf_bbkb", "CandidateFeatures"]
 
 
 def optimize_acqf_bbkb(
@@ -83,16 +84,17 @@ def optimize_acqf_bbkb(
     if int(chunk_size) < 1:
         raise InputDataError(f"chunk_size: expected an integer >= 1, got {chunk_size!r}")
     if isinstance(beta, str):
-        alpha = float(_beta_rls(model, beta, F, delta, epsilon, noise_std, num_points=int(choices.shape[-2]))) * C
+        alpha = float(beta_rls(model, beta, F, delta, epsilon, noise_std, num_points=int(choices.shape[-2]))) * C
     else:
-        alpha = float(_beta_rls(model, beta, F, delta, epsilon, noise_std))
+        alpha = float(beta_rls(model, beta, F, delta, epsilon, noise_std))
 
     model.eval()
     post = model.dtc_posterior
     with torch.no_grad():
-        Z, mean, rls = _embed_and_score(model, choices, int(chunk_size))
+        mean, rls = _score(model, choices, int(chunk_size))
         mean = mean + model.mean_constant.to(mean)
-        sel = select_batch(Z, mean, rls, post.V_inv, alpha, C, max_batch_size=max_batch_size, lazy=lazy)
+        rows = CandidateFeatures(model, choices)
+        sel = select_batch(rows, mean, rls, post.V_inv, alpha, C, max_batch_size=max_batch_size, lazy=lazy, validate=False, chunk_size=int(chunk_size))
         idx = sel.indices
         ucb = mean[idx] + alpha * sel.rls_in_batch.to(mean).clamp_min(0.0).sqrt()  # (B,) transformed units
         if hasattr(model, "outcome_transform"):
@@ -101,22 +103,30 @@ def optimize_acqf_bbkb(
     return (*out, idx) if return_indices else out
 
 
-def _embed_and_score(model, choices: Tensor, chunk: int) -> tuple[Tensor, Tensor, Tensor]:
-    """Transform, embed and score ``choices`` chunk by chunk.
+class CandidateFeatures:
+    """The Nyström features `(A, r)` of the candidates as :func:`~torchbkb.batch_selection.select_batch` reads them
+    (``shape``, ``dtype``, ``device``, ``rows[idx]``), computed on demand: never all ``A`` rows at once.
 
-    Returns:
-        ``Z`` `(A, r)` in the choices' dtype, ``mean`` `(A,)` (transformed, centered) and ``rls`` `(A,)`.
+    Args:
+        model: the :class:`~torchbkb.botorch.BKBModel` (its input transform and DTC embedding are used).
+        choices: `(A, d)` candidates in the original input space.
     """
+
+    def __init__(self, model, choices: Tensor):
+        self._model, self._choices = model, choices
+        self._embedding = model.dtc_posterior.embedding
+        self.shape = torch.Size((choices.shape[0], self._embedding.rank))
+        self.dtype, self.device = choices.dtype, choices.device
+
+    def __getitem__(self, idx: Tensor | slice) -> Tensor:
+        return self._embedding(self._model.transform_inputs(self._choices[idx]))  # (M, r)
+
+
+def _score(model, choices: Tensor, chunk: int) -> tuple[Tensor, Tensor]:
+    """Mean `(A,)` (transformed, centered) and RLS variance `(A,)` of ``choices``, ``chunk`` rows at a time."""
     post = model.dtc_posterior
-    emb = post.embedding
-    A = choices.shape[0]
-    r = emb.rank
-    Z = choices.new_empty((A, r))
-    mean = choices.new_empty((A,))
-    rls = choices.new_empty((A,))
-    for i in range(0, A, chunk):
-        Xc = model.transform_inputs(choices[i : i + chunk])  # (c, d)
-        Zc = emb(Xc)  # (c, r)
-        mc, rc = post.score_embedded(Zc, emb.kernel_diag(Xc))
-        Z[i : i + chunk], mean[i : i + chunk], rls[i : i + chunk] = Zc, mc, rc
-    return Z, mean, rls
+    mean, rls = choices.new_empty((choices.shape[0],)), choices.new_empty((choices.shape[0],))
+    for i in range(0, choices.shape[0], chunk):
+        m, var = post(model.transform_inputs(choices[i : i + chunk]))  # (c,), GP scale
+        mean[i : i + chunk], rls[i : i + chunk] = m, var / post.lam
+    return mean, rls
