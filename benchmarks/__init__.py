@@ -21,6 +21,9 @@ Benchmarks (name -> module):
 * ``core_throughput`` -- issue 2: embed/score A = 10⁵..10⁶ arms vs a bare GEMM, peak memory;
 * ``batch`` -- issue 8: BBKB vs GP-BUCB/GP-UCB/BKB at T = 10⁴ on Cadata, extrapolated exact peers;
 * ``botorch_peer`` -- issue 4: one BO iteration, BKBModel vs SingleTaskGP, n = 500..5,000;
+* ``botorch_iteration`` -- a continuous BO iteration (LogEI + optimize_acqf): BKBModel vs SingleTaskGP (fixed,
+  fitted) vs SingleTaskVariationalGP, n = 250..5,000, d = 2, 6, time and memory;
+* ``botorch_candidates`` -- UCB, BBKB and Thompson selections over 10⁵-10⁷ candidates, time and peak memory;
 * ``sbpe`` -- issue 6: S-BPE vs exact BPE, interval coverage and time;
 * ``online`` -- issue 7: PKAWV vs Kernel-AWV / online KRR / FOGD, regret and time per round.
 
@@ -37,6 +40,8 @@ BENCHMARKS = {
     "core_throughput": "benchmarks.core_throughput",
     "batch": "benchmarks.batch",
     "botorch_peer": "benchmarks.botorch_peer",
+    "botorch_iteration": "benchmarks.botorch_iteration",
+    "botorch_candidates": "benchmarks.botorch_candidates",
     "sbpe": "benchmarks.sbpe",
     "online": "benchmarks.online",
 }
@@ -45,6 +50,8 @@ BENCHMARKS = {
 OPTIONS = {
     "batch": {"--quick", "--device", "--dtype", "--threads", "--out"},
     "botorch_peer": {"--quick", "--device", "--threads", "--out"},
+    "botorch_iteration": {"--quick", "--threads", "--out"},
+    "botorch_candidates": {"--quick", "--threads", "--out"},
     "sbpe": {"--quick", "--threads", "--out"},
     "online": {"--quick", "--threads", "--out"},
 }

@@ -14,7 +14,7 @@ import math
 import torch
 from gpytorch.kernels import MaternKernel, ScaleKernel
 
-__all__ = ["default_kernel", "DEFAULT_LENGTHSCALE", "DEFAULT_OUTPUTSCALE", "DEFAULT_NOISE", "EXACT_FRACTION", "MIN_YVAR"]
+__all__ = ["default_kernel", "DEFAULT_LENGTHSCALE", "DEFAULT_OUTPUTSCALE", "DEFAULT_NOISE", "EXACT_FRACTION", "EXACT_BELOW", "MIN_YVAR"]
 
 #: Matérn-5/2 lengthscale per input dimension is ``DEFAULT_LENGTHSCALE · √d`` (inputs in ``[0, 1]^d``):
 #: the typical distance between two uniform points of the unit cube grows like ``√(d/6)``.
@@ -27,6 +27,9 @@ DEFAULT_NOISE = 1e-3
 #: past it the DTC algebra (``O(n·m² + m³)`` and an eigendecomposition of ``K_S``) costs more than the exact
 #: solve it approximates (measured crossover on 2 CPU cores, docs/botorch.md).
 EXACT_FRACTION = 0.5
+#: Up to this many training points (unbatched) the exact GP is computed outright: its solve costs less than
+#: drawing a dictionary, which is then drawn only if read (from the exact RLS variances).
+EXACT_BELOW = 512
 #: Floor of known noise variances (transformed outcomes), as BoTorch's noise-free ``train_Yvar`` of 1e-6.
 MIN_YVAR = 1e-6
 

@@ -27,6 +27,7 @@ import torch
 from torch import Tensor, nn
 
 from torchbkb.botorch.conditioning import dtc_condition, shallow_module_copy
+from torchbkb.botorch.defaults import EXACT_BELOW
 from torchbkb.botorch.dictionary_sampling import draw_dictionary, sample_dictionary
 from torchbkb.botorch.exact_state import ExactGPState
 from torchbkb.dtc_posterior import DTCPosterior
@@ -65,10 +66,12 @@ class ModelEngine:
         ``exact_fraction`` of the points (``complete_above``), the engine is exact and the dictionary (kept for
         DTC quantities) is drawn from the exact RLS variances at the training points, what the replay's last
         rounds approximate: a replay heading for a dense dictionary never costs more than the exact model.
-        Otherwise the replay runs to the end and the engine is exact iff ``m >= exact_fraction · n``.
+        Otherwise the replay runs to the end and the engine is exact iff ``m >= exact_fraction · n``. Up to
+        :data:`~torchbkb.botorch.defaults.EXACT_BELOW` points the engine is exact outright (no replay).
         """
         counts = None if noise is None else lam / noise
-        S = sample_dictionary(kernel, X, lam, q_bar=q_bar, generator=generator, counts=counts, complete_above=exact_fraction)
+        small = exact_fraction is not None and X.shape[-2] <= EXACT_BELOW and X.dim() == 2
+        S = None if small else sample_dictionary(kernel, X, lam, q_bar=q_bar, generator=generator, counts=counts, complete_above=exact_fraction)
         if S is not None:
             return cls(kernel, X, y, noise, lam, S, exact_fraction)
         exact = ExactGPState(kernel, X, y, torch.full_like(y, lam) if noise is None else noise)
