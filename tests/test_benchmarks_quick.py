@@ -130,6 +130,8 @@ def test_registry_and_helpers():
         ("batch", ["--T", "200", "--c-scan", "1.5,2"], ["batch_c_scan.json"]),
         ("batch", ["--T", "200", "--q-scan", "2,4"], ["batch_q_scan.json"]),
         ("botorch_peer", ["--sizes", "100"], ["botorch_peer_quick.json", "botorch_peer_quick.png"]),
+        ("botorch_iteration", ["--sizes", "60", "--dims", "2"], ["botorch_iteration.json", "botorch_iteration.png"]),
+        ("botorch_candidates", ["--candidates", "20000"], ["botorch_candidates.json", "botorch_candidates.png"]),
         ("sbpe", ["--threads", "1"], ["sbpe.json", "sbpe.png"]),
         ("online", ["--threads", "1"], ["online.json", "online.png"]),
     ],
@@ -143,6 +145,8 @@ def test_issue_benchmarks_quick(tmp_path, name, args, outputs):
         assert (tmp_path / out).stat().st_size > 0, out
     doc = json.loads((tmp_path / outputs[0]).read_text())
     assert "machine" in json.dumps(doc)
+    if name == "botorch_candidates":  # every selection ran in its child process and measured its memory
+        assert len(doc["rows"]) == 4 and all("seconds" in r and r["extra_mb"] == r["extra_mb"] for r in doc["rows"])
 
 
 def test_runner_defaults_to_main_job_and_drops_unknown_options(tmp_path, capsys):
