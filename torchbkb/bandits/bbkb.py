@@ -144,10 +144,11 @@ class BBKB(SketchedKernelBandit):
         row_cache_bytes: int = ROW_CACHE_BYTES,
         prune: bool = True,
         inclusion: str = "per_pull",
+        kernel_cache_bytes: int | None = None,
     ):
         super().__init__(
             arms, kernel, noise=noise, q_bar=q_bar, beta=beta, seed=seed, F=F, delta=delta, noise_std=noise_std, chunk_size=chunk_size, row_cache_bytes=row_cache_bytes,
-            prune=prune, inclusion=inclusion,
+            prune=prune, inclusion=inclusion, kernel_cache_bytes=kernel_cache_bytes,
         )
         self.batch_bound, self.max_batch_size = check_batch_limits(batch_bound, max_batch_size)
         self.lazy = bool(lazy)
@@ -188,13 +189,15 @@ class BBKB(SketchedKernelBandit):
                 V_inv = self.arms.new_zeros((0, 0), dtype=torch.float64)
             elif self._scored is None:  # features of the few arms the batch reads
                 Z, V_inv = self.feature_rows(), self.V_inverse()
+            elif self.streams_kernel_rows:  # only the arms that can be picked, their features read on demand
+                Z, V_inv = self.feature_rows(self._scored), self.V_inverse()
             else:  # only the arms that can be picked (prune): a few, their features formed at once
                 Z, V_inv = self.scored_features(), self.V_inverse()
             mean, rls = self._mask_excluded(self._mean), self._rls
             if self._scored is not None:  # (k,) ascending: lowest index first on ties, as over all arms
                 mean, rls = mean[self._scored], rls[self._scored]
             with torch.no_grad():
-                sel = select_batch(Z, mean, rls, V_inv, self.beta, self.batch_bound, self.max_batch_size, lazy=self.lazy, validate=False)
+                sel = select_batch(Z, mean, rls, V_inv, self.beta, self.batch_bound, self.max_batch_size, lazy=self.lazy, validate=False, chunk_size=self.chunk_size if self.streams_kernel_rows else None)
             if self._scored is not None:
                 sel = sel._replace(indices=self._scored[sel.indices])
             idx = sel.indices

@@ -39,9 +39,10 @@ import torch
 from torchbkb.bandits.base import KernelBandit
 from torchbkb.confidence import alpha_from_epsilon, bkb_beta
 from torchbkb.dtc_posterior import DTCPosterior, fit_kernel_row_operator, rls_kernel_columns, score_kernel_columns
-from torchbkb.errors import InputDataError, NumericsError, TorchBKBError, check_int, check_positive
+from torchbkb.errors import InputDataError, TorchBKBError, check_int, check_positive
 from torchbkb.nystrom import DEFAULT_CHUNK, NystromEmbedding
 from torchbkb.rls_dictionary import RLSDictionary, check_inclusion
+from torchbkb.bandits.kernel_rows import FeatureRows, StreamedKernelRows, finite_rows
 from torchbkb.stable_scoring import AccuracyMonitor
 from torchbkb.utils.linalg import inv_sqrt_factor
 
@@ -49,47 +50,14 @@ __all__ = ["BKB", "FeatureRows", "SketchedKernelBandit"]
 
 #: default memory for the kernel rows of the pulled arms (:class:`SketchedKernelBandit`).
 ROW_CACHE_BYTES = 256 * 2**20
+#: the dictionary's kernel rows are cached up to ``max(KERNEL_CACHE_BYTES, 10 × the arms' bytes)`` by default.
+KERNEL_CACHE_BYTES = 256 * 2**20
 #: dictionary kernel rows up to this size are refilled whole from the pulled-row cache when the dictionary changes.
 REFILL_BYTES = 4 * 2**20
 #: arms skipped by the UCB bound are scored anyway when the arms left to score exceed this fraction of ``A``.
 PRUNE_MAX_FRACTION = 0.5
 #: after a pruning attempt that left most arms to score, up to this many updates score every arm in one pass first.
 PRUNE_MAX_BACKOFF = 16
-
-
-class FeatureRows:
-    """Nyström features ``z(a) = W k_S(a)`` of an arm set, computed row by row on demand from the kernel rows.
-
-    Reads like the `(A, r)` embedding where :func:`~torchbkb.batch_selection.select_batch` reads it --
-    ``shape``, ``dtype``, ``device`` and ``rows[idx]`` for a long tensor or a slice ``idx`` -- without forming it:
-    a batch touches a few arms, and forming all ``A`` rows costs `A·m·r` at every dictionary change.
-
-    Args:
-        K_SA: `(m, A)` kernel rows ``k(s_j, arms)``.
-        W: `(r, m)` whitening of ``K_S`` (``Wᵀ W = K_S⁺``); used in ``K_SA``'s dtype.
-        index: optional `(k,)` long, a subset of the arms: row ``i`` is then arm ``index[i]`` (shape `(k, r)`).
-
-    Example:
-        >>> import torch
-        >>> K_SA = torch.rand(3, 10, dtype=torch.float64); W = torch.rand(3, 3, dtype=torch.float64)
-        >>> rows = FeatureRows(K_SA, W)
-        >>> tuple(rows.shape), bool(torch.allclose(rows[torch.tensor([4, 7])], (W @ K_SA).T[[4, 7]]))
-        ((10, 3), True)
-        >>> sub = FeatureRows(K_SA, W, index=torch.tensor([2, 4, 7]))
-        >>> tuple(sub.shape), bool(torch.equal(sub[torch.tensor([1, 2])], rows[torch.tensor([4, 7])]))
-        ((3, 3), True)
-    """
-
-    def __init__(self, K_SA: torch.Tensor, W: torch.Tensor, index: torch.Tensor | None = None):
-        self._K_T = K_SA.T  # (A, m) view: a row gather reads one arm's kernel values
-        self._W_T = W.T.to(K_SA.dtype)  # (m, r)
-        self._index = index
-        self.shape = torch.Size((K_SA.shape[1] if index is None else index.numel(), W.shape[0]))
-        self.dtype, self.device = K_SA.dtype, K_SA.device
-
-    def __getitem__(self, idx: torch.Tensor | slice) -> torch.Tensor:
-        arms = idx if self._index is None else self._index[idx]
-        return self._K_T[arms] @ self._W_T  # (M, r)
 
 
 class SketchedKernelBandit(KernelBandit):
@@ -145,6 +113,9 @@ class SketchedKernelBandit(KernelBandit):
         inclusion: how an arm pulled ``n`` times enters the dictionary: ``"per_pull"`` (``1 - (1 - p)^n``, 000
             Algorithm 1 read literally) or ``"count_scaled"`` (``min(1, q̄·n·σ̃²)``, the authors' code); see
             :mod:`torchbkb.rls_dictionary`.
+        kernel_cache_bytes: memory for the dictionary's kernel rows `(m, A)`; past it they are recomputed chunk by
+            chunk at every update (:class:`~torchbkb.bandits.kernel_rows.StreamedKernelRows`: extra memory
+            ``O(A + chunk·m)``, more kernel evaluations). Default ``max(KERNEL_CACHE_BYTES, 10 × the arms' bytes)``.
 
     Attributes:
         dictionary: `(m,)` long, arm indices of the current dictionary.
@@ -172,8 +143,11 @@ class SketchedKernelBandit(KernelBandit):
         row_cache_bytes: int = ROW_CACHE_BYTES,
         prune: bool = True,
         inclusion: str = "per_pull",
+        kernel_cache_bytes: int | None = None,
     ):
         super().__init__(arms, kernel, noise=noise, beta=beta, seed=seed, noise_std=noise_std, F=F, delta=delta)
+        default_cache = max(KERNEL_CACHE_BYTES, 10 * arms.numel() * arms.element_size())
+        self.kernel_cache_bytes = default_cache if kernel_cache_bytes is None else check_int(kernel_cache_bytes, "kernel_cache_bytes", minimum=0)
         self.prune = bool(prune)
         self.inclusion = check_inclusion(inclusion)
         self.q_bar = check_positive(q_bar, "q_bar")
@@ -220,6 +194,20 @@ class SketchedKernelBandit(KernelBandit):
         return int(self.dictionary.numel())
 
     @property
+    def streams_kernel_rows(self) -> bool:
+        """Whether the dictionary's kernel rows are recomputed on demand (they exceed ``kernel_cache_bytes``)."""
+        return self._K_buf is None and bool(self._order)
+
+    def _kernel_rows(self):
+        """The `(m, A)` kernel rows of the dictionary in slot order: the cache, or a :class:`StreamedKernelRows`."""
+        if self._K_buf is not None:
+            return self._K_buf[: len(self._order)]
+        return StreamedKernelRows(self.kernel, self.arms[self._order_idx], self.arms, chunk_size=self.chunk_size)
+
+    def _fits_cache(self, m: int) -> bool:
+        return m * self.num_arms * self.arms.element_size() <= self.kernel_cache_bytes
+
+    @property
     def posterior(self) -> DTCPosterior | None:
         """The current DTC posterior as a :class:`~torchbkb.DTCPosterior` on the dictionary and all pulls
         (``None`` while the dictionary is empty). The bandit itself scores from cached kernel rows and
@@ -244,7 +232,7 @@ class SketchedKernelBandit(KernelBandit):
                 rest[self._scored] = False
                 rest = rest.nonzero().squeeze(1)  # (A - k,)
                 rls = self._rls.clone()
-                K_SA = self._K_buf[: len(self._order)]
+                K_SA = self._kernel_rows()
                 rls[rest] = rls_kernel_columns(K_SA[:, rest], self.kdiag[rest], self._M, self.lam, self.chunk_size)
                 self._rls_full = rls
         return self._mean, self._rls_full
@@ -265,13 +253,15 @@ class SketchedKernelBandit(KernelBandit):
         those of the arms ``index`` (row ``i`` is ``z(arms[index[i]])``)."""
         if self._W is None:
             raise TorchBKBError(f"{type(self).__name__}: expected a dictionary (after the first reward), got none")
-        return FeatureRows(self._K_buf[: len(self._order)], self._W, index)
+        return FeatureRows(self._kernel_rows(), self._W, index)
 
     def scored_features(self) -> torch.Tensor:
         """`(k, r)` features ``z(a)`` of the arms the last update scored (``self._scored``, ascending), from their
         kernel columns kept by the update -- BBKB's batch is selected among them."""
         if self._scored is None or self._W is None:
             raise TorchBKBError(f"{type(self).__name__}: expected an update that skipped arms (prune), got none")
+        if isinstance(self._K_scored, StreamedKernelRows):
+            return FeatureRows(self._K_scored, self._W)[:]  # (k, r)
         return self._K_scored.T @ self._W.T.to(self._K_scored.dtype)  # (k, m)·(m, r)
 
     def V_inverse(self) -> torch.Tensor:
@@ -332,17 +322,22 @@ class SketchedKernelBandit(KernelBandit):
             else:
                 changed = self._W is None or not torch.equal(new_dict, self.dictionary)
                 if changed:
-                    if order is None:
+                    if not self._fits_cache(new_dict.numel()):  # streamed: no rows kept, slot order = the dictionary's
+                        self._K_buf, self._order = None, list(order) if order is not None else new_dict.tolist()
+                        self._order_idx, self._slot_block, self._blocks = self._long(self._order), [-1] * len(self._order), {}
+                    elif order is None:
+                        if self._K_buf is None:  # cached again after streaming: every row enters
+                            self._order, self._slot_block, self._blocks = [], [], {}
                         self._update_kernel_rows(new_dict.tolist(), new_dict)
                     else:
                         self._K_buf, self._order, self._slot_block, self._blocks = None, [], [], {}
                         self._update_kernel_rows(list(order), blocks=blocks)
-                    K_SS = self._K_buf[: len(self._order)].T[self._order_idx]  # (m, m) from the cached rows (rows of the
+                    K_SS = self._kernel_rows().T[self._order_idx]  # (m, m) from the cached rows (rows of the
                     # transposed view: a row gather, much cheaper than a column gather)
                     self._W = inv_sqrt_factor(K_SS, name="K_S")  # (r, m): one m×m factorization
                     self._Z = None  # the arms' features z(arms) are derived on demand (arm_features)
                     self.embeddings_computed += 1
-                K_SA = self._K_buf[: len(self._order)]  # (m, A) view of the cached kernel rows
+                K_SA = self._kernel_rows()  # (m, A) view of the cached kernel rows (or streamed)
                 W = self._W
                 Zt = W @ K_SA.T[pulled].to(W.dtype).T  # (r, p) features of the pulled arms
                 # V = Zᵀ N Z + λ I from the counts, O(min(t, A)·m²); rewards validated by tell()
@@ -436,7 +431,7 @@ class SketchedKernelBandit(KernelBandit):
             first = len(self._P_pos)
             for a in new:
                 row = len(self._P_pos)
-                buf[row] = _finite_rows(self.kernel(self.arms[a : a + 1], self.arms), [a])[0]
+                buf[row] = finite_rows(self.kernel(self.arms[a : a + 1], self.arms), [a])[0]
                 self._P_pos[a] = row
             self._P_row[self._long(new)] = torch.arange(first, first + len(new), device=self.arms.device)
 
@@ -520,7 +515,7 @@ class SketchedKernelBandit(KernelBandit):
                     bid = self._next_block
                     self._next_block += 1
                     self._blocks[bid] = list(members)
-                rows = _finite_rows(self.kernel(self.arms[self._long(members)], self.arms), members)  # (e, A): one call per block
+                rows = finite_rows(self.kernel(self.arms[self._long(members)], self.arms), members)  # (e, A): one call per block
                 js = [j for j, a in enumerate(members) if a in slot_of]
                 slots = [slot_of[members[j]] for j in js]
                 if len(js) < len(members):
@@ -569,7 +564,7 @@ class SketchedKernelBandit(KernelBandit):
         scored = state.get("scored")  # absent in checkpoints written before pruning: every arm was scored
         self._scored = None if scored is None else scored.to(self.arms.device)
         if self._scored is not None:  # the refit above found the same arms; their kernel columns, to be sure
-            self._K_scored = self._K_buf[: len(self._order)].index_select(1, self._scored)
+            self._K_scored = self._kernel_rows().index_select(1, self._scored)
         self._rls_full = None
         self.beta = float(state["beta"])
         self.embeddings_computed = int(state["embeddings_computed"])
@@ -593,6 +588,8 @@ class BKB(SketchedKernelBandit):
         noise_std: ``ξ`` of the theory β (default ``√λ``).
         chunk_size: arms embedded/scored at once.
         row_cache_bytes: memory for the kernel rows of the pulled arms (see :class:`SketchedKernelBandit`).
+        kernel_cache_bytes: memory for the dictionary's kernel rows; past it they are streamed (see
+            :class:`SketchedKernelBandit`).
         prune: with a constant ``beta``, score the variance only of the arms whose UCB can still be the
             largest (see :class:`SketchedKernelBandit`; the same choices as ``False``). The theory width
             depends on the scores, so with ``beta="theory"`` every arm is scored.
@@ -626,10 +623,11 @@ class BKB(SketchedKernelBandit):
         row_cache_bytes: int = ROW_CACHE_BYTES,
         prune: bool = True,
         inclusion: str = "per_pull",
+        kernel_cache_bytes: int | None = None,
     ):
         super().__init__(
             arms, kernel, noise=noise, q_bar=q_bar, beta=beta, seed=seed, F=F, delta=delta, noise_std=noise_std, chunk_size=chunk_size, row_cache_bytes=row_cache_bytes,
-            prune=prune, inclusion=inclusion,
+            prune=prune, inclusion=inclusion, kernel_cache_bytes=kernel_cache_bytes,
         )
         if alpha is not None:
             a = check_positive(alpha, "alpha")
@@ -655,12 +653,3 @@ class BKB(SketchedKernelBandit):
         if self.beta_mode != "theory":
             return float(self.beta_mode)
         return bkb_beta(self.deff, max(self.t, 1), noise_std=self.noise_std, lam=self.lam, F=self.F, delta=self.delta, epsilon=self.epsilon, kappa2=self.kappa2)
-
-
-def _finite_rows(rows: torch.Tensor, arms: list[int]) -> torch.Tensor:
-    """``rows`` `(e, A)` of kernel values ``k(arms, ·)``, or a :class:`~torchbkb.errors.NumericsError` before a NaN/inf
-    value can enter the bandit's caches."""
-    if not bool(torch.isfinite(rows).all()):
-        bad = (~torch.isfinite(rows)).any(1).nonzero().squeeze(1).tolist()
-        raise NumericsError(f"kernel: expected finite values k(a, ·), got NaN/inf in the rows of arms {[arms[i] for i in bad]}")
-    return rows

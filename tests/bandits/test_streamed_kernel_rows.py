@@ -1,0 +1,88 @@
+"""Bandits whose dictionary kernel rows exceed ``kernel_cache_bytes`` stream them: the same choices, checkpoints
+that resume, and no `(m, A)` tensor."""
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from torchbkb.bandits import BBKB, BKB
+from torchbkb.kernels import GaussianKernel
+
+
+def _problem(A=600, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    arms = torch.rand(A, 2, generator=g, dtype=torch.float64)
+    return arms, torch.sin(5 * arms[:, 0]) * torch.cos(3 * arms[:, 1])
+
+
+def _run(bandit, f, steps):
+    picks = []
+    for _ in range(steps):
+        idx = bandit.ask()
+        bandit.tell(idx, f[idx])
+        picks.append(idx.tolist())
+    return picks
+
+
+@pytest.mark.parametrize("cls, kw", [(BKB, {"beta": 0.5}), (BKB, {"beta": "theory"}), (BBKB, {"beta": 0.5, "batch_bound": 3.0}), (BBKB, {"beta": "theory", "batch_bound": 2.0})])
+def test_streamed_rows_make_the_cached_choices(cls, kw):
+    arms, f = _problem()
+    cached = cls(arms, GaussianKernel(0.3), noise=0.01, seed=1, **kw)
+    streamed = cls(arms, GaussianKernel(0.3), noise=0.01, seed=1, kernel_cache_bytes=0, **kw)
+    assert _run(cached, f, 40) == _run(streamed, f, 40)
+    assert streamed.streams_kernel_rows and not cached.streams_kernel_rows
+    m_c, r_c = cached.scores()
+    m_s, r_s = streamed.scores()
+    assert torch.allclose(m_c, m_s, atol=1e-10) and torch.allclose(r_c, r_s, atol=1e-8)
+    assert torch.equal(cached.dictionary, streamed.dictionary)
+
+
+def test_cache_switches_with_the_dictionary_size():
+    arms, f = _problem(A=400)
+    per_row = 400 * 8
+    bandit = BKB(arms, GaussianKernel(0.3), noise=0.01, seed=2, beta=0.5, kernel_cache_bytes=5 * per_row)
+    ref = BKB(arms, GaussianKernel(0.3), noise=0.01, seed=2, beta=0.5)
+    modes = set()
+    for _ in range(40):
+        i, j = bandit.ask(), ref.ask()
+        assert torch.equal(i, j)
+        bandit.tell(i, f[i])
+        ref.tell(j, f[j])
+        modes.add(bandit.streams_kernel_rows)
+    assert modes == {True, False}  # it streamed while m > 5 and cached while m <= 5
+
+
+def test_streamed_checkpoint_resumes_identically():
+    arms, f = _problem()
+    a = BBKB(arms, GaussianKernel(0.3), noise=0.01, seed=3, beta=0.5, kernel_cache_bytes=0)
+    _run(a, f, 10)
+    state = a.state_dict()
+    b = BBKB(arms, GaussianKernel(0.3), noise=0.01, seed=3, beta=0.5, kernel_cache_bytes=0)
+    b.load_state_dict(state)
+    assert _run(a, f, 10) == _run(b, f, 10)
+
+
+class _Largest(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.numel = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, (tuple, list)) else (out,):
+            if isinstance(t, torch.Tensor):
+                self.numel = max(self.numel, t.numel())
+        return out
+
+
+@pytest.mark.parametrize("cls", [BKB, BBKB])
+def test_streamed_steps_form_no_m_by_A_tensor(cls):
+    arms, f = _problem(A=20_000, seed=4)
+    bandit = cls(arms, GaussianKernel(0.1), noise=0.001, seed=0, beta=1.0, kernel_cache_bytes=0, chunk_size=256, row_cache_bytes=0)
+    _run(bandit, f, 30)
+    m, A = bandit.dictionary_size, arms.shape[0]
+    assert m >= 8
+    with _Largest() as rec:
+        _run(bandit, f, 3)
+    assert bandit.streams_kernel_rows
+    assert rec.numel <= max(A * 2, 256 * (m + 1) * 2) < m * A, (rec.numel, m * A)

@@ -1,0 +1,134 @@
+"""Kernel rows ``k(S, arms)`` `(m, A)` as the sketched bandits read them: cached, or streamed chunk by chunk.
+
+A sketched bandit scores every arm from the kernel rows of its dictionary. Caching them costs ``m·A`` values;
+past the bandit's ``kernel_cache_bytes`` they are instead recomputed on demand by :class:`StreamedKernelRows`,
+which reads like the `(m, A)` cache where the bandit reads it (column chunks, column subsets, rows of a few
+arms through ``.T``, ``a @ K``) and never holds more than a chunk. :class:`FeatureRows` derives the arms'
+Nyström features from either, a few rows at a time.
+
+Example:
+    >>> import torch
+    >>> from torchbkb.kernels import GaussianKernel
+    >>> k = GaussianKernel(0.5)
+    >>> arms = torch.rand(1000, 2, dtype=torch.float64); S = arms[:5]
+    >>> lazy = StreamedKernelRows(k, S, arms, chunk_size=128)
+    >>> dense = k(S, arms)
+    >>> bool(torch.allclose(lazy[:, 10:20], dense[:, 10:20])), bool(torch.allclose(torch.ones(5, dtype=torch.float64) @ lazy, dense.sum(0)))
+    (True, True)
+    >>> bool(torch.allclose(lazy.T[torch.tensor([3, 7])], dense.T[[3, 7]]))
+    True
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from torchbkb.errors import NumericsError
+
+__all__ = ["FeatureRows", "StreamedKernelRows", "finite_rows"]
+
+
+class FeatureRows:
+    """Nyström features ``z(a) = W k_S(a)`` of an arm set, computed row by row on demand from the kernel rows.
+
+    Reads like the `(A, r)` embedding where :func:`~torchbkb.batch_selection.select_batch` reads it --
+    ``shape``, ``dtype``, ``device`` and ``rows[idx]`` for a long tensor or a slice ``idx`` -- without forming it:
+    a batch touches a few arms, and forming all ``A`` rows costs `A·m·r` at every dictionary change.
+
+    Args:
+        K_SA: `(m, A)` kernel rows ``k(s_j, arms)``.
+        W: `(r, m)` whitening of ``K_S`` (``Wᵀ W = K_S⁺``); used in ``K_SA``'s dtype.
+        index: optional `(k,)` long, a subset of the arms: row ``i`` is then arm ``index[i]`` (shape `(k, r)`).
+
+    Example:
+        >>> import torch
+        >>> K_SA = torch.rand(3, 10, dtype=torch.float64); W = torch.rand(3, 3, dtype=torch.float64)
+        >>> rows = FeatureRows(K_SA, W)
+        >>> tuple(rows.shape), bool(torch.allclose(rows[torch.tensor([4, 7])], (W @ K_SA).T[[4, 7]]))
+        ((10, 3), True)
+        >>> sub = FeatureRows(K_SA, W, index=torch.tensor([2, 4, 7]))
+        >>> tuple(sub.shape), bool(torch.equal(sub[torch.tensor([1, 2])], rows[torch.tensor([4, 7])]))
+        ((3, 3), True)
+    """
+
+    def __init__(self, K_SA: torch.Tensor, W: torch.Tensor, index: torch.Tensor | None = None):
+        self._K_T = K_SA.T  # (A, m) view: a row gather reads one arm's kernel values
+        self._W_T = W.T.to(K_SA.dtype)  # (m, r)
+        self._index = index
+        self.shape = torch.Size((K_SA.shape[1] if index is None else index.numel(), W.shape[0]))
+        self.dtype, self.device = K_SA.dtype, K_SA.device
+
+    def __getitem__(self, idx: torch.Tensor | slice) -> torch.Tensor:
+        arms = idx if self._index is None else self._index[idx]
+        return self._K_T[arms] @ self._W_T  # (M, r)
+
+
+class StreamedKernelRows:
+    """The `(m, A)` kernel rows ``k(S, arms)`` computed on demand, ``chunk_size`` arms at a time.
+
+    Args:
+        kernel: callable ``(X1, X2) -> Tensor`` (a :class:`~torchbkb.kernels.KernelAdapter`).
+        S: `(m, d)` the dictionary points (rows in the bandit's slot order).
+        arms: `(A, d)` the arm set.
+        columns: optional `(k,)` long, a subset of the arms (column ``j`` is arm ``columns[j]``).
+        chunk_size: arms evaluated at once by whole-set reductions (``a @ K``).
+    """
+
+    def __init__(self, kernel: Callable, S: torch.Tensor, arms: torch.Tensor, columns: torch.Tensor | None = None, chunk_size: int = 4096):
+        self._kernel, self._S, self._arms, self._columns, self._chunk = kernel, S, arms, columns, int(chunk_size)
+        self.shape = torch.Size((S.shape[0], arms.shape[0] if columns is None else columns.numel()))
+        self.dtype, self.device = arms.dtype, arms.device
+
+    def _arm_rows(self, key) -> torch.Tensor:
+        return self._arms[key] if self._columns is None else self._arms[self._columns[key]]
+
+    def _resolve(self, key: torch.Tensor) -> torch.Tensor:
+        if self._columns is None:
+            return key
+        return self._columns[key]
+
+    def __getitem__(self, key):
+        if not (isinstance(key, tuple) and len(key) == 2 and key[0] == slice(None)):
+            raise TypeError(f"StreamedKernelRows: expected [:, columns], got {key!r}")
+        cols = key[1]
+        if isinstance(cols, slice):  # a chunk: computed now
+            X = self._arm_rows(cols)
+            return finite_rows(self._kernel(self._S, X).T, None).T  # (m, c)
+        return StreamedKernelRows(self._kernel, self._S, self._arms, self._resolve(cols), self._chunk)
+
+    def index_select(self, dim: int, index: torch.Tensor) -> "StreamedKernelRows":
+        """The columns ``index`` (``dim`` must be 1), still lazy."""
+        if dim != 1:
+            raise TypeError(f"StreamedKernelRows: expected index_select over columns (dim 1), got dim {dim}")
+        return self[:, index]
+
+    @property
+    def T(self) -> "_RowsOfArms":
+        """Reads like the `(A, m)` transpose: ``.T[idx]`` computes the rows of the arms ``idx``."""
+        return _RowsOfArms(self)
+
+    def __rmatmul__(self, a: torch.Tensor) -> torch.Tensor:
+        n, c = self.shape[1], self._chunk
+        return torch.cat([a @ self[:, i : i + c] for i in range(0, max(n, 1), c)])
+
+
+class _RowsOfArms:
+    def __init__(self, rows: StreamedKernelRows):
+        self._rows = rows
+
+    def __getitem__(self, key) -> torch.Tensor:
+        r = self._rows
+        X = r._arm_rows(key)
+        return finite_rows(r._kernel(X, r._S), None)  # (k, m)
+
+
+def finite_rows(rows: torch.Tensor, arms: list[int] | None) -> torch.Tensor:
+    """``rows`` `(e, A)` of kernel values ``k(arms, ·)``, or a :class:`~torchbkb.errors.NumericsError` before a NaN/inf
+    value can enter the bandit's state (``arms`` names the rows, or None)."""
+    if not bool(torch.isfinite(rows).all()):
+        bad = (~torch.isfinite(rows)).any(1).nonzero().squeeze(1).tolist()
+        named = bad if arms is None else [arms[i] for i in bad]
+        raise NumericsError(f"kernel: expected finite values k(a, ·), got NaN/inf in the rows of arms {named}")
+    return rows
