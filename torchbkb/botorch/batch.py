@@ -78,8 +78,8 @@ def optimize_acqf_bbkb(
         raise InputDataError(f"model: expected a model without batch dimensions, got batch_shape {tuple(model.batch_shape)}")
     if not isinstance(choices, Tensor) or choices.dim() != 2 or choices.shape[0] < 1:
         got = tuple(choices.shape) if isinstance(choices, Tensor) else type(choices).__name__
-        raise InputDataError(f"choices: expected shape (A >= 1, {model._input_dim}), got {got}")
-    model._check_X(choices, "choices")
+        raise InputDataError(f"choices: expected shape (A >= 1, {model.input_dim}), got {got}")
+    model.check_query(choices, "choices")
     C, _ = check_batch_limits(batch_bound)
     if int(chunk_size) < 1:
         raise InputDataError(f"chunk_size: expected an integer >= 1, got {chunk_size!r}")
