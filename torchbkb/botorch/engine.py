@@ -182,7 +182,11 @@ class ModelEngine:
         """Apply ``fn`` to every tensor (``nn.Module._apply``: ``.to()``, ``.double()``...)."""
         for part in {id(p): p for p in (self.exact_state, self._dtc) if p is not None}.values():
             part._apply(fn)
-        self.dictionary = fn(self.dictionary)
+        if self._draw is not None:  # still to be drawn: stay lazy (BoTorch calls .to(X) on every forward)
+            draw = self._draw
+            self._draw = lambda: fn(draw())
+        else:
+            self._dictionary = fn(self._dictionary)
 
     def _copy(self) -> "ModelEngine":
         new = ModelEngine.__new__(ModelEngine)
