@@ -2,6 +2,7 @@
 
 import os
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 
 def rbf(A, B, ls):
@@ -56,3 +57,19 @@ def claim(root, name: str) -> int:
             return k
         except FileExistsError:
             k += 1
+
+
+class LargestOutput(TorchDispatchMode):
+    """Within ``with LargestOutput() as rec:``, ``rec.numel`` is the size of the largest tensor any operation
+    returned -- how the memory tests show that no `(A, m)` intermediate is formed."""
+
+    def __init__(self):
+        super().__init__()
+        self.numel = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, (tuple, list)) else (out,):
+            if isinstance(t, torch.Tensor):
+                self.numel = max(self.numel, t.numel())
+        return out

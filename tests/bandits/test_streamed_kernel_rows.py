@@ -3,8 +3,8 @@ that resume, and no `(m, A)` tensor."""
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
+from helpers import LargestOutput
 from torchbkb.bandits import BBKB, BKB
 from torchbkb.kernels import GaussianKernel
 
@@ -62,19 +62,6 @@ def test_streamed_checkpoint_resumes_identically():
     assert _run(a, f, 10) == _run(b, f, 10)
 
 
-class _Largest(TorchDispatchMode):
-    def __init__(self):
-        super().__init__()
-        self.numel = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for t in out if isinstance(out, (tuple, list)) else (out,):
-            if isinstance(t, torch.Tensor):
-                self.numel = max(self.numel, t.numel())
-        return out
-
-
 @pytest.mark.parametrize("cls", [BKB, BBKB])
 def test_streamed_steps_form_no_m_by_A_tensor(cls):
     arms, f = _problem(A=20_000, seed=4)
@@ -82,7 +69,7 @@ def test_streamed_steps_form_no_m_by_A_tensor(cls):
     _run(bandit, f, 30)
     m, A = bandit.dictionary_size, arms.shape[0]
     assert m >= 8
-    with _Largest() as rec:
+    with LargestOutput() as rec:
         _run(bandit, f, 3)
     assert bandit.streams_kernel_rows
     assert rec.numel <= max(A * 2, 256 * (m + 1) * 2) < m * A, (rec.numel, m * A)

@@ -12,7 +12,7 @@ from botorch.optim import optimize_acqf_discrete
 from gpytorch.kernels import RBFKernel, ScaleKernel
 
 from conftest import tol
-from helpers import close, rbf, titsias_dtc
+from helpers import LargestOutput, close, rbf, titsias_dtc
 from torchbkb.botorch import BBKBUpperConfidenceBound, BKBModel, BKBUpperConfidenceBound, optimize_acqf_bbkb, theory_beta
 from torchbkb.confidence import to_botorch_beta
 from torchbkb.errors import InputDataError
@@ -183,27 +183,13 @@ def test_bbkb_first_pick_is_the_ucb_argmax_and_options_agree():
 
 def test_bbkb_streams_the_candidates_in_chunks():
     # no (A, m) tensor is ever formed: the largest intermediate is the candidates themselves (A·d)
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class Largest(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.numel = 0
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            out = func(*args, **(kwargs or {}))
-            for t in out if isinstance(out, (tuple, list)) else (out,):
-                if isinstance(t, torch.Tensor):
-                    self.numel = max(self.numel, t.numel())
-            return out
-
     g = torch.Generator().manual_seed(0)
     X = torch.rand(40, 2, generator=g, dtype=torch.float64)
     model = BKBModel(X, X[:, :1] - X[:, 1:], kernel=_kernel(torch.float64), noise=LAM, inducing_points=X[:12], outcome_transform=None, exact_fraction=None)
     A, m = 50_000, model.num_inducing
     choices = torch.rand(A, 2, generator=g, dtype=torch.float64)
     whole = optimize_acqf_bbkb(model, choices, batch_bound=3.0, beta=1.0, chunk_size=A, return_indices=True)
-    with Largest() as rec:
+    with LargestOutput() as rec:
         cand, vals, idx = optimize_acqf_bbkb(model, choices, batch_bound=3.0, beta=1.0, chunk_size=500, return_indices=True)
     assert rec.numel <= A * 2 < A * m
     assert torch.equal(idx, whole[2]) and torch.allclose(vals, whole[1])

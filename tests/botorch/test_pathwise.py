@@ -8,9 +8,9 @@ from botorch.acquisition.utils import get_optimal_samples
 from botorch.models.transforms.input import Normalize
 from botorch.sampling.pathwise import draw_matheron_paths
 from botorch.sampling.pathwise.paths import SamplePath
-from torch.utils._python_dispatch import TorchDispatchMode
 
 import torchbkb.botorch.thompson as thompson
+from helpers import LargestOutput
 from torchbkb.botorch import BKBModel, draw_bkb_paths, optimize_acqf_thompson
 from torchbkb.errors import InputDataError
 
@@ -100,21 +100,6 @@ def test_pathwise_needs_a_gpytorch_kernel():
         draw_matheron_paths(model, sample_shape=torch.Size([2]))
 
 
-class _LargestOutputs(TorchDispatchMode):
-    """Record the shape of every tensor an operation returns."""
-
-    def __init__(self):
-        super().__init__()
-        self.shapes = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for t in out if isinstance(out, (tuple, list)) else (out,):
-            if isinstance(t, torch.Tensor):
-                self.shapes.append(tuple(t.shape))
-        return out
-
-
 def test_thompson_batch_is_chunked_and_exact():
     X, Y, _ = _data(n=60)
     model = BKBModel(X, Y, noise=0.01, seed=0, exact_fraction=None)
@@ -124,11 +109,11 @@ def test_thompson_batch_is_chunked_and_exact():
     torch.manual_seed(3)
     whole = optimize_acqf_thompson(model, choices, q=4, chunk_size=A, num_features=64, return_indices=True)
     torch.manual_seed(3)
-    with _LargestOutputs() as rec:
+    with LargestOutput() as rec:
         chunked = optimize_acqf_thompson(model, choices, q=4, chunk_size=500, num_features=64, return_indices=True)
     assert torch.equal(whole[2], chunked[2]) and torch.allclose(whole[1], chunked[1])
     # no (A, m)-sized intermediate: the largest is the candidates themselves (A·d) or a chunk
-    biggest = max(torch.Size(s).numel() for s in rec.shapes)
+    biggest = rec.numel
     assert biggest <= max(A * D, 500 * max(m, 64) * 4), (biggest, A * m)
     # each pick is the argmax of its draw over all candidates
     torch.manual_seed(3)
