@@ -52,7 +52,7 @@ def sample_dictionary(
         generator: ``torch.Generator`` for reproducibility.
         counts: optional `(*batch, n)` positive weights of the points (``λ / noise_i`` for per-point noise).
         complete_above: if given (unbatched ``X``), return ``None`` when the dictionary is heading for at least
-            this fraction of the points: at the first round conditioned on a quarter of them, the mean inclusion
+            this fraction of the points: at the first round conditioned on an eighth of them, the mean inclusion
             probability of the points conditioned on, extrapolated by its ratio to the previous round's over the
             doublings still to come, reaches it. The caller then draws the dictionary from the exact posterior
             (:func:`draw_dictionary`), which the last rounds would approximate at a higher cost.
@@ -123,7 +123,7 @@ def _sample_one(kernel, X: Tensor, w: Tensor, lam: float, dic: RLSDictionary, co
                 return X[idx]
             if complete_above is not None:
                 kept = float(dic.inclusion_probability(rls[:end].clamp_min(0.0)).mean())  # of the points conditioned on
-                if 4 * end >= n:  # predict the last round's fraction: its trend over the doublings still to come
+                if 8 * end >= n:  # predict the last round's fraction: its trend over the doublings still to come
                     if kept * (kept / max(previous, 1e-12)) ** math.log2(n / end) >= complete_above:
                         return None
                     complete_above = None  # sparse: replay to the end
