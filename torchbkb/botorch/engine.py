@@ -77,13 +77,14 @@ class ModelEngine:
         exact = ExactGPState(kernel, X, y, torch.full_like(y, lam) if noise is None else noise)
         engine = cls(kernel, X, y, noise, lam, X[:0], 0.0, exact_state=exact)  # exact, whatever the draw's size
         engine._draw = lambda: draw_dictionary(X, exact.training_variances() / lam, q_bar=q_bar, generator=generator)
+        engine._like = X[:0]  # the dtype and device the drawn dictionary takes (moved by apply)
         return engine  # the draw costs a triangular inverse: made when the dictionary is first read
 
     @property
     def dictionary(self) -> Tensor:
         """`(m, d)` the dictionary (transformed space)."""
         if self._draw is not None:
-            self._dictionary, self._draw = self._draw(), None
+            self._dictionary, self._draw = self._draw().to(self._like), None
         return self._dictionary
 
     @dictionary.setter
@@ -187,9 +188,8 @@ class ModelEngine:
         """Apply ``fn`` to every tensor (``nn.Module._apply``: ``.to()``, ``.double()``...)."""
         for part in {id(p): p for p in (self.exact_state, self._dtc) if p is not None}.values():
             part._apply(fn)
-        if self._draw is not None:  # still to be drawn: stay lazy (BoTorch calls .to(X) on every forward)
-            draw = self._draw
-            self._draw = lambda: fn(draw())
+        if self._draw is not None:  # still to be drawn: stay lazy (BoTorch calls .to(X) on every forward), and
+            self._like = fn(self._like)  # remember only where the draw must go (no chain of conversions)
         else:
             self._dictionary = fn(self._dictionary)
 
