@@ -107,3 +107,14 @@ def test_bad_conditioning_noise_leaves_the_model_as_it_was():
         BKBModel(X, Y, train_Yvar=torch.full_like(Y, 0.1), noise=0.1)
     with pytest.raises(InputDataError, match="covar_module"):
         BKBModel(X, Y, kernel=default_kernel(2), covar_module=default_kernel(2))
+
+
+def test_exact_models_dictionary_is_drawn_once_whatever_the_moves():
+    # BoTorch's analytic acquisitions call model.to(X) on every forward: the pending draw must not pile up
+    X, Y = _data(100)
+    model = BKBModel(X, Y, seed=0)
+    assert model.is_exact
+    for _ in range(3000):
+        model.to(X)
+    assert 1 <= model.num_inducing <= 100 and model.inducing_points.dtype == torch.float64
+    assert BKBModel(X, Y, seed=0).to(torch.float32).inducing_points.dtype == torch.float32
