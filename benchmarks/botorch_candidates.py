@@ -29,7 +29,7 @@ import time
 
 import torch
 
-from benchmarks.common import base_parser, new_figure, print_table, save_figure, setup, size_of, write_json
+from benchmarks.common import base_parser, status_kb, new_figure, print_table, save_figure, setup, size_of, write_json
 
 SELECTIONS = ("UCB SingleTaskGP", "UCB BKBModel", "BBKB batch", "Thompson q=10")
 D, N = 6, 300
@@ -73,20 +73,14 @@ def _child(name: str, A: int) -> None:
     choices = torch.rand(A, D, generator=g, dtype=torch.float64)
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")
-    base = _status_kb("VmRSS")
+    base = status_kb("VmRSS")
     t0 = time.perf_counter()
     picks = select(name, gp, bkb, choices)
     seconds = time.perf_counter() - t0
-    extra_mb = (_status_kb("VmHWM") - base) / 1024
+    extra_mb = (status_kb("VmHWM") - base) / 1024
     print(json.dumps({"seconds": seconds, "extra_mb": extra_mb, "picks": int(picks.shape[0]), "dictionary_size": bkb.num_inducing, "exact": bkb.is_exact}))
 
 
-def _status_kb(key: str) -> float:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(key + ":"):
-                return float(line.split()[1])
-    return float("nan")
 
 
 def main(argv=None):

@@ -35,7 +35,7 @@ import time
 
 import torch
 
-from benchmarks.common import base_parser, new_figure, print_table, save_figure, setup, size_of, write_json
+from benchmarks.common import base_parser, status_kb, new_figure, print_table, save_figure, setup, size_of, write_json
 
 SVGP_INDUCING = 128
 MODELS = ("BKBModel", "SingleTaskGP fixed", "SingleTaskGP fitted", "SingleTaskVariationalGP fitted")
@@ -114,17 +114,11 @@ def _memory_child(name: str, n: int, d: int) -> None:
     iteration(name, X[: max(2, n // 10)], Y[: max(2, n // 10)])  # warm code paths, small
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")
-    base = _status_kb("VmRSS")
+    base = status_kb("VmRSS")
     iteration(name, X, Y)
-    print((_status_kb("VmHWM") - base) / 1024)
+    print((status_kb("VmHWM") - base) / 1024)
 
 
-def _status_kb(key: str) -> float:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(key + ":"):
-                return float(line.split()[1])
-    return float("nan")
 
 
 def _memory(name: str, n: int, d: int, threads: int | None) -> float:

@@ -53,6 +53,7 @@ from botorch.optim import optimize_acqf_discrete  # noqa: E402
 from gpytorch.kernels import RBFKernel, ScaleKernel  # noqa: E402
 
 import torchbkb  # noqa: E402
+from benchmarks.common import status_kb  # noqa: E402
 from torchbkb.botorch import BKBModel  # noqa: E402
 
 WIDTH, NOISE, Q_BAR, UCB_BETA = 5.0, 0.2, 2.0, 4.0
@@ -103,7 +104,7 @@ class PeakMemory:
             self.base = torch.cuda.memory_allocated()
         else:
             self.reset_ok = _reset_hwm()
-            self.base = _status_kb("VmRSS")
+            self.base = status_kb("VmRSS")
         return self
 
     def __exit__(self, *exc):
@@ -111,7 +112,7 @@ class PeakMemory:
             torch.cuda.synchronize()
             self.peak_mb = (torch.cuda.max_memory_allocated() - self.base) / 2**20
         else:
-            hwm = _status_kb("VmHWM")
+            hwm = status_kb("VmHWM")
             self.peak_mb = (hwm - self.base) / 1024 if self.reset_ok else float("nan")
 
 
@@ -124,12 +125,6 @@ def _reset_hwm() -> bool:
         return False
 
 
-def _status_kb(key: str) -> float:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(key + ":"):
-                return float(line.split()[1])
-    return float("nan")
 
 
 def timed(fn, device, repeats):

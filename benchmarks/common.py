@@ -234,6 +234,18 @@ def git_commit() -> str | None:
         return None
 
 
+def status_kb(key: str) -> float:
+    """A field of ``/proc/self/status`` in kB (``VmRSS``, ``VmHWM``, ...); NaN where there is none."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(key + ":"):
+                    return float(line.split()[1])
+    except OSError:
+        pass
+    return float("nan")
+
+
 # ------------------------------------------------------------------------------------------ output
 def write_json(out_dir: str | Path, name: str, payload: dict[str, Any], device=None) -> Path:
     """Write ``<out_dir>/<name>.json`` with the payload, the machine info and the command line."""
