@@ -27,6 +27,7 @@ from torch import Tensor
 
 from torchbkb.batch_selection import check_batch_limits, select_batch
 from torchbkb.botorch.acquisition import beta_rls
+from torchbkb.botorch.training_data import check_candidates
 from torchbkb.errors import InputDataError
 from torchbkb.nystrom import DEFAULT_CHUNK
 
@@ -74,12 +75,7 @@ def optimize_acqf_bbkb(
 
     if not isinstance(model, BKBModel):
         raise InputDataError(f"model: expected a BKBModel, got {type(model).__name__}")
-    if model.batch_shape != torch.Size():
-        raise InputDataError(f"model: expected a model without batch dimensions, got batch_shape {tuple(model.batch_shape)}")
-    if not isinstance(choices, Tensor) or choices.dim() != 2 or choices.shape[0] < 1:
-        got = tuple(choices.shape) if isinstance(choices, Tensor) else type(choices).__name__
-        raise InputDataError(f"choices: expected shape (A >= 1, {model.input_dim}), got {got}")
-    model.check_query(choices, "choices")
+    check_candidates(model, choices)
     C, _ = check_batch_limits(batch_bound)
     if int(chunk_size) < 1:
         raise InputDataError(f"chunk_size: expected an integer >= 1, got {chunk_size!r}")

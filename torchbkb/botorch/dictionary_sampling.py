@@ -96,10 +96,15 @@ def draw_dictionary(X: Tensor, rls: Tensor, q_bar: float = 2.0, generator: torch
         [0.0, 2.0]
     """
     dic = RLSDictionary(check_positive(q_bar, "q_bar"), generator=generator if generator is not None else _fresh_generator(X.device))
-    keep = dic.resample(rls.detach().clamp_min(0.0))
+    return X[_resample(dic, rls.detach())]
+
+
+def _resample(dic: RLSDictionary, rls: Tensor) -> Tensor:
+    """`(n,)` bool: each point kept with its inclusion probability; if none is, the one of largest ``σ̃²``."""
+    keep = dic.resample(rls.clamp_min(0.0))
     if not bool(keep.any()):
         keep[int(rls.argmax())] = True
-    return X[keep]
+    return keep
 
 
 def _sample_one(kernel, X: Tensor, w: Tensor, lam: float, dic: RLSDictionary, complete_above: float | None = None) -> Tensor | None:
@@ -115,10 +120,7 @@ def _sample_one(kernel, X: Tensor, w: Tensor, lam: float, dic: RLSDictionary, co
             post.fit(X[:0], X.new_zeros(0))  # empty posterior on the current dictionary
             post.update_features(Z[:end], X.new_zeros(end), w[:end])  # condition on the prefix (σ̃² ignores y)
             _, rls = post.score_embedded(Z, emb.kernel_diag(X[:new_end]))  # (new_end,)
-            keep = dic.resample(rls.clamp_min(0.0))
-            if not bool(keep.any()):
-                keep[int(rls.argmax())] = True
-            idx = keep.nonzero().squeeze(-1)
+            idx = _resample(dic, rls).nonzero().squeeze(-1)
             if final:
                 return X[idx]
             if complete_above is not None:

@@ -10,8 +10,8 @@ Example:
     >>> import torch
     >>> from torchbkb.kernels import GaussianKernel
     >>> X = torch.rand(20, 2, dtype=torch.float64); y = X.sum(-1)
-    >>> exact = ModelEngine(GaussianKernel(0.5), X, y, None, 0.01, X, exact_fraction=0.9)
-    >>> dtc = ModelEngine(GaussianKernel(0.5), X, y, None, 0.01, X, exact_fraction=None)
+    >>> exact = ModelEngine(GaussianKernel(0.5), X, y, None, 0.01, X, exact=True)
+    >>> dtc = ModelEngine(GaussianKernel(0.5), X, y, None, 0.01, X, exact=False)
     >>> exact.is_exact, dtc.is_exact
     (True, False)
     >>> Xq = torch.rand(5, 2, dtype=torch.float64)
@@ -45,18 +45,22 @@ class ModelEngine:
         noise: `(*b, n)` per-point noise variances, or ``None`` for ``λ`` everywhere.
         lam: ``λ`` (the mean noise with per-point noise).
         dictionary: `(m, d)` the dictionary.
-        exact_fraction: compute exactly when ``m >= exact_fraction · n`` (``None``: never).
+        exact: compute the exact GP (else DTC on the dictionary); :meth:`dense` is the model's rule.
     """
 
-    def __init__(self, kernel: Callable, X: Tensor, y: Tensor, noise: Tensor | None, lam: float, dictionary: Tensor, exact_fraction: float | None, exact_state: ExactGPState | None = None):
+    def __init__(self, kernel: Callable, X: Tensor, y: Tensor, noise: Tensor | None, lam: float, dictionary: Tensor, exact: bool):
         self.kernel, self.lam, self.dictionary = kernel, float(lam), dictionary
-        counts = None if noise is None else self.lam / noise
-        if exact_fraction is not None and dictionary.shape[0] >= exact_fraction * X.shape[-2]:
-            self.exact_state: ExactGPState | None = exact_state or ExactGPState(kernel, X, y, torch.full_like(y, self.lam) if noise is None else noise)
+        if exact:
+            self.exact_state: ExactGPState | None = ExactGPState(kernel, X, y, torch.full_like(y, self.lam) if noise is None else noise)
             self._dtc: DTCPosterior | None = None
         else:
             self.exact_state = None
-            self._dtc = DTCPosterior(NystromEmbedding(kernel, dictionary), noise=self.lam).fit(X, y, counts)
+            self._dtc = DTCPosterior(NystromEmbedding(kernel, dictionary), noise=self.lam).fit(X, y, None if noise is None else self.lam / noise)
+
+    @staticmethod
+    def dense(dictionary: Tensor, X: Tensor, exact_fraction: float | None) -> bool:
+        """Whether a dictionary of `(m, d)` points over `(*b, n, d)` ``X`` calls for the exact GP: ``m >= exact_fraction · n``."""
+        return exact_fraction is not None and dictionary.shape[0] >= exact_fraction * X.shape[-2]
 
     @classmethod
     def build(cls, kernel: Callable, X: Tensor, y: Tensor, noise: Tensor | None, lam: float, q_bar: float, generator, exact_fraction: float | None) -> "ModelEngine":
@@ -73,10 +77,10 @@ class ModelEngine:
         small = exact_fraction is not None and X.shape[-2] <= EXACT_BELOW and X.dim() == 2
         S = None if small else sample_dictionary(kernel, X, lam, q_bar=q_bar, generator=generator, counts=counts, complete_above=exact_fraction)
         if S is not None:
-            return cls(kernel, X, y, noise, lam, S, exact_fraction)
-        exact = ExactGPState(kernel, X, y, torch.full_like(y, lam) if noise is None else noise)
-        engine = cls(kernel, X, y, noise, lam, X[:0], 0.0, exact_state=exact)  # exact, whatever the draw's size
-        engine._draw = lambda: draw_dictionary(X, exact.training_variances() / lam, q_bar=q_bar, generator=generator)
+            return cls(kernel, X, y, noise, lam, S, cls.dense(S, X, exact_fraction))
+        engine = cls(kernel, X, y, noise, lam, X[:0], exact=True)  # exact, whatever the draw's size
+        state = engine.exact_state
+        engine._draw = lambda: draw_dictionary(X, state.training_variances() / lam, q_bar=q_bar, generator=generator)
         engine._like = X[:0]  # the dtype and device the drawn dictionary takes (moved by apply)
         return engine  # the draw costs a triangular inverse: made when the dictionary is first read
 

@@ -216,7 +216,8 @@ class BKBModel(Model, FantasizeMixin):
         lam = self.noise
         y = y - float(self.mean_constant)
         if self._given_dictionary is not None:
-            self.engine = ModelEngine(self.covar_module, X, y, nz, lam, self._given_dictionary, self.exact_fraction)
+            S = self._given_dictionary
+            self.engine = ModelEngine(self.covar_module, X, y, nz, lam, S, ModelEngine.dense(S, X, self.exact_fraction))
         else:
             gen = None if self.seed is None else torch.Generator(device=X.device).manual_seed(self.seed)
             self.engine = ModelEngine.build(self.covar_module, X, y, nz, lam, self.q_bar, gen, self.exact_fraction)

@@ -23,6 +23,7 @@ from torch import Size, Tensor
 
 from torchbkb.botorch.model import BKBModel
 from torchbkb.botorch.pathwise import draw_bkb_paths
+from torchbkb.botorch.training_data import check_candidates
 from torchbkb.errors import InputDataError
 
 __all__ = ["optimize_acqf_thompson", "DEFAULT_CHUNK"]
@@ -56,12 +57,7 @@ def optimize_acqf_thompson(
     """
     if not isinstance(model, BKBModel):
         raise InputDataError(f"model: expected a BKBModel, got {type(model).__name__}")
-    if model.batch_shape != Size():
-        raise InputDataError(f"model: expected a model without batch dimensions, got batch_shape {tuple(model.batch_shape)}")
-    if not isinstance(choices, Tensor) or choices.dim() != 2 or choices.shape[0] < 1:
-        got = tuple(choices.shape) if isinstance(choices, Tensor) else type(choices).__name__
-        raise InputDataError(f"choices: expected shape (A >= 1, {model.input_dim}), got {got}")
-    model.check_query(choices, "choices")
+    check_candidates(model, choices)
     for name, value in (("q", q), ("chunk_size", chunk_size), ("num_features", num_features)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise InputDataError(f"{name}: expected an integer >= 1, got {value!r}")

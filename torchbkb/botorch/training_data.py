@@ -19,7 +19,7 @@ from torch import Tensor
 
 from torchbkb.errors import InputDataError, check_finite
 
-__all__ = ["check_train_data", "check_train_Yvar", "check_query", "check_model_inputs", "check_observations"]
+__all__ = ["check_train_data", "check_train_Yvar", "check_query", "check_model_inputs", "check_observations", "check_candidates"]
 
 
 def check_train_data(train_X, train_Y) -> None:
@@ -123,3 +123,13 @@ def check_observations(X: Tensor, Y, noise, batch_shape: torch.Size) -> torch.Si
             f"X, Y: expected batch shapes broadcastable with the model's {tuple(batch_shape)}, got "
             f"X {tuple(X.shape)} and Y {tuple(Y.shape)}"
         ) from None
+
+
+def check_candidates(model, choices) -> None:
+    """A model without batch dimensions and `(A >= 1, d)` candidates like its inputs (discrete selections)."""
+    if model.batch_shape != torch.Size():
+        raise InputDataError(f"model: expected a model without batch dimensions, got batch_shape {tuple(model.batch_shape)}")
+    if not isinstance(choices, Tensor) or choices.dim() != 2 or choices.shape[0] < 1:
+        got = tuple(choices.shape) if isinstance(choices, Tensor) else type(choices).__name__
+        raise InputDataError(f"choices: expected shape (A >= 1, {model.input_dim}), got {got}")
+    model.check_query(choices, "choices")
