@@ -215,8 +215,7 @@ class BKBModel(Model, FantasizeMixin):
         X, y, nz = self._data_X, self._data_y, self._data_noise
         lam = self.noise
         y = y - float(self.mean_constant)
-        if self._given_dictionary is not None:
-            S = self._given_dictionary
+        if (S := self._given_dictionary) is not None:
             self.engine = ModelEngine(self.covar_module, X, y, nz, lam, S, ModelEngine.dense(S, X, self.exact_fraction))
         else:
             gen = None if self.seed is None else torch.Generator(device=X.device).manual_seed(self.seed)
@@ -327,8 +326,7 @@ class BKBModel(Model, FantasizeMixin):
         return posterior
 
     def rls(self, X: Tensor) -> Tensor:
-        """The papers' RLS-scale variance ``σ̃²`` `(*batch', n)` at `(*batch, n, d)` ``X`` (original space;
-        transformed outcomes, no observation noise)."""
+        """The papers' RLS-scale ``σ̃²`` `(*batch', n)` at `(*batch, n, d)` ``X`` (transformed outcomes, no noise)."""
         self.eval()
         self._check_X(X, "X")
         return self.engine.forward(self.transform_inputs(X))[1] / self.noise
