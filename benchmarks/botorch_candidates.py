@@ -29,7 +29,7 @@ import time
 
 import torch
 
-from benchmarks.common import base_parser, status_kb, new_figure, print_table, save_figure, setup, size_of, write_json
+from benchmarks.common import base_parser, reset_hwm, status_kb, new_figure, print_table, save_figure, setup, size_of, write_json
 
 SELECTIONS = ("UCB SingleTaskGP", "UCB BKBModel", "BBKB batch", "Thompson q=10")
 D, N = 6, 300
@@ -71,8 +71,7 @@ def _child(name: str, A: int) -> None:
     g = torch.Generator().manual_seed(A)
     select(name, gp, bkb, torch.rand(10_000, D, generator=g, dtype=torch.float64))  # warm-up
     choices = torch.rand(A, D, generator=g, dtype=torch.float64)
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")
+    reset_hwm()
     base = status_kb("VmRSS")
     t0 = time.perf_counter()
     picks = select(name, gp, bkb, choices)

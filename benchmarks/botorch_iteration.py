@@ -35,7 +35,7 @@ import time
 
 import torch
 
-from benchmarks.common import base_parser, status_kb, new_figure, print_table, save_figure, setup, size_of, write_json
+from benchmarks.common import base_parser, reset_hwm, status_kb, new_figure, print_table, save_figure, setup, size_of, write_json
 
 SVGP_INDUCING = 128
 MODELS = ("BKBModel", "SingleTaskGP fixed", "SingleTaskGP fitted", "SingleTaskVariationalGP fitted")
@@ -112,8 +112,7 @@ def iteration(name: str, X, Y) -> dict:
 def _memory_child(name: str, n: int, d: int) -> None:
     X, Y = data(n, d)
     iteration(name, X[: max(2, n // 10)], Y[: max(2, n // 10)])  # warm code paths, small
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")
+    reset_hwm()
     base = status_kb("VmRSS")
     iteration(name, X, Y)
     print((status_kb("VmHWM") - base) / 1024)

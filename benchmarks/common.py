@@ -17,6 +17,7 @@ The built-in registrations live in :mod:`benchmarks.algorithms`.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import math
 import os
@@ -244,6 +245,47 @@ def status_kb(key: str) -> float:
     except OSError:
         pass
     return float("nan")
+
+
+def reset_hwm() -> bool:
+    """Reset the process's resident-set high-water mark (``VmHWM``) to its current RSS; whether it worked."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return not math.isnan(status_kb("VmHWM"))
+    except OSError:
+        return False
+
+
+class PeakMemory:
+    """Extra peak memory [bytes] of a block beyond what was resident when it started.
+
+    CUDA: ``max_memory_allocated`` after a reset. CPU (Linux): ``VmHWM`` after :func:`reset_hwm`, minus ``VmRSS``
+    at the start. ``None`` when unavailable.
+    """
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.extra: int | None = None
+
+    def __enter__(self):
+        gc.collect()
+        if self.device.type == "cuda":
+            sync(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+            self.base = torch.cuda.memory_allocated(self.device)
+        else:
+            self.ok = reset_hwm()
+            self.base = int(status_kb("VmRSS")) * 1024 if self.ok else 0
+        return self
+
+    def __exit__(self, *exc):
+        if self.device.type == "cuda":
+            sync(self.device)
+            self.extra = torch.cuda.max_memory_allocated(self.device) - self.base
+        elif self.ok:
+            self.extra = int(status_kb("VmHWM")) * 1024 - self.base
+        return False
 
 
 # ------------------------------------------------------------------------------------------ output

@@ -46,7 +46,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.common import base_parser, new_figure, print_table, save_figure, setup, size_of, sync, time_interleaved, write_json
+from benchmarks.common import PeakMemory, base_parser, new_figure, print_table, save_figure, setup, size_of, sync, time_interleaved, write_json
 from torchbkb import DTCPosterior, NystromEmbedding
 from torchbkb.kernels import GaussianKernel
 from torchbkb.nystrom import DEFAULT_CHUNK
@@ -58,58 +58,6 @@ SIZES = {
     "full": {"A": [100_000, 1_000_000], "m": [256, 512], "repeats": {100_000: 5, 1_000_000: 5}},
 }
 D = 8
-
-
-# ---------------------------------------------------------------------------------------- memory
-class PeakMemory:
-    """Extra peak memory [bytes] of a block beyond what was resident when it started.
-
-    CUDA: ``max_memory_allocated`` after a reset. CPU (Linux): ``VmHWM`` after resetting it by writing
-    ``5`` to ``/proc/self/clear_refs``, minus ``VmRSS`` at the start. ``None`` when unavailable.
-    """
-
-    def __init__(self, device: torch.device):
-        self.device = device
-        self.extra: int | None = None
-
-    def __enter__(self):
-        gc.collect()
-        if self.device.type == "cuda":
-            sync(self.device)
-            torch.cuda.reset_peak_memory_stats(self.device)
-            self.base = torch.cuda.memory_allocated(self.device)
-        else:
-            self.ok = _reset_hwm()
-            self.base = _proc_status_kb("VmRSS") * 1024 if self.ok else 0
-        return self
-
-    def __exit__(self, *exc):
-        if self.device.type == "cuda":
-            sync(self.device)
-            self.extra = torch.cuda.max_memory_allocated(self.device) - self.base
-        elif self.ok:
-            self.extra = _proc_status_kb("VmHWM") * 1024 - self.base
-        return False
-
-
-def _reset_hwm() -> bool:
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-        return _proc_status_kb("VmHWM") is not None
-    except OSError:
-        return False
-
-
-def _proc_status_kb(key: str) -> int | None:
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith(key + ":"):
-                    return int(line.split()[1])
-    except OSError:
-        return None
-    return None
 
 
 # ---------------------------------------------------------------------------------------- measure
