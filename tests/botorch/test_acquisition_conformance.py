@@ -48,6 +48,11 @@ def _gp(X, Y):
     return gp.eval()
 
 
+def _bkb(X, Y, **kwargs):
+    """BKBModel with _gp's hyperparameters (fixed Matérn-5/2 and noise 1e-3: every acquisition has gradients)."""
+    return BKBModel(X, Y, kernel=default_kernel(D), noise=1e-3, **kwargs)
+
+
 def _sampler(n=32):
     return SobolQMCNormalSampler(torch.Size([n]), seed=0)
 
@@ -107,7 +112,7 @@ def _value_and_grad(acqf, Xc):
 def test_complete_dictionary_equals_single_task_gp(name):
     make, q = ACQUISITIONS[name]
     X, Y = _data()
-    gp, bkb = _gp(X, Y), BKBModel(X, Y, inducing_points=X)
+    gp, bkb = _gp(X, Y), _bkb(X, Y, inducing_points=X)
     assert bkb.is_exact
     a_gp, a_bkb = make(gp, X, Y), make(bkb, X, Y)
     Xc = torch.rand(3, _q_total(a_gp, q), D, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
@@ -135,7 +140,7 @@ def _finite_differences(acqf, Xc, h=1e-6):
 def test_jes_conditioning_is_exact():
     # the noiseless conditioning on optimal samples: mean and variance of the exact GP with per-point noise
     X, Y = _data()
-    bkb = BKBModel(X, Y, inducing_points=X)
+    bkb = _bkb(X, Y, inducing_points=X)
     Xo, Yo = _optimal_samples()
     cond = bkb.condition_on_observations(Xo, Yo, noise=torch.full_like(Yo, 1e-6))
     k = default_kernel(D)
@@ -156,7 +161,7 @@ def test_jes_conditioning_is_exact():
 def test_sparse_dictionary_runs_and_optimize_acqf_moves_the_candidates(name):
     make, q = ACQUISITIONS[name]
     X, Y = _data()
-    bkb = BKBModel(X, Y, inducing_points=X[:6], exact_fraction=None)
+    bkb = _bkb(X, Y, inducing_points=X[:6], exact_fraction=None)
     assert not bkb.is_exact and bkb.num_inducing == 6
     acqf = make(bkb, X, Y)
     Xc = torch.rand(3, _q_total(acqf, q), D, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
@@ -171,12 +176,12 @@ def test_sparse_dictionary_runs_and_optimize_acqf_moves_the_candidates(name):
 
 def test_thompson_sampling_equals_single_task_gp():
     X, Y = _data()
-    gp, bkb = _gp(X, Y), BKBModel(X, Y, inducing_points=X)
+    gp, bkb = _gp(X, Y), _bkb(X, Y, inducing_points=X)
     cands = _candidates()
     picks = []
     for model in (gp, bkb):
         torch.manual_seed(0)
         picks.append(MaxPosteriorSampling(model, replacement=False)(cands, num_samples=3))
     assert torch.equal(picks[0], picks[1])
-    sparse = BKBModel(X, Y, inducing_points=X[:6], exact_fraction=None)
+    sparse = _bkb(X, Y, inducing_points=X[:6], exact_fraction=None)
     assert MaxPosteriorSampling(sparse)(cands, num_samples=3).shape == (3, D)

@@ -1,6 +1,7 @@
 """BKBModel's state_dict follows BoTorch's convention (hyperparameters, not data) and known noise
 (``train_Yvar``) is the heteroskedastic GP."""
 
+import copy
 import pytest
 import torch
 from botorch.models import SingleTaskGP
@@ -20,9 +21,10 @@ def _data(n, seed=0, d=2):
 def test_state_dict_holds_no_data_and_loads_into_a_model_on_other_data():
     X1, Y1 = _data(80, seed=1)
     X2, Y2 = _data(35, seed=2)
-    k = default_kernel(2)
-    k.base_kernel.lengthscale = torch.tensor([[0.3, 0.5]], dtype=torch.float64)
-    a = BKBModel(X1, Y1, kernel=k, noise=0.02, seed=0, input_transform=Normalize(2))
+    a = BKBModel(X1, Y1, seed=0, input_transform=Normalize(2))  # SingleTaskGP's modules, as after a fit
+    a.covar_module.lengthscale = torch.tensor([[0.3, 0.5]], dtype=torch.float64)
+    a.likelihood.noise = 0.02
+    k = a.covar_module
     state = a.state_dict()
     assert all(v.numel() <= 4 for v in state.values()), {key: tuple(v.shape) for key, v in state.items()}
     assert not any(80 in v.shape or a.num_inducing in v.shape for v in state.values() if v.dim() > 0)
@@ -30,11 +32,13 @@ def test_state_dict_holds_no_data_and_loads_into_a_model_on_other_data():
     before = b.inducing_points.clone()
     b.load_state_dict(state)
     # b now has a's hyperparameters (and transforms' statistics, as SingleTaskGP) on its own data
-    ref = BKBModel(X2, Y2, kernel=k, noise=0.02, seed=5, input_transform=Normalize(2))
-    ref.load_state_dict(state)  # the same transforms' statistics as b
+    ref = BKBModel(X2, Y2, kernel=copy.deepcopy(k), noise=0.02, seed=5, input_transform=Normalize(2))
+    ref.input_transform.load_state_dict(a.input_transform.state_dict())  # the same transforms' statistics as b
+    ref.outcome_transform.load_state_dict(a.outcome_transform.state_dict())
+    ref.mean_module.load_state_dict(a.mean_module.state_dict())
     Xq = torch.rand(5, 2, dtype=torch.float64)
     assert b.noise == pytest.approx(0.02)
-    assert torch.allclose(b.covar_module.base_kernel.lengthscale, k.base_kernel.lengthscale)
+    assert torch.allclose(b.covar_module.lengthscale, k.lengthscale)
     assert torch.allclose(b.posterior(Xq).mean, ref.posterior(Xq).mean, atol=1e-12)
     assert b.train_inputs[0].shape == (35, 2)
     assert torch.equal(b.inducing_points, ref.inducing_points)  # re-drawn with the loaded hyperparameters
@@ -44,7 +48,7 @@ def test_state_dict_holds_no_data_and_loads_into_a_model_on_other_data():
 def test_state_dict_round_trip_is_exact():
     X, Y = _data(50)
     a = BKBModel(X, Y, noise=0.05, seed=3)
-    b = BKBModel(X, Y, seed=3)
+    b = BKBModel(X, Y, noise=0.5, seed=3)  # the same modules, other values
     b.load_state_dict(a.state_dict())
     Xq = torch.rand(4, 3, 2, dtype=torch.float64)
     pa, pb = a.posterior(Xq), b.posterior(Xq)
@@ -59,7 +63,7 @@ def test_known_noise_with_a_complete_dictionary_is_the_heteroskedastic_exact_gp(
     Yvar = torch.linspace(0.01, 0.2, 25, dtype=torch.float64).unsqueeze(-1)
     model = BKBModel(X, Y, train_Yvar=Yvar, inducing_points=X, exact_fraction=exact_fraction)
     assert model.is_exact == (exact_fraction is not None)
-    gp = SingleTaskGP(X, Y, train_Yvar=Yvar, covar_module=default_kernel(2)).eval()
+    gp = SingleTaskGP(X, Y, train_Yvar=Yvar).eval()  # the same default modules
     Xq = torch.rand(6, 2, dtype=torch.float64)
     pm, pg = model.posterior(Xq), gp.posterior(Xq)
     assert torch.allclose(pm.mean, pg.mean, atol=1e-9)

@@ -2,7 +2,8 @@
 
 * :class:`BKBModel` -- a ``botorch.models.model.Model`` (DTC posterior on a variance-sampled dictionary,
   joint covariance, rank-one ``condition_on_observations``, transforms); ``BKBModel.from_model(gp)``
-  adopts a fitted ``SingleTaskGP``.
+  adopts a fitted ``SingleTaskGP``; ``fit_gpytorch_mll(DTCMarginalLogLikelihood(model.likelihood, model))``
+  learns its hyperparameters at ``O(n·m²)`` (:class:`DTCMarginalLogLikelihood`).
 * :class:`BKBUpperConfidenceBound` -- analytic UCB with BKB's ``β̃ₜ`` (``b = β̃²/λ`` in BoTorch's scale), or
   ``beta="vakili"``: the sparse width of 003 Theorem 3.5 with the measured ``λ_max``.
 * :class:`BBKBUpperConfidenceBound` -- the same with ``X_pending`` (hallucinated variance updates), for
@@ -16,6 +17,7 @@ The subpackage is named ``botorch`` but imports the real BoTorch with absolute i
 """
 
 from torchbkb.botorch.model import BKBModel, sample_dictionary, default_kernel
+from torchbkb.botorch.marginal_likelihood import DTCMarginalLogLikelihood
 from torchbkb.botorch.acquisition import BKBUpperConfidenceBound, BBKBUpperConfidenceBound, theory_beta, vakili_theory_beta
 from torchbkb.botorch.batch import optimize_acqf_bbkb
 from torchbkb.botorch.pathwise import BKBSamplePath, draw_bkb_paths
@@ -24,6 +26,7 @@ from torchbkb.botorch.ax_support import AX_AVAILABLE  # registers BKBModel with 
 
 __all__ = [
     "BKBModel",
+    "DTCMarginalLogLikelihood",
     "BKBUpperConfidenceBound",
     "BBKBUpperConfidenceBound",
     "optimize_acqf_bbkb",

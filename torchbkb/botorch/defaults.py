@@ -1,10 +1,11 @@
-"""BKBModel's fixed default hyperparameters: BoTorch's classic Matérn-5/2 kernel for inputs in the unit cube and
-standardized outcomes.
+"""BKBModel's defaults: the hyperparameter modules of BoTorch's ``SingleTaskGP`` (:func:`hyperparameter_modules`),
+and the classic fixed Matérn-5/2 kernel for users who want fixed hyperparameters (:func:`default_kernel`).
 
 Example:
-    >>> k = default_kernel(4)
-    >>> round(k.base_kernel.lengthscale[0, 0].item(), 3), k.outputscale.item()
-    (0.4, 1.0)
+    >>> import torch
+    >>> covar, likelihood, mean = hyperparameter_modules(4, None, None, None, torch.zeros(1))
+    >>> type(covar).__name__, type(likelihood).__name__, type(mean).__name__
+    ('RBFKernel', 'GaussianLikelihood', 'ConstantMean')
 """
 
 from __future__ import annotations
@@ -12,16 +13,21 @@ from __future__ import annotations
 import math
 
 import torch
+from botorch.models.utils.gpytorch_modules import get_covar_module_with_dim_scaled_prior, get_gaussian_likelihood_with_lognormal_prior
+from gpytorch.constraints import GreaterThan
 from gpytorch.kernels import MaternKernel, ScaleKernel
+from gpytorch.likelihoods import FixedNoiseGaussianLikelihood, GaussianLikelihood
+from gpytorch.means import ConstantMean
+from torch import Tensor, nn
 
-__all__ = ["default_kernel", "DEFAULT_LENGTHSCALE", "DEFAULT_OUTPUTSCALE", "DEFAULT_NOISE", "EXACT_FRACTION", "EXACT_BELOW", "MIN_YVAR"]
+__all__ = ["hyperparameter_modules", "default_kernel", "DEFAULT_LENGTHSCALE", "DEFAULT_OUTPUTSCALE", "DEFAULT_NOISE", "EXACT_FRACTION", "EXACT_BELOW", "MIN_YVAR"]
 
 #: Matérn-5/2 lengthscale per input dimension is ``DEFAULT_LENGTHSCALE · √d`` (inputs in ``[0, 1]^d``):
 #: the typical distance between two uniform points of the unit cube grows like ``√(d/6)``.
 DEFAULT_LENGTHSCALE = 0.2
 #: Prior variance ``k(x, x)`` of the default kernel (outcomes standardized to unit variance).
 DEFAULT_OUTPUTSCALE = 1.0
-#: Noise variance ``λ`` of the standardized outcomes (also BKB's regularization).
+#: The fixed noise variance ``λ`` of the standardized outcomes that goes with :func:`default_kernel`.
 DEFAULT_NOISE = 1e-3
 #: The model computes the exact GP when the dictionary holds at least this fraction of the training points:
 #: past it the DTC algebra (``O(n·m² + m³)`` and an eigendecomposition of ``K_S``) costs more than the exact
@@ -49,3 +55,29 @@ def default_kernel(d: int, *, dtype: torch.dtype = torch.float64, device: torch.
     k.base_kernel.lengthscale = torch.full((1, int(d)), DEFAULT_LENGTHSCALE * math.sqrt(d))
     k.outputscale = torch.tensor(DEFAULT_OUTPUTSCALE)
     return k.to(dtype=dtype, device=device)
+
+
+def hyperparameter_modules(d: int, noise_tf: Tensor | None, noise: float | None, kernel: nn.Module | None, like: Tensor) -> tuple:
+    """``(covar_module, likelihood, mean_module)`` as ``SingleTaskGP`` builds them (BoTorch's current defaults).
+
+    Args:
+        d: input dimension (of the transformed inputs).
+        noise_tf: `(n,)` known noise variances (transformed outcomes): a ``FixedNoiseGaussianLikelihood``.
+        noise: a fixed noise variance: a ``GaussianLikelihood`` with that noise, not learned.
+        kernel: the kernel given, else the RBF kernel with BoTorch's dimension-scaled lognormal lengthscale prior.
+        like: the modules take its dtype and device.
+
+    Without ``noise_tf`` and ``noise`` the noise is learned: BoTorch's lognormal-prior ``GaussianLikelihood``.
+    """
+    covar = kernel if kernel is not None else get_covar_module_with_dim_scaled_prior(ard_num_dims=int(d)).to(like)
+    if isinstance(covar, nn.Module):
+        covar = covar.to(like)
+    if noise_tf is not None:
+        likelihood = FixedNoiseGaussianLikelihood(noise=noise_tf)
+    elif noise is not None:
+        likelihood = GaussianLikelihood(noise_constraint=GreaterThan(0.0)).to(like)
+        likelihood.noise = torch.tensor(float(noise), dtype=like.dtype, device=like.device)
+        likelihood.requires_grad_(False)  # a noise the user gives is kept
+    else:
+        likelihood = get_gaussian_likelihood_with_lognormal_prior()
+    return covar, likelihood.to(like), ConstantMean().to(like)

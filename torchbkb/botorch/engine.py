@@ -50,6 +50,7 @@ class ModelEngine:
 
     def __init__(self, kernel: Callable, X: Tensor, y: Tensor, noise: Tensor | None, lam: float, dictionary: Tensor, exact: bool):
         self.kernel, self.lam, self.dictionary = kernel, float(lam), dictionary
+        self.offset: Tensor | None = None  # the model's constant prior mean (set by the model, moved by apply)
         if exact:
             self.exact_state: ExactGPState | None = ExactGPState(kernel, X, y, torch.full_like(y, self.lam) if noise is None else noise)
             self._dtc: DTCPosterior | None = None
@@ -125,6 +126,13 @@ class ModelEngine:
         return self._active.train_y
 
     @property
+    def train_noise(self) -> Tensor:
+        """`(*b, n)` the noise variance of every observed point."""
+        if self.exact_state is not None:
+            return self.exact_state.train_noise
+        return self.lam / self._dtc.train_counts
+
+    @property
     def batch_shape(self) -> torch.Size:
         """Batch shape of the observations (grows with fantasies)."""
         return self._active.batch_shape
@@ -192,6 +200,8 @@ class ModelEngine:
         """Apply ``fn`` to every tensor (``nn.Module._apply``: ``.to()``, ``.double()``...)."""
         for part in {id(p): p for p in (self.exact_state, self._dtc) if p is not None}.values():
             part._apply(fn)
+        if self.offset is not None:
+            self.offset = fn(self.offset)
         if self._draw is not None:  # still to be drawn: stay lazy (BoTorch calls .to(X) on every forward), and
             self._like = fn(self._like)  # remember only where the draw must go (no chain of conversions)
         else:

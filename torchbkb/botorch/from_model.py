@@ -5,8 +5,8 @@ Example:
     >>> from botorch.models import SingleTaskGP
     >>> X = torch.rand(10, 2, dtype=torch.float64)
     >>> parts = gp_parts(SingleTaskGP(X, X.sum(-1, keepdim=True)), None)
-    >>> parts["X_tf"].shape, parts["noise"] > 0
-    (torch.Size([10, 2]), True)
+    >>> parts["X_tf"].shape, type(parts["likelihood"]).__name__
+    (torch.Size([10, 2]), 'GaussianLikelihood')
 """
 
 from __future__ import annotations
@@ -24,11 +24,12 @@ __all__ = ["gp_parts", "transform_inducing_points"]
 
 
 def gp_parts(gp: Model, inducing_points: Tensor | None) -> dict:
-    """The fitted kernel, noise, constant mean, transformed training data and copies of the transforms of a
-    single-output BoTorch ``ExactGP`` with a homoskedastic ``GaussianLikelihood`` (``gp`` is left unchanged).
+    """Copies of the fitted kernel, likelihood and constant mean, the transformed training data and copies of the
+    transforms of a single-output BoTorch ``ExactGP`` with a homoskedastic ``GaussianLikelihood`` (``gp`` is left
+    unchanged).
 
     Returns:
-        A dict with ``kernel``, ``X_tf`` `(n, d)`, ``y_tf`` `(n,)`, ``noise``, ``mean_constant``,
+        A dict with ``kernel``, ``likelihood``, ``mean_module``, ``X_tf`` `(n, d)`, ``y_tf`` `(n,)`,
         ``inducing_points`` (transformed, or None), ``input_dim``, ``input_transform``, ``outcome_transform``.
     """
     from gpytorch.means import ConstantMean, ZeroMean
@@ -47,13 +48,8 @@ def gp_parts(gp: Model, inducing_points: Tensor | None) -> dict:
         raise InputDataError(
             f"gp.likelihood: expected a homoskedastic GaussianLikelihood, got {type(lik).__name__}"
         )
-    noise = float(lik.noise.detach().reshape(-1)[0])
     mean_module = getattr(gp, "mean_module", None)
-    if isinstance(mean_module, ConstantMean):
-        c = float(mean_module.constant.detach().reshape(-1)[0])
-    elif isinstance(mean_module, ZeroMean):
-        c = 0.0
-    else:
+    if not isinstance(mean_module, (ConstantMean, ZeroMean)):
         raise InputDataError(
             f"gp.mean_module: expected ConstantMean or ZeroMean, got {type(mean_module).__name__}"
         )
@@ -72,11 +68,11 @@ def gp_parts(gp: Model, inducing_points: Tensor | None) -> dict:
     S_tf = None if inducing_points is None else transform_inducing_points(inducing_points, X_orig, it)
 
     return {
-        "kernel": gp.covar_module,
+        "kernel": copy.deepcopy(gp.covar_module),
+        "likelihood": copy.deepcopy(lik),
+        "mean_module": copy.deepcopy(mean_module),
         "X_tf": X_tf.detach(),
         "y_tf": y_tf.detach(),
-        "noise": noise,
-        "mean_constant": c,
         "inducing_points": S_tf,
         "input_dim": X_orig.shape[-1],
         "input_transform": it,

@@ -1,4 +1,4 @@
-"""BKB as a BoTorch ``Model``: the DTC posterior on a variance-sampled dictionary, training-free.
+"""BKB as a BoTorch ``Model``: the DTC posterior on a variance-sampled dictionary, with learned hyperparameters.
 
 :class:`BKBModel` replaces ``botorch.models.SingleTaskGP`` in a BoTorch loop: ``posterior(X)`` has the DTC mean
 and **joint** covariance over the ``q`` points of ``X`` (GP scale, 003 Eq. 4), differentiable in ``X``;
@@ -7,9 +7,11 @@ points and values (knowledge gradient, NIPV); transforms work as in BoTorch; ``t
 
 The dictionary is drawn by BKB's variance sampling over the training points (:func:`sample_dictionary`, 000
 Algorithm 1) or given. When it holds at least ``exact_fraction`` of them the model computes the exact GP
-(:mod:`.engine`): DTC would cost more than the exact solve it tends to. Hyperparameters are fixed (the
-defaults of :mod:`.defaults`, or :meth:`BKBModel.from_model`); ``state_dict()`` holds them and the
-transforms, never data, and loads into a model built on other data, which re-draws its dictionary.
+(:mod:`.engine`): DTC would cost more than the exact solve it tends to. The hyperparameter modules are
+``SingleTaskGP``'s (:func:`~torchbkb.botorch.defaults.hyperparameter_modules`), learned at ``O(n·m²)`` by
+``fit_gpytorch_mll(DTCMarginalLogLikelihood(model.likelihood, model))`` (:mod:`.fitting`), or copied from a fitted
+GP (:meth:`BKBModel.from_model`). The posterior is a snapshot at the hyperparameters' values: in eval mode it is
+rebuilt (dictionary re-drawn) when they change. ``state_dict()`` holds hyperparameters and transforms, never data.
 
 Example:
     >>> import torch
@@ -33,16 +35,15 @@ from botorch.models.model import FantasizeMixin, Model
 from botorch.models.transforms.outcome import Standardize
 from botorch.posteriors.gpytorch import GPyTorchPosterior
 from botorch.utils.types import DEFAULT
-from gpytorch.constraints import GreaterThan
 from gpytorch.distributions import MultivariateNormal
-from gpytorch.likelihoods import GaussianLikelihood
 from linear_operator import to_linear_operator
 from torch import Tensor, nn
 
 from torchbkb.botorch.conditioning import shallow_module_copy
 from torchbkb.botorch.engine import ModelEngine
 from torchbkb.botorch.dictionary_sampling import sample_dictionary
-from torchbkb.botorch.defaults import DEFAULT_LENGTHSCALE, DEFAULT_NOISE, DEFAULT_OUTPUTSCALE, EXACT_FRACTION, MIN_YVAR, default_kernel
+from torchbkb.botorch.defaults import DEFAULT_LENGTHSCALE, DEFAULT_NOISE, DEFAULT_OUTPUTSCALE, EXACT_FRACTION, MIN_YVAR, default_kernel, hyperparameter_modules
+from torchbkb.botorch.fitting import fit_rounds
 from torchbkb.botorch.from_model import gp_parts, transform_inducing_points
 from torchbkb.botorch.training_data import check_model_inputs, check_observations, check_query
 from torchbkb.dtc_posterior import DTCPosterior
@@ -60,7 +61,7 @@ __all__ = [
 ]
 
 class BKBModel(Model, FantasizeMixin):
-    """A training-free BoTorch model: BKB's DTC posterior on a posterior-variance-sampled dictionary.
+    """BKB's DTC posterior on a posterior-variance-sampled dictionary as a BoTorch model, ``SingleTaskGP``'s drop-in.
 
     ``posterior(X).variance`` is the GP-scale ``λ·σ̃²``; :meth:`rls` is the papers' ``σ̃²``. A BKB UCB
     ``μ̃ + β̃σ̃`` is BoTorch's ``UpperConfidenceBound(beta=β̃²/λ)`` (:class:`~torchbkb.botorch.BKBUpperConfidenceBound`).
@@ -73,10 +74,10 @@ class BKBModel(Model, FantasizeMixin):
             below :data:`MIN_YVAR` after the outcome transform count as :data:`MIN_YVAR`). Then ``λ`` is their
             mean and each point weighs ``λ / noise_i``.
         kernel: a ``gpytorch.kernels.Kernel`` (or a callable ``(X1, X2) -> Tensor``) on the *transformed*
-            inputs; default :func:`default_kernel`. It is deep-copied and frozen: hyperparameters are fixed.
-            ``covar_module`` is BoTorch's name for the same argument.
-        noise: ``λ > 0``, the noise variance of the *transformed* outcomes; default :data:`DEFAULT_NOISE`
-            (not with ``train_Yvar``).
+            inputs, used as given (its parameters are learned by the fit); default ``SingleTaskGP``'s RBF kernel
+            with a dimension-scaled lognormal lengthscale prior. ``covar_module`` is BoTorch's name for it.
+        noise: a fixed ``λ > 0``, the noise variance of the *transformed* outcomes (not learned; not with
+            ``train_Yvar``); default: learned, with ``SingleTaskGP``'s lognormal prior.
         q_bar: oversampling ``q̄`` of the dictionary sampling (000 Algorithm 1).
         inducing_points: `(m, d)` dictionary in the space of ``train_X`` (the input transform is applied);
             if given, no sampling takes place.
@@ -88,9 +89,9 @@ class BKBModel(Model, FantasizeMixin):
             training points (default :data:`EXACT_FRACTION`); ``None`` always uses DTC.
 
     Attributes:
-        covar_module: the (frozen) kernel.
-        likelihood: a frozen ``GaussianLikelihood`` with noise ``λ``.
-        mean_constant: `()` constant prior mean of the transformed outcomes (0 unless :meth:`from_model`).
+        covar_module: the kernel; likelihood: ``GaussianLikelihood`` (``FixedNoiseGaussianLikelihood`` with
+            ``train_Yvar``); mean_module: ``ConstantMean`` -- the hyperparameters, as in ``SingleTaskGP``.
+        engine: the :class:`~torchbkb.botorch.engine.ModelEngine` the posterior is computed with.
 
     Example:
         >>> import torch
@@ -132,19 +133,20 @@ class BKBModel(Model, FantasizeMixin):
         if outcome_transform is not None:
             outcome_transform.train()
             Y_tf, Yvar_tf = outcome_transform(train_Y, Yvar=train_Yvar, X=X_tf)
-        if kernel is None:
-            kernel = default_kernel(X_tf.shape[-1], dtype=train_X.dtype, device=train_X.device)
         S_tf = None
         if inducing_points is not None:
             S_tf = transform_inducing_points(inducing_points, train_X, input_transform)
         noise_tf = None if Yvar_tf is None else Yvar_tf.detach().squeeze(-1).clamp_min(MIN_YVAR)
+        if noise is not None:
+            check_positive(noise, "noise")
+        covar, likelihood, mean = hyperparameter_modules(X_tf.shape[-1], noise_tf, noise, kernel, X_tf)
         self._setup(
-            kernel=kernel,
+            kernel=covar,
+            likelihood=likelihood,
+            mean_module=mean,
             X_tf=X_tf.detach(),
             y_tf=Y_tf.detach().squeeze(-1),
-            noise=DEFAULT_NOISE if noise is None else noise,
             noise_tf=noise_tf,
-            mean_constant=0.0,
             q_bar=q_bar,
             inducing_points=S_tf,
             seed=seed,
@@ -186,45 +188,68 @@ class BKBModel(Model, FantasizeMixin):
         model._attach_transforms(it, ot)
         return model.eval()
 
-    def _setup(self, *, kernel, X_tf, y_tf, noise, noise_tf, mean_constant, q_bar, inducing_points, seed, input_dim, exact_fraction) -> None:
-        lam = float(noise_tf.mean()) if noise_tf is not None else check_positive(noise, "noise")
+    def _setup(self, *, kernel, likelihood, mean_module, X_tf, y_tf, noise_tf, q_bar, inducing_points, seed, input_dim, exact_fraction) -> None:
         self.q_bar = check_positive(q_bar, "q_bar")
         if exact_fraction is not None and not 0.0 < float(exact_fraction) <= 1.0:
             raise InputDataError(f"exact_fraction: expected a number in (0, 1] or None, got {exact_fraction!r}")
         self.exact_fraction = None if exact_fraction is None else float(exact_fraction)
         self.seed = None if seed is None else int(seed)
         self._input_dim = int(input_dim)
-        if isinstance(kernel, nn.Module):
-            kernel = copy.deepcopy(kernel).to(dtype=X_tf.dtype, device=X_tf.device)
-            kernel.requires_grad_(False)  # fixed hyperparameters: the model is training-free
-        self.covar_module = kernel
-        self.register_buffer("mean_constant", torch.tensor(float(mean_constant), dtype=X_tf.dtype, device=X_tf.device))
-        likelihood = GaussianLikelihood(noise_constraint=GreaterThan(0.0)).to(X_tf)
-        likelihood.noise = torch.tensor(lam, dtype=X_tf.dtype, device=X_tf.device)
-        self.likelihood = likelihood.requires_grad_(False)
+        self.covar_module = kernel.to(X_tf) if isinstance(kernel, nn.Module) else kernel
+        self.likelihood = likelihood.to(X_tf)
+        self.mean_module = mean_module.to(X_tf)
         # data and dictionary: moved by .to(), never in state_dict (BoTorch's convention)
         self.register_buffer("_data_X", X_tf, persistent=False)
         self.register_buffer("_data_y", y_tf, persistent=False)
         self.register_buffer("_data_noise", noise_tf, persistent=False)
         self.register_buffer("_given_dictionary", inducing_points, persistent=False)
-        self.register_load_state_dict_post_hook(_rebuild_after_load)
+        self._rebuilds = True  # False for conditioned copies: their posterior is a snapshot
         self._build()
 
+    def _hyperparameter_values(self) -> Tensor | None:
+        """`(p,)` every hyperparameter's raw value, to tell when the posterior must be rebuilt."""
+        modules = [m for m in (self.covar_module, self.likelihood, self.mean_module) if isinstance(m, nn.Module)]
+        values = [p.detach().reshape(-1) for m in modules for p in m.parameters()]
+        return torch.cat(values) if values else None
+
+    @property
+    def engine(self) -> ModelEngine:
+        """The posterior at the current hyperparameters (rebuilt in eval mode when they changed since it was built)."""
+        if self._rebuilds and not self.training:
+            now, then = self._hyperparameter_values(), self._snapshot
+            if (now is None) != (then is None) or (now is not None and (now.shape != then.shape or not torch.equal(now, then))):
+                self._build()
+        return self._engine
+
     def _build(self) -> None:
-        """Draw the dictionary (unless given) and build the posterior on the stored data."""
+        """Draw the dictionary (unless given) and build the posterior on the stored data, with frozen copies of
+        the hyperparameters (so that later changes to them never corrupt this posterior)."""
         X, y, nz = self._data_X, self._data_y, self._data_noise
-        lam = self.noise
-        y = y - float(self.mean_constant)
+        kernel = self.covar_module
+        if isinstance(kernel, nn.Module):
+            kernel = copy.deepcopy(kernel).requires_grad_(False)
+        lam = float(nz.mean()) if nz is not None else float(self.likelihood.noise.detach().reshape(-1)[0])
+        with torch.no_grad():
+            offset = self.mean_module(X[..., :1, :]).detach().reshape(-1)[0]  # a constant prior mean
         if (S := self._given_dictionary) is not None:
-            self.engine = ModelEngine(self.covar_module, X, y, nz, lam, S, ModelEngine.dense(S, X, self.exact_fraction))
+            engine = ModelEngine(kernel, X, y - offset, nz, lam, S, ModelEngine.dense(S, X, self.exact_fraction))
         else:
             gen = None if self.seed is None else torch.Generator(device=X.device).manual_seed(self.seed)
-            self.engine = ModelEngine.build(self.covar_module, X, y, nz, lam, self.q_bar, gen, self.exact_fraction)
+            engine = ModelEngine.build(kernel, X, y - offset, nz, lam, self.q_bar, gen, self.exact_fraction)
+        engine.offset = offset
+        self._engine, self._snapshot = engine, self._hyperparameter_values()
+
+    def custom_fit(self, mll, closure=None, optimizer=None, closure_kwargs=None, optimizer_kwargs=None, **kwargs):
+        """BoTorch's hook in ``fit_gpytorch_mll``: fit with a :class:`~torchbkb.botorch.DTCMarginalLogLikelihood`
+        in rounds (:func:`~torchbkb.botorch.fitting.fit_rounds`); returns ``mll``, in eval mode."""
+        return fit_rounds(self, mll, closure=closure, optimizer=optimizer, closure_kwargs=closure_kwargs, optimizer_kwargs=optimizer_kwargs, **kwargs)
 
     def _apply(self, fn, recurse: bool = True):
         out = super()._apply(fn, recurse)
-        if "engine" in self.__dict__:  # the engine's state is data: moved, never in state_dict
-            self.engine.apply(fn)
+        if "_engine" in self.__dict__:  # the engine's state is data: moved, never in state_dict
+            self._engine.apply(fn)
+            if self._snapshot is not None:
+                self._snapshot = fn(self._snapshot)
         return out
 
     # ------------------------------------------------------------------ BoTorch Model API
@@ -240,10 +265,19 @@ class BKBModel(Model, FantasizeMixin):
 
     @property
     def noise(self) -> float:
-        """``λ``, the noise variance of the transformed outcomes (the mean of the known noise with ``train_Yvar``)."""
-        if self._data_noise is not None:
-            return float(self._data_noise.mean())
-        return float(self.likelihood.noise.reshape(-1)[0])
+        """``λ`` of the posterior: the noise variance of the transformed outcomes (the mean known noise with
+        ``train_Yvar``)."""
+        return self.engine.lam
+
+    @property
+    def mean_constant(self) -> Tensor:
+        """`()` the constant prior mean of the transformed outcomes the posterior uses."""
+        return self.engine.offset
+
+    @property
+    def train_noise(self) -> Tensor:
+        """`(*batch, n)` the noise variance of every observed point (transformed outcomes)."""
+        return self.engine.train_noise
 
     @property
     def input_dim(self) -> int:
@@ -329,7 +363,8 @@ class BKBModel(Model, FantasizeMixin):
         """The papers' RLS-scale ``σ̃²`` `(*batch', n)` at `(*batch, n, d)` ``X`` (transformed outcomes, no noise)."""
         self.eval()
         self._check_X(X, "X")
-        return self.engine.forward(self.transform_inputs(X))[1] / self.noise
+        engine = self.engine
+        return engine.forward(self.transform_inputs(X))[1] / engine.lam
 
     def condition_on_observations(self, X: Tensor, Y: Tensor, noise: Tensor | None = None, **kwargs: Any) -> "BKBModel":
         """A new model conditioned on ``(X, Y)`` without refitting (same dictionary), differentiable in ``X``
@@ -356,7 +391,7 @@ class BKBModel(Model, FantasizeMixin):
         y = Y_tf.squeeze(-1) - self.mean_constant.to(Y_tf)  # (*b', n')
         nz = None if noise is None else noise.to(X_tf).squeeze(-1)
         new = self._clone()
-        new.engine = self.engine.condition(X_tf, y, nz, batch)
+        new._engine = self.engine.condition(X_tf, y, nz, batch)
         return new
 
     def hallucinate(self, X: Tensor) -> "BKBModel":
@@ -369,7 +404,7 @@ class BKBModel(Model, FantasizeMixin):
         new = self._clone()
         if X.shape[0] > 0:
             X_tf = self.transform_inputs(X).detach().expand(*self.batch_shape, *X.shape)  # (*batch, n', d)
-            new.engine = self.engine.hallucinate(X_tf)
+            new._engine = self.engine.hallucinate(X_tf)
         return new
 
     # ------------------------------------------------------------------ internals
@@ -390,10 +425,7 @@ class BKBModel(Model, FantasizeMixin):
     _check_X = check_query
 
     def _clone(self) -> "BKBModel":
-        """A copy with its own posterior state; dictionary, kernel and transforms are shared."""
-        return shallow_module_copy(self)
-
-
-def _rebuild_after_load(model: BKBModel, incompatible_keys) -> None:
-    """After ``load_state_dict``: the hyperparameters changed, so the dictionary and posterior are rebuilt."""
-    model._build()
+        """A copy with its own posterior state (a snapshot: never rebuilt); dictionary, kernel and transforms are shared."""
+        new = shallow_module_copy(self)
+        new._engine, new._rebuilds = self.engine, False
+        return new
