@@ -428,34 +428,43 @@ class DTCPosterior(nn.Module):
         return mean, rls
 
     def _build(self, X, y, counts, n_observed: int | None = None, features: torch.Tensor | None = None) -> dict:
-        """ZtZ, Zty, V⁻¹ and weights from scratch (rows past ``n_observed`` are hallucinated)."""
+        """ZtZ, Zty, V⁻¹ and weights from scratch (rows past ``n_observed`` are hallucinated), embedding ``X``
+        in chunks of :attr:`chunk_size` rows: never an `(n, r)` feature matrix beyond a chunk."""
         emb = self.embedding
         r = emb.rank
         dtype = compute_dtype(emb.inducing_points.dtype, r)
         batch = X.shape[:-2]
-        if features is not None:
-            Z = features.to(dtype)
-        elif X.shape[-2] > 0:
-            with torch.no_grad():
-                Z = emb(X).to(dtype)  # (*b, n, r)
-        else:
-            Z = X.new_zeros((*batch, 0, r), dtype=dtype)
+        if X.shape[-2] == 0:  # the prior: V = λI, no factorization needed
+            V_inv = torch.eye(r, dtype=dtype, device=X.device).expand(*batch, r, r) / self.lam
+            zeros = X.new_zeros((*batch, r), dtype=dtype)
+            return {"ZtZ": X.new_zeros((*batch, r, r), dtype=dtype), "Zty": zeros, "V_inv": V_inv.clone(), "weights": zeros.clone()}
         c = counts.to(dtype)
         n_obs = X.shape[-2] if n_observed is None else n_observed
-        Zo, co, yo = Z[..., :n_obs, :], c[..., :n_obs], y[..., :n_obs].to(dtype)
-        ZtZ_obs = (Zo.transpose(-1, -2) * co.unsqueeze(-2)) @ Zo  # (*b, r, r)
-        Zty = ((co * yo).unsqueeze(-2) @ Zo).squeeze(-2)  # (*b, r)
-        if Z.shape[-2] == 0:  # the prior: V = λI, no factorization needed
-            V_inv = torch.eye(r, dtype=dtype, device=Z.device).expand(*batch, r, r) / self.lam
-            return {"ZtZ": ZtZ_obs, "Zty": Zty, "V_inv": V_inv.clone(), "weights": Zty.clone()}
+        rows = (lambda a, b: features[..., a:b, :].to(dtype)) if features is not None else (lambda a, b: self._embed(X[..., a:b, :], dtype))
+        ZtZ_obs, Zty = self._feature_sums(rows, 0, n_obs, c, y.to(dtype), None, features is not None)
         V_inv_obs, weights = ridge_solve(ZtZ_obs, Zty, self.lam)
-        Zp, cp = Z[..., n_obs:, :], c[..., n_obs:]
-        if Zp.shape[-2] == 0:
+        if X.shape[-2] == n_obs:
             return {"ZtZ": ZtZ_obs, "Zty": Zty, "V_inv": V_inv_obs, "weights": weights}
-        ZtZ = ZtZ_obs + (Zp.transpose(-1, -2) * cp.unsqueeze(-2)) @ Zp
-        yp = (Zp @ weights.unsqueeze(-1)).squeeze(-1)  # hallucinated rewards: the mean
-        Zty = Zty + ((cp * yp).unsqueeze(-2) @ Zp).squeeze(-2)
-        return {"ZtZ": ZtZ, "Zty": Zty, "V_inv": spd_inverse(_add_diag(ZtZ, self.lam), name="V"), "weights": weights}
+        ZtZ_p, Zty_p = self._feature_sums(rows, n_obs, X.shape[-2], c, None, weights, features is not None)  # hallucinated: the mean
+        ZtZ = ZtZ_obs + ZtZ_p
+        return {"ZtZ": ZtZ, "Zty": Zty + Zty_p, "V_inv": spd_inverse(_add_diag(ZtZ, self.lam), name="V"), "weights": weights}
+
+    def _embed(self, X: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        with torch.no_grad():
+            return self.embedding(X).to(dtype)
+
+    def _feature_sums(self, rows, start: int, end: int, c, y, weights, whole: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """``Σ c z zᵀ`` `(*b, r, r)` and ``Σ c y z`` `(*b, r)` over rows ``start:end`` (``y = zᵀ weights`` when
+        ``y`` is None), one chunk of :attr:`chunk_size` rows at a time (all at once when ``whole``)."""
+        step = max(end - start, 1) if whole else self.chunk_size
+        ZtZ = Zty = None
+        for i in range(start, max(end, start + 1), step):
+            j = min(i + step, end)
+            Z, ci = rows(i, j), c[..., i:j]
+            yi = y[..., i:j] if y is not None else (Z @ weights.unsqueeze(-1)).squeeze(-1)
+            A, b = (Z.transpose(-1, -2) * ci.unsqueeze(-2)) @ Z, ((ci * yi).unsqueeze(-2) @ Z).squeeze(-2)
+            ZtZ, Zty = (A, b) if ZtZ is None else (ZtZ + A, Zty + b)
+        return ZtZ, Zty
 
     def _set_state(self, state, X, y, counts, pending_X, pending_counts) -> None:
         buffers = self._buffers  # every name is a tensor buffer after __init__: plain dict stores

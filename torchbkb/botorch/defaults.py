@@ -20,7 +20,7 @@ from gpytorch.likelihoods import FixedNoiseGaussianLikelihood, GaussianLikelihoo
 from gpytorch.means import ConstantMean
 from torch import Tensor, nn
 
-__all__ = ["hyperparameter_modules", "default_kernel", "DEFAULT_LENGTHSCALE", "DEFAULT_OUTPUTSCALE", "DEFAULT_NOISE", "EXACT_FRACTION", "EXACT_BELOW", "MIN_YVAR"]
+__all__ = ["hyperparameter_modules", "hyperparameter_values", "same_values", "default_kernel", "DEFAULT_LENGTHSCALE", "DEFAULT_OUTPUTSCALE", "DEFAULT_NOISE", "EXACT_FRACTION", "EXACT_BELOW", "MIN_YVAR"]
 
 #: Matérn-5/2 lengthscale per input dimension is ``DEFAULT_LENGTHSCALE · √d`` (inputs in ``[0, 1]^d``):
 #: the typical distance between two uniform points of the unit cube grows like ``√(d/6)``.
@@ -81,3 +81,17 @@ def hyperparameter_modules(d: int, noise_tf: Tensor | None, noise: float | None,
     else:
         likelihood = get_gaussian_likelihood_with_lognormal_prior()
     return covar, likelihood.to(like), ConstantMean().to(like)
+
+
+def hyperparameter_values(*modules) -> Tensor | None:
+    """`(p,)` the raw values of every parameter of the given modules (``None`` if there are none): a snapshot
+    that tells when a posterior built from them is stale."""
+    values = [p.detach().reshape(-1) for m in modules if isinstance(m, nn.Module) for p in m.parameters()]
+    return torch.cat(values).clone() if values else None
+
+
+def same_values(a: Tensor | None, b: Tensor | None) -> bool:
+    """Whether two :func:`hyperparameter_values` snapshots are equal."""
+    if a is None or b is None:
+        return a is None and b is None
+    return a.shape == b.shape and bool(torch.equal(a, b))

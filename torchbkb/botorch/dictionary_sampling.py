@@ -116,10 +116,7 @@ def _sample_one(kernel, X: Tensor, w: Tensor, lam: float, dic: RLSDictionary, co
         while True:
             final = end == n
             new_end = n if final else min(n, 2 * end)
-            Z = emb(X[:new_end])  # (new_end, r): embedded once per round
-            post.fit(X[:0], X.new_zeros(0))  # empty posterior on the current dictionary
-            post.update_features(Z[:end], X.new_zeros(end), w[:end])  # condition on the prefix (σ̃² ignores y)
-            _, rls = post.score_embedded(Z, emb.kernel_diag(X[:new_end]))  # (new_end,)
+            rls = _round_rls(emb, post, X, w, end, new_end)
             idx = _resample(dic, rls).nonzero().squeeze(-1)
             if final:
                 return X[idx]
@@ -132,6 +129,22 @@ def _sample_one(kernel, X: Tensor, w: Tensor, lam: float, dic: RLSDictionary, co
                 previous = kept
             emb.set_inducing_points(X[idx])
             end = new_end
+
+
+def _round_rls(emb: NystromEmbedding, post: DTCPosterior, X: Tensor, w: Tensor, end: int, new_end: int) -> Tensor:
+    """`(new_end,)` ``σ̃²`` of ``X[:new_end]`` under the posterior conditioned on ``X[:end]`` (``σ̃²`` ignores ``y``),
+    embedded once per round, or twice in chunks past the embedding's ``chunk_size`` (no `(n, r)` features then)."""
+    c = emb.chunk_size
+    Z = emb(X[:new_end]) if new_end <= c else None  # (new_end, r)
+    post.fit(X[:0], X.new_zeros(0))  # empty posterior on the current dictionary
+    for i in range(0, end, c):
+        j = min(i + c, end)
+        post.update_features(Z[i:j] if Z is not None else emb(X[i:j]), X.new_zeros(j - i), w[i:j])
+    parts = []
+    for i in range(0, new_end, c):
+        Xi = X[i : min(i + c, new_end)]
+        parts.append(post.score_embedded(Z[i : i + c] if Z is not None else emb(Xi), emb.kernel_diag(Xi))[1])
+    return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
 def _fresh_generator(device) -> torch.Generator:

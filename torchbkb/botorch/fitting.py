@@ -3,7 +3,8 @@ dictionary fixed, then the dictionary re-drawn by BKB's variance sampling at the
 
 The bound depends on the dictionary, and the dictionary (drawn with probabilities ``q̄·σ̃²``) on the
 hyperparameters, so neither can be fixed first. Round ``r`` runs L-BFGS-B (BoTorch's ``fit_gpytorch_mll_scipy``)
-on the bound over dictionary ``S_r``, then draws ``S_{r+1}`` at the fitted hyperparameters. It stops when the
+on the bound over dictionary ``S_r``, then draws ``S_{r+1}`` at the fitted hyperparameters (``S_1`` is drawn
+after a warm start: the exact GP fitted on :data:`WARM_START` of the points). It stops when the
 new dictionary changes the bound by less than :data:`STABLE_TOL` per training point (the next round would start
 where this one ended), or after :data:`MAX_ROUNDS` rounds: a model whose hyperparameters start at
 ``SingleTaskGP``'s prior modes takes two or three (docs/botorch_scale.md).
@@ -30,12 +31,15 @@ from botorch.optim.fit import fit_gpytorch_mll_scipy
 from torchbkb.botorch.marginal_likelihood import DTCMarginalLogLikelihood
 from torchbkb.errors import InputDataError
 
-__all__ = ["fit_rounds", "MAX_ROUNDS", "STABLE_TOL"]
+__all__ = ["fit_rounds", "MAX_ROUNDS", "STABLE_TOL", "WARM_START"]
 
 #: At most this many rounds of (fit, re-draw the dictionary).
 MAX_ROUNDS = 3
 #: Stop when re-drawing the dictionary moves the bound by less than this, per training point.
 STABLE_TOL = 1e-3
+#: Past this many training points the rounds start from a fit of the exact GP on this many of them, drawn at
+#: random: at ``SingleTaskGP``'s prior modes (noise ≈ 0.007) the first dictionary would hold most of the data.
+WARM_START = 500
 
 
 def fit_rounds(model, mll, closure=None, optimizer=None, closure_kwargs=None, optimizer_kwargs=None, max_rounds: int = MAX_ROUNDS, **kwargs):
@@ -65,6 +69,12 @@ def fit_rounds(model, mll, closure=None, optimizer=None, closure_kwargs=None, op
     if not any(p.requires_grad for p in mll.parameters()):
         model.fit_rounds = 0  # nothing to learn (fixed noise and a kernel without parameters)
         return mll.eval()
+    n = model.train_inputs[0].shape[-2]
+    if n > WARM_START and closure is None:
+        gen = torch.Generator().manual_seed(0 if model.seed is None else model.seed)
+        idx = torch.randperm(n, generator=gen)[:WARM_START].to(model.train_inputs[0].device)
+        mll.train()
+        optimizer(mll, closure_kwargs={**(closure_kwargs or {}), "indices": idx}, **(optimizer_kwargs or {}))
     for rounds in range(1, int(max_rounds) + 1):
         mll.train()
         result = optimizer(mll, closure=closure, closure_kwargs=closure_kwargs, **(optimizer_kwargs or {}))

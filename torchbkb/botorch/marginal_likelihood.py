@@ -55,17 +55,22 @@ class DTCMarginalLogLikelihood(Module):
         self.likelihood = likelihood
         self.model = model
 
-    def forward(self, *args, **kwargs) -> Tensor:
-        """`()` the bound per training point plus the priors' log densities per training point."""
+    def forward(self, *args, indices: Tensor | None = None, **kwargs) -> Tensor:
+        """`()` the bound per training point plus the priors' log densities per training point; with ``indices``
+        `(k,)`, the exact evidence of those training points instead (the fit's warm start)."""
         model = self.model
-        X, y, noise = model.train_inputs[0], model.train_targets, model.train_noise
+        X, y = model.train_inputs[0], model.train_targets
         n = X.shape[-2]
+        noise = model.likelihood.noise.reshape(-1)  # live: the noise is learned (or the known noise)
+        noise = noise.expand(n) if noise.numel() == 1 else (noise if noise.numel() == n else model.train_noise)
+        if indices is not None:
+            X, y, noise, n = X[indices], y[indices], noise[indices], int(indices.shape[0])
         resid = y - model.mean_module(X)
-        if model.is_exact:  # the posterior is the exact GP: so is its evidence
+        if indices is not None or model.is_exact:  # the posterior is the exact GP: so is its evidence
             bound = exact_evidence(model.covar_module, X, resid, noise)
         else:
             bound = dtc_evidence_bound(model.covar_module, X, resid, noise, model.inducing_points)
-        for _, module, prior, closure, _ in self.named_priors():
+        for _, module, prior, closure, _ in Module.named_priors(model):  # the model's priors, once each (as GPyTorch)
             bound = bound + prior.log_prob(closure(module)).sum()
         return bound / n
 

@@ -42,7 +42,7 @@ from torch import Tensor, nn
 from torchbkb.botorch.conditioning import shallow_module_copy
 from torchbkb.botorch.engine import ModelEngine
 from torchbkb.botorch.dictionary_sampling import sample_dictionary
-from torchbkb.botorch.defaults import DEFAULT_LENGTHSCALE, DEFAULT_NOISE, DEFAULT_OUTPUTSCALE, EXACT_FRACTION, MIN_YVAR, default_kernel, hyperparameter_modules
+from torchbkb.botorch.defaults import DEFAULT_LENGTHSCALE, DEFAULT_NOISE, DEFAULT_OUTPUTSCALE, EXACT_FRACTION, MIN_YVAR, default_kernel, hyperparameter_modules, hyperparameter_values, same_values
 from torchbkb.botorch.fitting import fit_rounds
 from torchbkb.botorch.from_model import gp_parts, transform_inducing_points
 from torchbkb.botorch.training_data import check_model_inputs, check_observations, check_query
@@ -108,21 +108,10 @@ class BKBModel(Model, FantasizeMixin):
 
     _num_outputs = 1
 
-    def __init__(
-        self,
-        train_X: Tensor,
-        train_Y: Tensor,
-        train_Yvar: Tensor | None = None,
-        kernel: Callable | None = None,
-        noise: float | None = None,
-        q_bar: float = 2.0,
-        inducing_points: Tensor | None = None,
-        seed: int | None = None,
-        input_transform: nn.Module | None = None,
-        outcome_transform: nn.Module | None = DEFAULT,
-        exact_fraction: float | None = EXACT_FRACTION,
-        covar_module: Callable | None = None,
-    ) -> None:
+    def __init__(self, train_X: Tensor, train_Y: Tensor, train_Yvar: Tensor | None = None, kernel: Callable | None = None,
+                 noise: float | None = None, q_bar: float = 2.0, inducing_points: Tensor | None = None, seed: int | None = None,
+                 input_transform: nn.Module | None = None, outcome_transform: nn.Module | None = DEFAULT,
+                 exact_fraction: float | None = EXACT_FRACTION, covar_module: Callable | None = None) -> None:
         super().__init__()
         kernel = check_model_inputs(train_X, train_Y, train_Yvar, noise, kernel, covar_module)
         if outcome_transform is DEFAULT:
@@ -140,31 +129,14 @@ class BKBModel(Model, FantasizeMixin):
         if noise is not None:
             check_positive(noise, "noise")
         covar, likelihood, mean = hyperparameter_modules(X_tf.shape[-1], noise_tf, noise, kernel, X_tf)
-        self._setup(
-            kernel=covar,
-            likelihood=likelihood,
-            mean_module=mean,
-            X_tf=X_tf.detach(),
-            y_tf=Y_tf.detach().squeeze(-1),
-            noise_tf=noise_tf,
-            q_bar=q_bar,
-            inducing_points=S_tf,
-            seed=seed,
-            input_dim=train_X.shape[-1],
-            exact_fraction=exact_fraction,
-        )
+        self._setup(kernel=covar, likelihood=likelihood, mean_module=mean, X_tf=X_tf.detach(), y_tf=Y_tf.detach().squeeze(-1),
+                    noise_tf=noise_tf, q_bar=q_bar, inducing_points=S_tf, seed=seed, input_dim=train_X.shape[-1], exact_fraction=exact_fraction)
         self._attach_transforms(input_transform, outcome_transform)
         self.eval()
 
     @classmethod
-    def from_model(
-        cls,
-        gp: Model,
-        q_bar: float = 2.0,
-        inducing_points: Tensor | None = None,
-        seed: int | None = None,
-        exact_fraction: float | None = EXACT_FRACTION,
-    ) -> "BKBModel":
+    def from_model(cls, gp: Model, q_bar: float = 2.0, inducing_points: Tensor | None = None, seed: int | None = None,
+                   exact_fraction: float | None = EXACT_FRACTION) -> "BKBModel":
         """Build a BKBModel from a fitted single-output ``SingleTaskGP`` (or any single-output BoTorch ``ExactGP``
         with a homoskedastic ``GaussianLikelihood`` and a constant or zero mean): its kernel, noise, constant
         mean, transformed training data and copies of its transforms (:func:`~torchbkb.botorch.from_model.gp_parts`),
@@ -204,20 +176,15 @@ class BKBModel(Model, FantasizeMixin):
         self.register_buffer("_data_noise", noise_tf, persistent=False)
         self.register_buffer("_given_dictionary", inducing_points, persistent=False)
         self._rebuilds = True  # False for conditioned copies: their posterior is a snapshot
-        self._build()
-
-    def _hyperparameter_values(self) -> Tensor | None:
-        """`(p,)` every hyperparameter's raw value, to tell when the posterior must be rebuilt."""
-        modules = [m for m in (self.covar_module, self.likelihood, self.mean_module) if isinstance(m, nn.Module)]
-        values = [p.detach().reshape(-1) for m in modules for p in m.parameters()]
-        return torch.cat(values) if values else None
+        self._engine = self._snapshot = None  # built on first use (a fit first re-draws it anyway)
 
     @property
     def engine(self) -> ModelEngine:
         """The posterior at the current hyperparameters (rebuilt in eval mode when they changed since it was built)."""
-        if self._rebuilds and not self.training:
-            now, then = self._hyperparameter_values(), self._snapshot
-            if (now is None) != (then is None) or (now is not None and (now.shape != then.shape or not torch.equal(now, then))):
+        if self._engine is None:
+            self._build()
+        elif self._rebuilds and not self.training:
+            if not same_values(hyperparameter_values(self.covar_module, self.likelihood, self.mean_module), self._snapshot):
                 self._build()
         return self._engine
 
@@ -230,14 +197,14 @@ class BKBModel(Model, FantasizeMixin):
             kernel = copy.deepcopy(kernel).requires_grad_(False)
         lam = float(nz.mean()) if nz is not None else float(self.likelihood.noise.detach().reshape(-1)[0])
         with torch.no_grad():
-            offset = self.mean_module(X[..., :1, :]).detach().reshape(-1)[0]  # a constant prior mean
+            offset = self.mean_module(X[..., :1, :]).detach().reshape(-1)[0].clone()  # a constant prior mean (no alias)
         if (S := self._given_dictionary) is not None:
             engine = ModelEngine(kernel, X, y - offset, nz, lam, S, ModelEngine.dense(S, X, self.exact_fraction))
         else:
             gen = None if self.seed is None else torch.Generator(device=X.device).manual_seed(self.seed)
             engine = ModelEngine.build(kernel, X, y - offset, nz, lam, self.q_bar, gen, self.exact_fraction)
         engine.offset = offset
-        self._engine, self._snapshot = engine, self._hyperparameter_values()
+        self._engine, self._snapshot = engine, hyperparameter_values(self.covar_module, self.likelihood, self.mean_module)
 
     def custom_fit(self, mll, closure=None, optimizer=None, closure_kwargs=None, optimizer_kwargs=None, **kwargs):
         """BoTorch's hook in ``fit_gpytorch_mll``: fit with a :class:`~torchbkb.botorch.DTCMarginalLogLikelihood`
@@ -246,7 +213,7 @@ class BKBModel(Model, FantasizeMixin):
 
     def _apply(self, fn, recurse: bool = True):
         out = super()._apply(fn, recurse)
-        if "_engine" in self.__dict__:  # the engine's state is data: moved, never in state_dict
+        if self.__dict__.get("_engine") is not None:  # the engine's state is data: moved, never in state_dict
             self._engine.apply(fn)
             if self._snapshot is not None:
                 self._snapshot = fn(self._snapshot)
@@ -261,7 +228,7 @@ class BKBModel(Model, FantasizeMixin):
     @property
     def batch_shape(self) -> torch.Size:
         """Batch shape of the training data (grows with ``fantasize``)."""
-        return self.engine.batch_shape
+        return self._data_X.shape[:-2] if self._engine is None else self._engine.batch_shape
 
     @property
     def noise(self) -> float:
@@ -310,13 +277,14 @@ class BKBModel(Model, FantasizeMixin):
     @property
     def train_inputs(self) -> tuple[Tensor]:
         """``(X,)`` with `(*batch, n, d)` transformed training inputs (as ``SingleTaskGP`` in eval mode)."""
-        return (self.engine.train_X,)
+        return (self._data_X if self._engine is None else self._engine.train_X,)
 
     @property
     def train_targets(self) -> Tensor:
         """`(*batch, n)` outcome-transformed training targets."""
-        y = self.engine.train_y
-        return y + self.mean_constant.to(y)
+        if self._engine is None:
+            return self._data_y
+        return self._engine.train_y + self._engine.offset.to(self._engine.train_y)
 
     def subset_output(self, idcs: list[int]) -> "BKBModel":
         """Single output: ``idcs`` must be ``[0]``."""

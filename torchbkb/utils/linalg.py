@@ -82,7 +82,7 @@ def safe_cholesky(A: torch.Tensor, *, max_tries: int = 6, name: str = "matrix") 
     L, info = torch.linalg.cholesky_ex(A)
     if not bool(info.any()):
         return L
-    diag_mean = A.diagonal(dim1=-2, dim2=-1).abs().mean().clamp_min(torch.finfo(dtype).tiny)
+    diag_mean = A.detach().diagonal(dim1=-2, dim2=-1).abs().mean().clamp_min(torch.finfo(dtype).tiny)
     jitter = float(torch.finfo(dtype).eps * diag_mean) * 10.0
     eye = torch.eye(n, dtype=dtype, device=A.device)
     for _ in range(max_tries):

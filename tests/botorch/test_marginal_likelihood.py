@@ -1,0 +1,204 @@
+"""DTCMarginalLogLikelihood: Titsias' bound of BKBModel's DTC posterior, and fitting with it."""
+
+import math
+
+import pytest
+import torch
+from botorch.fit import fit_gpytorch_mll
+from botorch.models import SingleTaskGP
+from gpytorch.kernels import RBFKernel, ScaleKernel
+from gpytorch.mlls import ExactMarginalLogLikelihood
+from hypothesis import given, settings, strategies as st
+
+from torchbkb.botorch import BKBModel, DTCMarginalLogLikelihood
+from torchbkb.botorch.fitting import MAX_ROUNDS, WARM_START
+from torchbkb.errors import InputDataError
+from torchbkb.evidence_bound import dtc_evidence_bound, exact_evidence
+
+F64 = torch.float64
+
+
+def _data(n=60, d=2, seed=0, noise=0.05):
+    g = torch.Generator().manual_seed(seed)
+    X = torch.rand(n, d, generator=g, dtype=F64)
+    Y = torch.sin(5 * X[:, :1]) * torch.cos(3 * X[:, -1:]) + noise * torch.randn(n, 1, generator=g, dtype=F64)
+    return X, Y
+
+
+def _kernel():
+    k = ScaleKernel(RBFKernel(ard_num_dims=2)).to(F64)
+    k.base_kernel.lengthscale = torch.tensor([[0.3, 0.6]], dtype=F64)
+    k.outputscale = torch.tensor(1.3, dtype=F64)
+    return k
+
+
+def _log_normal(X, y, noise, k):
+    K = k(X, X).to_dense() + torch.diag(noise)
+    return torch.distributions.MultivariateNormal(torch.zeros_like(y), K).log_prob(y)
+
+
+@pytest.mark.parametrize("chunk", [7, 10_000])
+def test_bound_with_every_point_in_the_dictionary_is_the_exact_evidence(chunk):
+    X, Y = _data()
+    y = Y.squeeze(-1)
+    for noise in (torch.full_like(y, 0.05), torch.linspace(0.01, 0.3, y.shape[0], dtype=F64)):
+        exact = _log_normal(X, y, noise, _kernel())
+        assert abs(float(dtc_evidence_bound(_kernel(), X, y, noise, X, chunk_size=chunk) - exact)) < 1e-8
+        assert abs(float(exact_evidence(_kernel(), X, y, noise) - exact)) < 1e-8
+
+
+def test_bound_with_a_smaller_dictionary_is_titsias_formula_and_below_the_evidence():
+    X, Y = _data()
+    y, noise, k = Y.squeeze(-1), torch.full((60,), 0.05, dtype=F64), _kernel()
+    S = X[:12]
+    Kxs, Kss, Kxx = k(X, S).to_dense(), k(S, S).to_dense(), k(X, X).to_dense()
+    Q = Kxs @ torch.linalg.solve(Kss, Kxs.T)
+    ref = torch.distributions.MultivariateNormal(torch.zeros_like(y), Q + 0.05 * torch.eye(60, dtype=F64)).log_prob(y)
+    ref = ref - 0.5 * (Kxx - Q).diagonal().sum() / 0.05
+    bound = dtc_evidence_bound(k, X, y, noise, S, chunk_size=16)
+    assert abs(float(bound - ref)) < 1e-8
+    assert float(bound) < float(_log_normal(X, y, noise, k))
+
+
+@pytest.mark.parametrize("exact_fraction", [0.5, None])
+@pytest.mark.parametrize("known_noise", [False, True])
+def test_mll_equals_single_task_gps_exact_mll_with_a_complete_dictionary(exact_fraction, known_noise):
+    X, Y = _data(n=40)
+    Yvar = torch.linspace(0.01, 0.1, 40, dtype=F64).unsqueeze(-1) if known_noise else None
+    bkb = BKBModel(X, Y, train_Yvar=Yvar, inducing_points=X, exact_fraction=exact_fraction)
+    gp = SingleTaskGP(X, Y, train_Yvar=Yvar)
+    for model in (bkb, gp):  # the same non-default hyperparameters in both
+        model.covar_module.lengthscale = torch.tensor([[0.25, 0.5]], dtype=F64)
+        model.mean_module.constant = torch.tensor(0.3, dtype=F64)
+        if not known_noise:
+            model.likelihood.noise = torch.tensor([0.02], dtype=F64)
+    mll, emll = DTCMarginalLogLikelihood(bkb.likelihood, bkb).train(), ExactMarginalLogLikelihood(gp.likelihood, gp).train()
+    assert bkb.is_exact == (exact_fraction is not None)
+    assert abs(float(mll() - emll(gp(*gp.train_inputs), gp.train_targets))) < 1e-8
+
+
+def test_gradients_match_finite_differences():
+    X, Y = _data(n=80)
+    model = BKBModel(X, Y, inducing_points=X[:20], exact_fraction=None)
+    model.covar_module.lengthscale = torch.tensor([[0.3, 0.5]], dtype=F64)
+    mll = DTCMarginalLogLikelihood(model.likelihood, model).train()
+    params = dict(mll.named_parameters())
+    assert {"likelihood.noise_covar.raw_noise", "model.covar_module.raw_lengthscale", "model.mean_module.raw_constant"} <= set(params)
+    mll.zero_grad()
+    mll().backward()
+    h = 1e-6
+    for name, p in params.items():
+        for i in range(p.numel()):
+            with torch.no_grad():
+                p.view(-1)[i] += h
+                up = float(mll())
+                p.view(-1)[i] -= 2 * h
+                down = float(mll())
+                p.view(-1)[i] += h
+            fd = (up - down) / (2 * h)
+            assert abs(float(p.grad.view(-1)[i]) - fd) < 1e-6 * max(1.0, abs(fd)), (name, i, float(p.grad.view(-1)[i]), fd)
+
+
+FACTORIZATIONS = ["cholesky", "cholesky_ex", "eigh", "eigvalsh", "inv", "inv_ex", "solve", "solve_ex", "lstsq", "svd", "qr", "lu_factor", "lu_factor_ex", "solve_triangular", "pinv", "eig"]
+
+
+def test_only_m_by_m_matrices_are_factorized(monkeypatch):
+    X, Y = _data(n=600)
+    model = BKBModel(X, Y, inducing_points=X[:25], exact_fraction=None)
+    mll = DTCMarginalLogLikelihood(model.likelihood, model).train()
+    sizes = []
+    for name in FACTORIZATIONS:
+        fn = getattr(torch.linalg, name)
+
+        def spy(A, *args, _fn=fn, **kw):
+            sizes.append(tuple(A.shape[-2:]))
+            return _fn(A, *args, **kw)
+
+        monkeypatch.setattr(torch.linalg, name, spy)
+    mll().backward()
+    assert sizes and max(max(s) for s in sizes) <= 25, sorted(set(sizes))
+
+
+def test_fit_recovers_the_hyperparameters_of_a_gp_sample():
+    g = torch.Generator().manual_seed(3)
+    n, ls, noise = 500, 0.15, 0.01
+    X = torch.rand(n, 1, generator=g, dtype=F64)
+    k = RBFKernel().to(F64)
+    k.lengthscale = torch.tensor(ls, dtype=F64)
+    f = torch.linalg.cholesky(k(X, X).to_dense() + 1e-8 * torch.eye(n, dtype=F64)) @ torch.randn(n, generator=g, dtype=F64)
+    Y = (f + math.sqrt(noise) * torch.randn(n, generator=g, dtype=F64)).unsqueeze(-1)
+    model = BKBModel(X, Y, outcome_transform=None, seed=0)
+    fit_gpytorch_mll(DTCMarginalLogLikelihood(model.likelihood, model))
+    assert not model.is_exact and model.dictionary_size < n / 4  # learned on a sparse dictionary
+    assert 1 <= model.fit_rounds <= MAX_ROUNDS
+    assert float(model.covar_module.lengthscale) == pytest.approx(ls, rel=0.2)
+    assert model.noise == pytest.approx(noise, rel=0.3)
+
+
+def test_after_a_fit_the_dictionary_is_drawn_at_the_fitted_hyperparameters():
+    X, Y = _data(n=WARM_START + 100, noise=0.1)  # past WARM_START: the warm start runs too
+    model = BKBModel(X, Y, seed=4)
+    mll = fit_gpytorch_mll(DTCMarginalLogLikelihood(model.likelihood, model))
+    assert not mll.training and not model.training
+    fresh = BKBModel(X, Y, seed=4)
+    fresh.load_state_dict(model.state_dict())
+    assert torch.equal(fresh.inducing_points, model.inducing_points)
+    Xq = torch.rand(5, 2, dtype=F64)
+    assert torch.allclose(fresh.posterior(Xq).mean, model.posterior(Xq).mean, atol=1e-12)
+
+
+def test_setting_a_hyperparameter_rebuilds_the_posterior_but_not_a_conditioned_copy():
+    X, Y = _data(n=50)
+    model = BKBModel(X, Y, seed=0)
+    Xq = torch.rand(4, 2, dtype=F64)
+    child = model.condition_on_observations(X[:2], Y[:2])
+    before, child_before = model.posterior(Xq).mean, child.posterior(Xq).mean
+    model.covar_module.lengthscale = torch.tensor([[0.9, 0.9]], dtype=F64)
+    ref = BKBModel(X, Y, seed=0)
+    ref.covar_module.lengthscale = torch.tensor([[0.9, 0.9]], dtype=F64)
+    assert torch.allclose(model.posterior(Xq).mean, ref.posterior(Xq).mean, atol=1e-12)
+    assert not torch.allclose(model.posterior(Xq).mean, before)
+    assert torch.equal(child.posterior(Xq).mean, child_before)  # a snapshot
+
+
+def test_a_fixed_noise_is_kept_by_the_fit():
+    X, Y = _data(n=60)
+    model = BKBModel(X, Y, noise=0.02)
+    fit_gpytorch_mll(DTCMarginalLogLikelihood(model.likelihood, model))
+    assert model.noise == pytest.approx(0.02, rel=1e-12)
+
+
+def test_bad_inputs_give_clear_errors():
+    X, Y = _data(n=30)
+    y, noise, k = Y.squeeze(-1), torch.full((30,), 0.1, dtype=F64), _kernel()
+    with pytest.raises(InputDataError, match="X: expected shape"):
+        dtc_evidence_bound(k, X[:0], y[:0], noise[:0], X[:3])
+    with pytest.raises(InputDataError, match="finite"):
+        dtc_evidence_bound(k, X, y.clone().index_fill_(0, torch.tensor([3]), float("nan")), noise, X[:3])
+    with pytest.raises(InputDataError, match="noise: expected positive"):
+        dtc_evidence_bound(k, X, y, -noise, X[:3])
+    with pytest.raises(InputDataError, match="dictionary: expected shape"):
+        dtc_evidence_bound(k, X, y, noise, X[:3, :1])
+    model = BKBModel(X, Y)
+    with pytest.raises(InputDataError, match="expected a BKBModel"):
+        DTCMarginalLogLikelihood(model.likelihood, SingleTaskGP(X, Y))
+    with pytest.raises(InputDataError, match="model.likelihood"):
+        DTCMarginalLogLikelihood(SingleTaskGP(X, Y).likelihood, model)
+    with pytest.raises(InputDataError, match="unbatched"):
+        batched = BKBModel(X.expand(2, 30, 2), Y.expand(2, 30, 1))
+        DTCMarginalLogLikelihood(batched.likelihood, batched)
+    other = BKBModel(X, Y)
+    with pytest.raises(InputDataError, match="for this BKBModel"):  # fit_gpytorch_mll calls model.custom_fit
+        model.custom_fit(DTCMarginalLogLikelihood(other.likelihood, other))
+
+
+@settings(max_examples=25, deadline=None)
+@given(n=st.integers(0, 5), d=st.integers(1, 3), m=st.integers(0, 4), extra=st.integers(-1, 1))
+def test_shapes_are_checked(n, d, m, extra):
+    X = torch.rand(n, d, dtype=F64)
+    y, noise, S = torch.rand(max(n + extra, 0), dtype=F64), torch.ones(n, dtype=F64), torch.rand(m, d, dtype=F64)
+    if n >= 1 and m >= 1 and y.shape[0] == n:
+        assert torch.isfinite(dtc_evidence_bound(RBFKernel().to(F64), X, y, noise, S))
+    else:
+        with pytest.raises(InputDataError):
+            dtc_evidence_bound(RBFKernel().to(F64), X, y, noise, S)
