@@ -24,6 +24,8 @@ Benchmarks (name -> module):
 * ``botorch_iteration`` -- a continuous BO iteration (LogEI + optimize_acqf): BKBModel vs SingleTaskGP (fixed,
   fitted) vs SingleTaskVariationalGP, n = 250..5,000, d = 2, 6, time and memory;
 * ``botorch_candidates`` -- UCB, BBKB and Thompson selections over 10⁵-10⁷ candidates, time and peak memory;
+* ``botorch_scale`` -- fitted BKBModel vs fitted SingleTaskGP / SingleTaskVariationalGP: quality at n = 600,
+  fit + predict time, RMSE and dictionary size up to n = 10⁵, a BBKB batch at the largest n;
 * ``sbpe`` -- issue 6: S-BPE vs exact BPE, interval coverage and time;
 * ``online`` -- issue 7: PKAWV vs Kernel-AWV / online KRR / FOGD, regret and time per round.
 
@@ -42,6 +44,7 @@ BENCHMARKS = {
     "botorch_peer": "benchmarks.botorch_peer",
     "botorch_iteration": "benchmarks.botorch_iteration",
     "botorch_candidates": "benchmarks.botorch_candidates",
+    "botorch_scale": "benchmarks.botorch_scale",
     "sbpe": "benchmarks.sbpe",
     "online": "benchmarks.online",
 }
@@ -52,6 +55,7 @@ OPTIONS = {
     "botorch_peer": {"--quick", "--device", "--threads", "--out"},
     "botorch_iteration": {"--quick", "--threads", "--out"},
     "botorch_candidates": {"--quick", "--threads", "--out"},
+    "botorch_scale": {"--quick", "--full", "--threads", "--out"},
     "sbpe": {"--quick", "--threads", "--out"},
     "online": {"--quick", "--threads", "--out"},
 }

@@ -5,7 +5,8 @@ hyperparameters where the model has any to fit) and maximize ``LogExpectedImprov
 ``optimize_acqf`` (4 restarts, 256 raw samples, at most 50 L-BFGS iterations) over the unit cube.
 Models, each in its BoTorch-documented form:
 
-* ``BKBModel`` -- defaults (fixed Matérn-5/2 hyperparameters, ``Standardize``), dictionary drawn with seed 0;
+* ``BKBModel`` -- fixed Matérn-5/2 hyperparameters (``default_kernel``, ``DEFAULT_NOISE``), ``Standardize``,
+  dictionary drawn with seed 0 (BKBModel with learned hyperparameters: ``botorch_scale.py``);
 * ``SingleTaskGP fixed`` -- the same kernel and noise, no fitting (the exact model BKBModel approximates);
 * ``SingleTaskGP fitted`` -- BoTorch defaults, ``fit_gpytorch_mll`` (skipped above ``--fit-max``: its fit
   costs minutes there);
@@ -68,8 +69,8 @@ def build(name: str, X, Y):
     from torchbkb.botorch.defaults import DEFAULT_NOISE
 
     d = X.shape[-1]
-    if name == "BKBModel":
-        return BKBModel(X, Y, seed=0)
+    if name == "BKBModel":  # the fixed hyperparameters of "SingleTaskGP fixed" (fitting: botorch_scale.py)
+        return BKBModel(X, Y, kernel=default_kernel(d), noise=DEFAULT_NOISE, seed=0)
     if name == "SingleTaskGP fixed":
         gp = SingleTaskGP(X, Y, covar_module=default_kernel(d))
         gp.likelihood.noise = torch.tensor([DEFAULT_NOISE], dtype=X.dtype)

@@ -1,0 +1,231 @@
+"""BKBModel with learned hyperparameters against BoTorch's fitted models: prediction quality, time and scale.
+
+Every model is fitted the BoTorch way (``fit_gpytorch_mll``): ``SingleTaskGP`` on its exact marginal likelihood,
+``BKBModel`` on :class:`~torchbkb.botorch.DTCMarginalLogLikelihood` (both with ``SingleTaskGP``'s default
+modules), ``SingleTaskVariationalGP`` (``SVGP_INDUCING`` inducing points) on the variational ELBO with Adam on
+minibatches, as GPyTorch's large-data examples train it (``SVGP_EPOCHS`` epochs of 1,024 points).
+
+Studies (noisy test functions on the unit cube, Gaussian noise of ``noise × std(f)``):
+
+* ``quality`` -- n = 600: test RMSE against the noiseless function on 2,000 held-out points, held-out NLL of
+  noisy observations and the coverage of their 95% predictive intervals, per function and seed;
+* ``size`` -- time of fit + predicting 10⁴ points, RMSE and dictionary size ``m`` against ``n`` for each
+  model, up to ``--max-n`` (``SingleTaskGP`` up to ``--exact-max``), with one BBKB batch of ``--q`` points
+  from 10⁵ candidates (``optimize_acqf_bbkb``) at the largest ``n``; peak memory of BKBModel's iteration.
+
+Usage::
+
+    python -m benchmarks.botorch_scale --threads 2                 # about 30 min
+    python -m benchmarks.botorch_scale --quick --threads 2         # a minute
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import torch
+
+from benchmarks.common import PeakMemory, base_parser, new_figure, print_table, save_figure, setup, write_json
+
+SVGP_INDUCING = 256
+SVGP_EPOCHS = 3
+FUNCTIONS = ("hartmann6", "ackley6", "michalewicz5", "styblinski10")
+
+
+def function(name: str):
+    """``(f, d)``: the BoTorch test function (minimization, negated to maximize) mapped to the unit cube."""
+    from botorch.test_functions import Ackley, Hartmann, Michalewicz, StyblinskiTang
+
+    f = {"hartmann6": lambda: Hartmann(6), "ackley6": lambda: Ackley(6), "michalewicz5": lambda: Michalewicz(5),
+         "styblinski10": lambda: StyblinskiTang(10)}[name]()
+    lb, ub = f.bounds[0].double(), f.bounds[1].double()
+    return (lambda X: -f(lb + X * (ub - lb))), f.dim
+
+
+def dataset(name: str, n: int, noise: float, seed: int, n_test: int = 2000):
+    """Training ``(X, Y)`` with noise ``noise·std(f)``, test ``(Xt, ft, Yt)`` (noiseless and noisy), noise std."""
+    f, d = function(name)
+    g = torch.Generator().manual_seed(seed)
+    Xt = torch.rand(n_test, d, generator=g, dtype=torch.float64)
+    ft = f(Xt)
+    sd = noise * float(ft.std())
+    X = torch.rand(n, d, generator=g, dtype=torch.float64)
+    Y = (f(X) + sd * torch.randn(n, generator=g, dtype=torch.float64)).unsqueeze(-1)
+    return X, Y, Xt, ft, ft + sd * torch.randn(n_test, generator=g, dtype=torch.float64), sd
+
+
+def fit(name: str, X, Y, q_bar: float = 2.0):
+    from botorch.fit import fit_gpytorch_mll
+    from botorch.models import SingleTaskGP
+    from gpytorch.mlls import ExactMarginalLogLikelihood
+
+    from torchbkb.botorch import BKBModel, DTCMarginalLogLikelihood
+
+    if name == "BKBModel":
+        model = BKBModel(X, Y, q_bar=q_bar, seed=0)
+        fit_gpytorch_mll(DTCMarginalLogLikelihood(model.likelihood, model))
+        return model
+    if name == "SingleTaskGP":
+        model = SingleTaskGP(X, Y)
+        fit_gpytorch_mll(ExactMarginalLogLikelihood(model.likelihood, model))
+        return model.eval()
+    return fit_svgp(X, Y)
+
+
+def fit_svgp(X, Y):
+    from botorch.models import SingleTaskVariationalGP
+    from gpytorch.mlls import VariationalELBO
+
+    g = torch.Generator().manual_seed(0)
+    from botorch.models.transforms import Standardize
+
+    inducing = X[torch.randperm(X.shape[0], generator=g)[:SVGP_INDUCING]]
+    model = SingleTaskVariationalGP(X, Y, inducing_points=inducing, outcome_transform=Standardize(m=1))
+    mll = VariationalELBO(model.likelihood, model.model, num_data=X.shape[0])
+    opt = torch.optim.Adam(mll.parameters(), lr=0.02)
+    model.train()
+    Xtr = model.transform_inputs(X)
+    Ytr = model.outcome_transform(Y)[0].squeeze(-1)
+    for _ in range(SVGP_EPOCHS):
+        for idx in torch.randperm(X.shape[0], generator=g).split(1024):
+            opt.zero_grad()
+            loss = -mll(model.model(Xtr[idx]), Ytr[idx])
+            loss.backward()
+            opt.step()
+    return model.eval()
+
+
+def predict(model, Xt, chunk: int = 2048):
+    with torch.no_grad():
+        parts = [model.posterior(Xt[i : i + chunk]) for i in range(0, Xt.shape[0], chunk)]
+        return torch.cat([p.mean.reshape(-1) for p in parts]), torch.cat([p.variance.reshape(-1) for p in parts])
+
+
+def scores(model, Xt, ft, Yt, sd: float) -> dict:
+    mean, var = predict(model, Xt)
+    pred_var = var + sd**2  # of a noisy observation
+    nll = 0.5 * (torch.log(2 * math.pi * pred_var) + (Yt - mean) ** 2 / pred_var)
+    inside = (Yt - mean).abs() <= 1.96 * pred_var.sqrt()
+    return {"rmse": float(((mean - ft) ** 2).mean().sqrt()), "nll": float(nll.mean()), "coverage": float(inside.double().mean())}
+
+
+def dictionary_size(model):
+    return getattr(model, "dictionary_size", None)
+
+
+def quality(args) -> list[dict]:
+    rows = []
+    for fname in args.functions:
+        for seed in range(args.seeds):
+            X, Y, Xt, ft, Yt, sd = dataset(fname, args.n_quality, args.noise, seed)
+            for name in ("SingleTaskGP", "BKBModel"):  # alternate per seed: the VM's speed drifts
+                t0 = time.perf_counter()
+                model = fit(name, X, Y)
+                row = {"study": "quality", "function": fname, "seed": seed, "model": name, "n": args.n_quality,
+                       "fit_s": time.perf_counter() - t0, "m": dictionary_size(model), **scores(model, Xt, ft, Yt, sd)}
+                rows.append(row)
+                print(row, flush=True)
+    return rows
+
+
+def bbkb_batch(model, d: int, q: int, candidates: int) -> float:
+    from torchbkb.botorch import optimize_acqf_bbkb
+
+    C = torch.rand(candidates, d, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    t0 = time.perf_counter()
+    picks, _ = optimize_acqf_bbkb(model, C, batch_bound=1e9, max_batch_size=q)  # q picks: C̃ never stops the batch first
+    assert picks.shape[0] == q
+    return time.perf_counter() - t0
+
+
+def size(args) -> list[dict]:
+    rows = []
+    fname = args.size_function
+    for n in args.sizes:
+        X, Y, Xt, ft, Yt, sd = dataset(fname, n, args.noise, 0, n_test=10_000)
+        names = ["BKBModel", "SingleTaskVariationalGP"] + (["SingleTaskGP"] if n <= args.exact_max else [])
+        for name in names:
+            with PeakMemory(torch.device("cpu")) as mem:
+                t0 = time.perf_counter()
+                model = fit(name, X, Y)
+                t_fit = time.perf_counter() - t0
+                t1 = time.perf_counter()
+                sc = scores(model, Xt, ft, Yt, sd)
+                t_pred = time.perf_counter() - t1
+                t_batch = bbkb_batch(model, X.shape[-1], args.q, args.candidates) if name == "BKBModel" and n == max(args.sizes) else None
+            row = {"study": "size", "function": fname, "model": name, "n": n, "fit_s": t_fit, "predict_s": t_pred,
+                   "fit_predict_s": t_fit + t_pred, "bbkb_batch_s": t_batch, "q": args.q if t_batch else None,
+                   "peak_mb": None if mem.extra is None else mem.extra / 2**20, "m": dictionary_size(model), "fit_rounds": getattr(model, "fit_rounds", None), **sc}
+            rows.append(row)
+            print(row, flush=True)
+    return rows
+
+
+def main(argv=None):
+    p = base_parser(__doc__.splitlines()[0])
+    p.add_argument("--functions", nargs="*", default=list(FUNCTIONS), choices=FUNCTIONS)
+    p.add_argument("--seeds", type=int, default=3)
+    p.add_argument("--noise", type=float, default=0.2, help="noise std as a fraction of std(f)")
+    p.add_argument("--n-quality", type=int, default=600)
+    p.add_argument("--size-function", default="styblinski10", choices=FUNCTIONS)
+    p.add_argument("--sizes", type=int, nargs="*", default=None)
+    p.add_argument("--exact-max", type=int, default=3000, help="largest n for SingleTaskGP")
+    p.add_argument("--q", type=int, default=100)
+    p.add_argument("--candidates", type=int, default=100_000)
+    p.add_argument("--studies", nargs="*", default=["quality", "size"], choices=["quality", "size"])
+    args = p.parse_args(argv)
+    setup(args)
+    if args.quick:
+        args.functions, args.seeds, args.n_quality = args.functions[:1], 1, min(args.n_quality, 150)
+        args.sizes, args.candidates, args.q, args.exact_max = args.sizes or [300], min(args.candidates, 5000), min(args.q, 10), 300
+    args.sizes = args.sizes or ([1000, 3000, 10_000, 30_000, 100_000] if not args.full else [1000, 3000, 5000, 10_000, 30_000, 100_000])
+    rows = []
+    if "quality" in args.studies:
+        rows += quality(args)
+    if "size" in args.studies:
+        rows += size(args)
+    summary = summarize(rows)
+    print_table(summary, ["study", "function", "model", "n", "rmse", "nll", "coverage", "fit_predict_s", "m"], "botorch_scale")
+    path = write_json(args.out, "botorch_scale", {"settings": {k: v for k, v in vars(args).items()}, "rows": rows, "summary": summary})
+    plot(rows, args.out)
+    print(path)
+
+
+def summarize(rows: list[dict]) -> list[dict]:
+    """Medians per (study, function, model, n)."""
+    import statistics
+
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        groups.setdefault((r["study"], r["function"], r["model"], r["n"]), []).append(r)
+    out = []
+    for (study, fname, model, n), rs in groups.items():
+        med = lambda k: statistics.median(r[k] for r in rs) if all(r.get(k) is not None for r in rs) else None  # noqa: E731
+        out.append({"study": study, "function": fname, "model": model, "n": n, "rmse": med("rmse"), "nll": med("nll"),
+                    "coverage": med("coverage"), "fit_predict_s": med("fit_predict_s") if study == "size" else med("fit_s"), "m": med("m")})
+    return out
+
+
+def plot(rows: list[dict], out: str):
+    fig, axes = new_figure(ncols=3, width=4.2)
+    axes = axes[0]
+    size_rows = [r for r in rows if r["study"] == "size"]
+    for model in sorted({r["model"] for r in size_rows}):
+        rs = sorted((r for r in size_rows if r["model"] == model), key=lambda r: r["n"])
+        ns = [r["n"] for r in rs]
+        axes[0].loglog(ns, [r["fit_predict_s"] for r in rs], "o-", label=model)
+        axes[1].semilogx(ns, [r["rmse"] for r in rs], "o-", label=model)
+        if model == "BKBModel":
+            axes[2].loglog(ns, [r["m"] for r in rs], "o-", label="dictionary size m")
+            axes[2].loglog(ns, ns, ":", color="gray", label="m = n")
+    axes[0].set(xlabel="n", ylabel="fit + predict 10⁴ points (s)")
+    axes[1].set(xlabel="n", ylabel="test RMSE")
+    axes[2].set(xlabel="n", ylabel="m")
+    for ax in axes:
+        ax.legend(fontsize=7)
+    return save_figure(fig, out, "botorch_scale")
+
+
+if __name__ == "__main__":
+    main()
