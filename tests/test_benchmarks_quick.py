@@ -132,6 +132,7 @@ def test_registry_and_helpers():
         ("botorch_peer", ["--sizes", "100"], ["botorch_peer_quick.json", "botorch_peer_quick.png"]),
         ("botorch_iteration", ["--sizes", "60", "--dims", "2"], ["botorch_iteration.json", "botorch_iteration.png"]),
         ("botorch_candidates", ["--candidates", "20000"], ["botorch_candidates.json", "botorch_candidates.png"]),
+        ("botorch_scale", ["--seeds", "1", "--functions", "hartmann6"], ["botorch_scale.json", "botorch_scale.png"]),
         ("sbpe", ["--threads", "1"], ["sbpe.json", "sbpe.png"]),
         ("online", ["--threads", "1"], ["online.json", "online.png"]),
     ],

@@ -17,10 +17,11 @@ from typing import Callable
 import torch
 from torch import Tensor
 
-from torchbkb.dtc_posterior import DTCPosterior
 from torchbkb.errors import InputDataError, check_positive
 from torchbkb.nystrom import NystromEmbedding
 from torchbkb.rls_dictionary import RLSDictionary
+from torchbkb.stable_scoring import feature_rls
+from torchbkb.utils.linalg import compute_dtype, safe_cholesky
 
 __all__ = ["sample_dictionary", "draw_dictionary"]
 
@@ -110,13 +111,12 @@ def _resample(dic: RLSDictionary, rls: Tensor) -> Tensor:
 def _sample_one(kernel, X: Tensor, w: Tensor, lam: float, dic: RLSDictionary, complete_above: float | None = None) -> Tensor | None:
     n = X.shape[0]
     emb = NystromEmbedding(kernel, X[:1])  # S_1 = {x_1}
-    post = DTCPosterior(emb, noise=lam)
     end, previous = 1, 1.0
     with torch.no_grad():
         while True:
             final = end == n
             new_end = n if final else min(n, 2 * end)
-            rls = _round_rls(emb, post, X, w, end, new_end)
+            rls = _round_rls(emb, X, w, lam, end, new_end)
             idx = _resample(dic, rls).nonzero().squeeze(-1)
             if final:
                 return X[idx]
@@ -131,20 +131,21 @@ def _sample_one(kernel, X: Tensor, w: Tensor, lam: float, dic: RLSDictionary, co
             end = new_end
 
 
-def _round_rls(emb: NystromEmbedding, post: DTCPosterior, X: Tensor, w: Tensor, end: int, new_end: int) -> Tensor:
-    """`(new_end,)` ``σ̃²`` of ``X[:new_end]`` under the posterior conditioned on ``X[:end]`` (``σ̃²`` ignores ``y``),
-    embedded once per round, or twice in chunks past the embedding's ``chunk_size`` (no `(n, r)` features then)."""
+def _round_rls(emb: NystromEmbedding, X: Tensor, w: Tensor, lam: float, end: int, new_end: int) -> Tensor:
+    """`(new_end,)` ``σ̃²`` of ``X[:new_end]`` under the posterior conditioned on ``X[:end]`` (``σ̃²`` ignores ``y``):
+    ``V = Σ w z zᵀ + λI`` factorized once (no inverse), points scored as ``(k - ‖z‖²)/λ + ‖L⁻¹z‖²``; embedded once
+    per round, or twice in chunks past the embedding's ``chunk_size`` (no `(n, r)` features then)."""
     c = emb.chunk_size
     Z = emb(X[:new_end]) if new_end <= c else None  # (new_end, r)
-    post.fit(X[:0], X.new_zeros(0))  # empty posterior on the current dictionary
+    rows = (lambda i, j: Z[i:j]) if Z is not None else (lambda i, j: emb(X[i:j]))
+    dtype = compute_dtype(X.dtype, emb.rank)
+    V = torch.eye(emb.rank, dtype=dtype, device=X.device) * lam
     for i in range(0, end, c):
-        j = min(i + c, end)
-        post.update_features(Z[i:j] if Z is not None else emb(X[i:j]), X.new_zeros(j - i), w[i:j])
-    parts = []
-    for i in range(0, new_end, c):
-        Xi = X[i : min(i + c, new_end)]
-        parts.append(post.score_embedded(Z[i : i + c] if Z is not None else emb(Xi), emb.kernel_diag(Xi))[1])
-    return parts[0] if len(parts) == 1 else torch.cat(parts)
+        Zi = rows(i, min(i + c, end)).to(dtype)
+        V = V + (Zi.transpose(-1, -2) * w[i : min(i + c, end)].to(dtype)) @ Zi
+    L = safe_cholesky(V, name="V")
+    parts = [feature_rls(rows(i, min(i + c, new_end)).to(dtype), emb.kernel_diag(X[i : min(i + c, new_end)]), L, lam) for i in range(0, new_end, c)]
+    return (parts[0] if len(parts) == 1 else torch.cat(parts)).to(X.dtype)
 
 
 def _fresh_generator(device) -> torch.Generator:
