@@ -114,6 +114,10 @@ def dictionary_size(model):
     return getattr(model, "dictionary_size", None)
 
 
+def is_exact(model):
+    return getattr(model, "is_exact", None)
+
+
 def quality(args) -> list[dict]:
     rows = []
     for fname in args.functions:
@@ -123,7 +127,7 @@ def quality(args) -> list[dict]:
                 t0 = time.perf_counter()
                 model = fit(name, X, Y)
                 row = {"study": "quality", "function": fname, "seed": seed, "model": name, "n": args.n_quality,
-                       "fit_s": time.perf_counter() - t0, "m": dictionary_size(model), **scores(model, Xt, ft, Yt, sd)}
+                       "fit_s": time.perf_counter() - t0, "m": dictionary_size(model), "exact": is_exact(model), **scores(model, Xt, ft, Yt, sd)}
                 rows.append(row)
                 print(row, flush=True)
     return rows
@@ -139,7 +143,7 @@ def bbkb_batch(model, d: int, q: int, candidates: int) -> float:
     return time.perf_counter() - t0
 
 
-def size(args) -> list[dict]:
+def size(args, on_row=None) -> list[dict]:
     rows = []
     fname = args.size_function
     for n in args.sizes:
@@ -156,9 +160,11 @@ def size(args) -> list[dict]:
                 t_batch = bbkb_batch(model, X.shape[-1], args.q, args.candidates) if name == "BKBModel" and n == max(args.sizes) else None
             row = {"study": "size", "function": fname, "model": name, "n": n, "fit_s": t_fit, "predict_s": t_pred,
                    "fit_predict_s": t_fit + t_pred, "bbkb_batch_s": t_batch, "q": args.q if t_batch else None,
-                   "peak_mb": None if mem.extra is None else mem.extra / 2**20, "m": dictionary_size(model), "fit_rounds": getattr(model, "fit_rounds", None), **sc}
+                   "peak_mb": None if mem.extra is None else mem.extra / 2**20, "m": dictionary_size(model), "exact": is_exact(model), "fit_rounds": getattr(model, "fit_rounds", None), **sc}
             rows.append(row)
             print(row, flush=True)
+            if on_row is not None:
+                on_row(rows)
     return rows
 
 
@@ -180,16 +186,22 @@ def main(argv=None):
         args.functions, args.seeds, args.n_quality = args.functions[:1], 1, min(args.n_quality, 150)
         args.sizes, args.candidates, args.q, args.exact_max = args.sizes or [300], min(args.candidates, 5000), min(args.q, 10), 300
     args.sizes = args.sizes or ([1000, 3000, 10_000, 30_000, 100_000] if not args.full else [1000, 3000, 5000, 10_000, 30_000, 100_000])
-    rows = []
+    rows: list[dict] = []
     if "quality" in args.studies:
         rows += quality(args)
     if "size" in args.studies:
-        rows += size(args)
+        rows += size(args, lambda done: report(args, rows + done, quiet=True))  # a partial report after each row
+    report(args, rows)
+
+
+def report(args, rows: list[dict], quiet: bool = False):
     summary = summarize(rows)
-    print_table(summary, ["study", "function", "model", "n", "rmse", "nll", "coverage", "fit_predict_s", "m"], "botorch_scale")
+    if not quiet:
+        print_table(summary, ["study", "function", "model", "n", "rmse", "nll", "coverage", "fit_predict_s", "m"], "botorch_scale")
     path = write_json(args.out, "botorch_scale", {"settings": {k: v for k, v in vars(args).items()}, "rows": rows, "summary": summary})
     plot(rows, args.out)
-    print(path)
+    if not quiet:
+        print(path)
 
 
 def summarize(rows: list[dict]) -> list[dict]:
