@@ -47,7 +47,7 @@ def _models():
     Y = Hartmann(D, negate=True)(X).unsqueeze(-1)
     gp = SingleTaskGP(X, Y, covar_module=default_kernel(D))
     gp.likelihood.noise = torch.tensor([DEFAULT_NOISE], dtype=torch.float64)
-    return gp.eval(), BKBModel(X, Y, seed=0)
+    return gp.eval(), BKBModel(X, Y, kernel=default_kernel(D), noise=DEFAULT_NOISE, seed=0)  # gp's hyperparameters
 
 
 def select(name: str, gp, bkb, choices):

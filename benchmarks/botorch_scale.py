@@ -3,7 +3,8 @@
 Every model is fitted the BoTorch way (``fit_gpytorch_mll``): ``SingleTaskGP`` on its exact marginal likelihood,
 ``BKBModel`` on :class:`~torchbkb.botorch.DTCMarginalLogLikelihood` (both with ``SingleTaskGP``'s default
 modules), ``SingleTaskVariationalGP`` (``SVGP_INDUCING`` inducing points) on the variational ELBO with Adam on
-minibatches, as GPyTorch's large-data examples train it (``SVGP_EPOCHS`` epochs of 1,024 points).
+minibatches, as GPyTorch's large-data examples train it (``SVGP_EPOCHS`` epochs of 1,024 points, at least
+``SVGP_MIN_STEPS`` steps).
 
 Studies (noisy test functions on the unit cube, Gaussian noise of ``noise × std(f)``):
 
@@ -30,6 +31,7 @@ from benchmarks.common import PeakMemory, base_parser, new_figure, print_table, 
 
 SVGP_INDUCING = 256
 SVGP_EPOCHS = 3
+SVGP_MIN_STEPS = 500
 FUNCTIONS = ("hartmann6", "ackley6", "michalewicz5", "styblinski10")
 
 
@@ -77,9 +79,9 @@ def fit_svgp(X, Y):
     from botorch.models import SingleTaskVariationalGP
     from gpytorch.mlls import VariationalELBO
 
-    g = torch.Generator().manual_seed(0)
     from botorch.models.transforms import Standardize
 
+    g = torch.Generator().manual_seed(0)
     inducing = X[torch.randperm(X.shape[0], generator=g)[:SVGP_INDUCING]]
     model = SingleTaskVariationalGP(X, Y, inducing_points=inducing, outcome_transform=Standardize(m=1))
     mll = VariationalELBO(model.likelihood, model.model, num_data=X.shape[0])
@@ -87,12 +89,16 @@ def fit_svgp(X, Y):
     model.train()
     Xtr = model.transform_inputs(X)
     Ytr = model.outcome_transform(Y)[0].squeeze(-1)
-    for _ in range(SVGP_EPOCHS):
-        for idx in torch.randperm(X.shape[0], generator=g).split(1024):
-            opt.zero_grad()
-            loss = -mll(model.model(Xtr[idx]), Ytr[idx])
-            loss.backward()
-            opt.step()
+    model.outcome_transform.eval()  # statistics of the whole data set, fixed during the minibatches
+    steps = max(SVGP_MIN_STEPS, SVGP_EPOCHS * math.ceil(X.shape[0] / 1024))
+    batches = []
+    while len(batches) < steps:
+        batches += list(torch.randperm(X.shape[0], generator=g).split(1024))
+    for idx in batches[:steps]:
+        opt.zero_grad()
+        loss = -mll(model.model(Xtr[idx]), Ytr[idx])
+        loss.backward()
+        opt.step()
     return model.eval()
 
 

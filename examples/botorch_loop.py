@@ -27,7 +27,7 @@ from botorch.optim import optimize_acqf, optimize_acqf_discrete
 from botorch.test_functions import Hartmann
 from gpytorch.mlls import ExactMarginalLogLikelihood
 
-from torchbkb.botorch import BKBModel, optimize_acqf_bbkb
+from torchbkb.botorch import BKBModel, DTCMarginalLogLikelihood, optimize_acqf_bbkb
 
 torch.manual_seed(0)
 f = Hartmann(dim=6, negate=True)  # maximum 3.32237
@@ -41,6 +41,7 @@ def continuous_loop(n_init: int = 10, iterations: int = 20) -> torch.Tensor:
         # gp = SingleTaskGP(train_X, train_Y, input_transform=Normalize(d=6), outcome_transform=Standardize(m=1))
         # fit_gpytorch_mll(ExactMarginalLogLikelihood(gp.likelihood, gp))
         gp = BKBModel(train_X, train_Y, input_transform=Normalize(d=6), outcome_transform=Standardize(m=1))
+        fit_gpytorch_mll(DTCMarginalLogLikelihood(gp.likelihood, gp))
         logEI = LogExpectedImprovement(model=gp, best_f=train_Y.max())
         candidate, acq_value = optimize_acqf(logEI, bounds=bounds, q=1, num_restarts=5, raw_samples=64)
         train_X = torch.cat([train_X, candidate])
@@ -54,6 +55,7 @@ def discrete_loop(choices: torch.Tensor, n_init: int = 10, iterations: int = 40)
     for t in range(iterations):
         # model = SingleTaskGP(train_X, train_Y)      (+ fit_gpytorch_mll)
         model = BKBModel(train_X, train_Y, seed=t)
+        fit_gpytorch_mll(DTCMarginalLogLikelihood(model.likelihood, model))
         candidate, _ = optimize_acqf_discrete(UpperConfidenceBound(model, beta=4.0), q=1, choices=choices)
         train_X = torch.cat([train_X, candidate])
         train_Y = torch.cat([train_Y, f(candidate).unsqueeze(-1)])
@@ -66,6 +68,7 @@ def bbkb_loop(choices: torch.Tensor, n_init: int = 10, budget: int = 50) -> tupl
     sizes = []
     while len(train_X) < budget:
         model = BKBModel(train_X, train_Y, seed=len(train_X))
+        fit_gpytorch_mll(DTCMarginalLogLikelihood(model.likelihood, model))
         # RLS scale (σ̃² = σ²_GP / λ): BoTorch's UCB(beta=b) is α̃ = √(b·λ), and C̃ = 1 + 0.1/λ ends a batch once
         # the GP-scale variances of its picks (standardized outcomes, at the batch start) sum past 0.1
         alpha = math.sqrt(4.0 * model.noise)
