@@ -73,3 +73,24 @@ class LargestOutput(TorchDispatchMode):
             if isinstance(t, torch.Tensor):
                 self.numel = max(self.numel, t.numel())
         return out
+
+
+#: The factorizations complexity tests watch: in ``torch.linalg`` and in ``torch``.
+LINALG_FACTORIZATIONS = ["cholesky", "cholesky_ex", "eigh", "eigvalsh", "inv", "inv_ex", "solve", "solve_ex", "lstsq", "svd", "qr", "lu_factor", "lu_factor_ex", "solve_triangular", "pinv", "eig"]
+TORCH_FACTORIZATIONS = ["cholesky_inverse", "cholesky_solve", "inverse", "pinverse"]
+
+
+def spy_factorizations(monkeypatch) -> list:
+    """Patch every watched factorization to record the trailing `(rows, cols)` of its first argument; returns the
+    list the calls append to."""
+    sizes = []
+    for module, names in ((torch.linalg, LINALG_FACTORIZATIONS), (torch, TORCH_FACTORIZATIONS)):
+        for name in names:
+            fn = getattr(module, name)
+
+            def spy(A, *args, _fn=fn, **kw):
+                sizes.append(tuple(A.shape[-2:]))
+                return _fn(A, *args, **kw)
+
+            monkeypatch.setattr(module, name, spy)
+    return sizes

@@ -3,7 +3,7 @@ import torch
 from hypothesis import assume, given, settings, strategies as st
 
 from conftest import tol
-from helpers import close, bkb_eq4, exact_gp, rbf, titsias_dtc
+from helpers import close, bkb_eq4, exact_gp, rbf, spy_factorizations, titsias_dtc
 from torchbkb import DTCPosterior, NystromEmbedding
 from torchbkb.errors import InputDataError, TorchBKBError
 from torchbkb.kernels import GaussianKernel
@@ -206,27 +206,8 @@ def test_stale_embedding_is_detected_and_set_inducing_points_refits():
 
 
 # ----------------------------------------------------------------------------- complexity contract
-FACTORIZATIONS = ["cholesky", "cholesky_ex", "eigh", "eigvalsh", "inv", "inv_ex", "solve", "solve_ex", "lstsq", "svd", "qr", "lu_factor", "lu_factor_ex", "solve_triangular", "pinv", "eig"]
-
-
 def test_only_m_by_m_is_ever_factorized(monkeypatch):
-    sizes = []
-    for name in FACTORIZATIONS:
-        fn = getattr(torch.linalg, name)
-
-        def spy(A, *args, _fn=fn, **kw):
-            sizes.append(tuple(A.shape[-2:]))
-            return _fn(A, *args, **kw)
-
-        monkeypatch.setattr(torch.linalg, name, spy)
-    for name in ["cholesky_inverse", "cholesky_solve", "inverse", "pinverse"]:
-        fn = getattr(torch, name)
-
-        def spy(A, *args, _fn=fn, **kw):
-            sizes.append(tuple(A.shape[-2:]))
-            return _fn(A, *args, **kw)
-
-        monkeypatch.setattr(torch, name, spy)
+    sizes = spy_factorizations(monkeypatch)
     g = torch.Generator().manual_seed(0)
     X = torch.rand(600, 2, generator=g, dtype=torch.float64)
     y = torch.randn(600, generator=g, dtype=torch.float64)

@@ -10,6 +10,7 @@ from gpytorch.kernels import RBFKernel, ScaleKernel
 from gpytorch.mlls import ExactMarginalLogLikelihood
 from hypothesis import given, settings, strategies as st
 
+from helpers import spy_factorizations
 from torchbkb.botorch import BKBModel, DTCMarginalLogLikelihood
 from torchbkb.botorch.fitting import MAX_ROUNDS, WARM_START
 from torchbkb.errors import InputDataError
@@ -99,22 +100,11 @@ def test_gradients_match_finite_differences():
             assert abs(float(p.grad.view(-1)[i]) - fd) < 1e-6 * max(1.0, abs(fd)), (name, i, float(p.grad.view(-1)[i]), fd)
 
 
-FACTORIZATIONS = ["cholesky", "cholesky_ex", "eigh", "eigvalsh", "inv", "inv_ex", "solve", "solve_ex", "lstsq", "svd", "qr", "lu_factor", "lu_factor_ex", "solve_triangular", "pinv", "eig"]
-
-
 def test_only_m_by_m_matrices_are_factorized(monkeypatch):
     X, Y = _data(n=600)
     model = BKBModel(X, Y, inducing_points=X[:25], exact_fraction=None)
     mll = DTCMarginalLogLikelihood(model.likelihood, model).train()
-    sizes = []
-    for name in FACTORIZATIONS:
-        fn = getattr(torch.linalg, name)
-
-        def spy(A, *args, _fn=fn, **kw):
-            sizes.append(tuple(A.shape[-2:]))
-            return _fn(A, *args, **kw)
-
-        monkeypatch.setattr(torch.linalg, name, spy)
+    sizes = spy_factorizations(monkeypatch)
     mll().backward()
     assert sizes and max(max(s) for s in sizes) <= 25, sorted(set(sizes))
 
