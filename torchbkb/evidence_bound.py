@@ -29,6 +29,7 @@ from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
 from torchbkb.errors import InputDataError, check_finite
+from torchbkb.kernels import as_kernel
 from torchbkb.utils.linalg import safe_cholesky
 
 __all__ = ["dtc_evidence_bound", "exact_evidence", "FIT_CHUNK"]
@@ -62,8 +63,9 @@ def dtc_evidence_bound(kernel, X: Tensor, y: Tensor, noise: Tensor, dictionary: 
         True
     """
     _check(X, y, noise, dictionary)
+    kernel = as_kernel(kernel)  # dense blocks and the diagonal, for GPyTorch kernels and callables alike
     n, m = X.shape[0], dictionary.shape[0]
-    K_SS = _dense(kernel(dictionary, dictionary))
+    K_SS = kernel(dictionary, dictionary)
     L = safe_cholesky(K_SS, name="K_SS")  # (m, m): jitter only if needed
     A = X.new_zeros(m, m)
     b = X.new_zeros(m)
@@ -91,7 +93,7 @@ def exact_evidence(kernel, X: Tensor, y: Tensor, noise: Tensor) -> Tensor:
         True
     """
     _check(X, y, noise, X)
-    K = _dense(kernel(X, X))
+    K = as_kernel(kernel)(X, X)
     L = safe_cholesky(K + torch.diag_embed(noise), name="K + D")
     a = torch.linalg.solve_triangular(L, y.unsqueeze(-1), upper=False).squeeze(-1)
     return -0.5 * (X.shape[0] * math.log(2 * math.pi) + 2.0 * L.diagonal().log().sum() + (a * a).sum())
@@ -99,21 +101,10 @@ def exact_evidence(kernel, X: Tensor, y: Tensor, noise: Tensor) -> Tensor:
 
 def _chunk_sums(kernel, X: Tensor, y: Tensor, noise: Tensor, S: Tensor, L: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """``V D⁻¹ Vᵀ`` `(m, m)`, ``V D⁻¹ y`` `(m,)` and ``Σ k(x,x)/d`` of one chunk, ``V = L⁻¹ K_SX``."""
-    V = torch.linalg.solve_triangular(L, _dense(kernel(S, X)), upper=False)  # (m, c)
+    V = torch.linalg.solve_triangular(L, kernel(S, X), upper=False)  # (m, c)
     Vw = V / noise
-    k_diag = _diag(kernel, X)
+    k_diag = kernel.diag(X)
     return Vw @ V.transpose(-1, -2), Vw @ y, (k_diag / noise).sum()
-
-
-def _dense(K) -> Tensor:
-    return K.to_dense() if hasattr(K, "to_dense") else K
-
-
-def _diag(kernel, X: Tensor) -> Tensor:
-    try:
-        return _dense(kernel(X, X, diag=True))
-    except TypeError:  # a plain callable kernel without ``diag=``
-        return torch.stack([_dense(kernel(x, x)).reshape(()) for x in X.unsqueeze(-2)])
 
 
 def _check(X, y, noise, S) -> None:

@@ -87,7 +87,7 @@ def hyperparameter_values(*modules) -> Tensor | None:
     """`(p,)` the raw values of every parameter of the given modules (``None`` if there are none): a snapshot
     that tells when a posterior built from them is stale."""
     values = [p.detach().reshape(-1) for m in modules if isinstance(m, nn.Module) for p in m.parameters()]
-    return torch.cat(values).clone() if values else None
+    return torch.cat(values) if values else None  # cat copies: the snapshot never aliases a parameter
 
 
 def same_values(a: Tensor | None, b: Tensor | None) -> bool:
