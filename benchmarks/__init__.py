@@ -25,7 +25,10 @@ Benchmarks (name -> module):
   fitted) vs SingleTaskVariationalGP, n = 250..5,000, d = 2, 6, time and memory;
 * ``botorch_candidates`` -- UCB, BBKB and Thompson selections over 10⁵-10⁷ candidates, time and peak memory;
 * ``botorch_scale`` -- fitted BKBModel vs fitted SingleTaskGP / SingleTaskVariationalGP: quality at n = 600,
-  fit + predict time, RMSE and dictionary size up to n = 10⁵, a BBKB batch at the largest n;
+  fit + predict at n = 3,000-5,000, a BO loop iteration (fit + BBKB batch) at n = 10⁴-10⁵;
+* ``botorch_closed_loop`` -- BO loops with the fitted BKBModel and the fitted SingleTaskGP, qLogNEI, equal
+  evaluations, over seeds;
+* ``launches`` -- tensor operations and host synchronizations per BKB step and per BBKB pick;
 * ``sbpe`` -- issue 6: S-BPE vs exact BPE, interval coverage and time;
 * ``online`` -- issue 7: PKAWV vs Kernel-AWV / online KRR / FOGD, regret and time per round.
 
@@ -45,6 +48,8 @@ BENCHMARKS = {
     "botorch_iteration": "benchmarks.botorch_iteration",
     "botorch_candidates": "benchmarks.botorch_candidates",
     "botorch_scale": "benchmarks.botorch_scale",
+    "botorch_closed_loop": "benchmarks.botorch_closed_loop",
+    "launches": "benchmarks.launches",
     "sbpe": "benchmarks.sbpe",
     "online": "benchmarks.online",
 }
@@ -56,6 +61,8 @@ OPTIONS = {
     "botorch_iteration": {"--quick", "--threads", "--out"},
     "botorch_candidates": {"--quick", "--threads", "--out"},
     "botorch_scale": {"--quick", "--full", "--threads", "--out"},
+    "botorch_closed_loop": {"--quick", "--threads", "--out"},
+    "launches": {"--quick", "--device", "--dtype", "--threads", "--out"},
     "sbpe": {"--quick", "--threads", "--out"},
     "online": {"--quick", "--threads", "--out"},
 }

@@ -10,13 +10,15 @@ Studies (noisy test functions on the unit cube, Gaussian noise of ``noise × std
 
 * ``quality`` -- n = 600: test RMSE against the noiseless function on 2,000 held-out points, held-out NLL of
   noisy observations and the coverage of their 95% predictive intervals, per function and seed;
-* ``size`` -- time of fit + predicting 10⁴ points, RMSE and dictionary size ``m`` against ``n`` for each
-  model, up to ``--max-n`` (``SingleTaskGP`` up to ``--exact-max``), with one BBKB batch of ``--q`` points
-  from 10⁵ candidates (``optimize_acqf_bbkb``) at the largest ``n``; peak memory of BKBModel's iteration.
+* ``speed`` -- n = 3,000-5,000 (``--speed-sizes``): fit + predict of BKBModel and SingleTaskGP alternated
+  per seed, RMSE, ``m``, and the dictionary BKB draws at SingleTaskGP's fitted hyperparameters;
+* ``size`` -- n = 10⁴-10⁵ (``--sizes``): BKBModel fitted from scratch, then one BO loop iteration (the fit
+  from the previous iteration's hyperparameters and a BBKB batch of ``--q`` points from ``--candidates``
+  random candidates), against SingleTaskVariationalGP; time, peak memory, RMSE on 10⁴ points, ``m``.
 
 Usage::
 
-    python -m benchmarks.botorch_scale --threads 2                 # about 30 min
+    python -m benchmarks.botorch_scale --threads 2                 # about 40 min
     python -m benchmarks.botorch_scale --quick --threads 2         # a minute
 """
 
@@ -149,24 +151,74 @@ def bbkb_batch(model, d: int, q: int, candidates: int) -> float:
     return time.perf_counter() - t0
 
 
+def speed(args) -> list[dict]:
+    """Fit + predict of BKBModel and SingleTaskGP, alternated per seed, at n = 3,000-5,000; ``m_at_exact`` is the
+    dictionary BKB draws at SingleTaskGP's fitted hyperparameters (how sparse the exact model's kernel is)."""
+    from torchbkb.botorch import BKBModel
+
+    rows = []
+    for n in args.speed_sizes:
+        for fname in args.speed_functions:
+            for seed in range(args.speed_seeds if n <= 3000 else 1):
+                X, Y, Xt, ft, Yt, sd = dataset(fname, n, args.noise, seed)
+                for name in ("BKBModel", "SingleTaskGP"):
+                    t0 = time.perf_counter()
+                    model = fit(name, X, Y)
+                    mean = predict(model, Xt)[0]
+                    el = time.perf_counter() - t0
+                    row = {"study": "speed", "function": fname, "seed": seed, "model": name, "n": n, "fit_predict_s": el,
+                           "m": dictionary_size(model), "exact": is_exact(model), "fit_rounds": getattr(model, "fit_rounds", None),
+                           **scores(model, Xt, ft, Yt, sd)}
+                    if name == "SingleTaskGP":
+                        row["m_at_exact"] = BKBModel.from_model(model, seed=0).dictionary_size
+                    rows.append(row)
+                    print(row, flush=True)
+    return rows
+
+
+def iteration(X, Y, previous, q: int, candidates: int) -> tuple:
+    """One BO iteration of a loop at ``n`` observations: a new BKBModel on all of them starting from the
+    previous iteration's fitted hyperparameters (its modules' ``state_dict``), fitted without the warm start,
+    and a BBKB batch of ``q`` points from ``candidates`` random candidates. Returns (model, fit s, batch s)."""
+    from botorch.fit import fit_gpytorch_mll
+
+    from torchbkb.botorch import BKBModel, DTCMarginalLogLikelihood
+
+    t0 = time.perf_counter()
+    model = BKBModel(X, Y, seed=0)
+    for part in ("covar_module", "likelihood", "mean_module"):
+        getattr(model, part).load_state_dict(getattr(previous, part).state_dict())
+    fit_gpytorch_mll(DTCMarginalLogLikelihood(model.likelihood, model), warm_start=False)
+    t_fit = time.perf_counter() - t0
+    return model, t_fit, bbkb_batch(model, X.shape[-1], q, candidates)
+
+
 def size(args, on_row=None) -> list[dict]:
+    """Per n: BKBModel fitted from scratch on the first n - q points, then one loop iteration on all n
+    (:func:`iteration`), scored; SingleTaskVariationalGP fitted on all n; SingleTaskGP up to ``--exact-max``."""
     rows = []
     fname = args.size_function
     for n in args.sizes:
         X, Y, Xt, ft, Yt, sd = dataset(fname, n, args.noise, 0, n_test=10_000)
         names = ["BKBModel", "SingleTaskVariationalGP"] + (["SingleTaskGP"] if n <= args.exact_max else [])
         for name in names:
+            extra = {}
             with PeakMemory(torch.device("cpu")) as mem:
                 t0 = time.perf_counter()
-                model = fit(name, X, Y)
-                t_fit = time.perf_counter() - t0
+                if name == "BKBModel":
+                    first = fit(name, X[: n - args.q], Y[: n - args.q])
+                    extra["fit_scratch_s"] = time.perf_counter() - t0
+                    model, t_fit, t_batch = iteration(X, Y, first, args.q, args.candidates)
+                    extra.update(iteration_fit_s=t_fit, bbkb_batch_s=t_batch, iteration_s=t_fit + t_batch, q=args.q)
+                else:
+                    model = fit(name, X, Y)
+                    t_fit = time.perf_counter() - t0
                 t1 = time.perf_counter()
                 sc = scores(model, Xt, ft, Yt, sd)
                 t_pred = time.perf_counter() - t1
-                t_batch = bbkb_batch(model, X.shape[-1], args.q, args.candidates) if name == "BKBModel" and n == max(args.sizes) else None
             row = {"study": "size", "function": fname, "model": name, "n": n, "fit_s": t_fit, "predict_s": t_pred,
-                   "fit_predict_s": t_fit + t_pred, "bbkb_batch_s": t_batch, "q": args.q if t_batch else None,
-                   "peak_mb": None if mem.extra is None else mem.extra / 2**20, "m": dictionary_size(model), "exact": is_exact(model), "fit_rounds": getattr(model, "fit_rounds", None), **sc}
+                   "fit_predict_s": t_fit + t_pred, **extra, "peak_mb": None if mem.extra is None else mem.extra / 2**20,
+                   "m": dictionary_size(model), "exact": is_exact(model), "fit_rounds": getattr(model, "fit_rounds", None), **sc}
             rows.append(row)
             print(row, flush=True)
             if on_row is not None:
@@ -182,19 +234,26 @@ def main(argv=None):
     p.add_argument("--n-quality", type=int, default=600)
     p.add_argument("--size-function", default="styblinski10", choices=FUNCTIONS)
     p.add_argument("--sizes", type=int, nargs="*", default=None)
-    p.add_argument("--exact-max", type=int, default=3000, help="largest n for SingleTaskGP")
+    p.add_argument("--exact-max", type=int, default=0, help="largest n of the size study for SingleTaskGP")
     p.add_argument("--q", type=int, default=100)
     p.add_argument("--candidates", type=int, default=100_000)
-    p.add_argument("--studies", nargs="*", default=["quality", "size"], choices=["quality", "size"])
+    p.add_argument("--speed-functions", nargs="*", default=["styblinski10", "hartmann6"], choices=FUNCTIONS)
+    p.add_argument("--speed-sizes", type=int, nargs="*", default=[3000, 5000])
+    p.add_argument("--speed-seeds", type=int, default=2, help="seeds at n <= 3,000 (one above)")
+    p.add_argument("--studies", nargs="*", default=["quality", "speed", "size"], choices=["quality", "speed", "size"])
     args = p.parse_args(argv)
     setup(args)
     if args.quick:
         args.functions, args.seeds, args.n_quality = args.functions[:1], 1, min(args.n_quality, 150)
         args.sizes, args.candidates, args.q, args.exact_max = args.sizes or [300], min(args.candidates, 5000), min(args.q, 10), 300
-    args.sizes = args.sizes or ([1000, 3000, 10_000, 30_000, 100_000] if not args.full else [1000, 3000, 5000, 10_000, 30_000, 100_000])
+        args.speed_functions, args.speed_sizes, args.speed_seeds = args.speed_functions[:1], [300], 1
+    args.sizes = args.sizes or [10_000, 30_000, 100_000]
     rows: list[dict] = []
     if "quality" in args.studies:
         rows += quality(args)
+    if "speed" in args.studies:
+        rows += speed(args)
+        report(args, rows, quiet=True)
     if "size" in args.studies:
         rows += size(args, lambda done: report(args, rows + done, quiet=True))  # a partial report after each row
     report(args, rows)
@@ -203,7 +262,7 @@ def main(argv=None):
 def report(args, rows: list[dict], quiet: bool = False):
     summary = summarize(rows)
     if not quiet:
-        print_table(summary, ["study", "function", "model", "n", "rmse", "nll", "coverage", "fit_predict_s", "m"], "botorch_scale")
+        print_table(summary, ["study", "function", "model", "n", "rmse", "nll", "coverage", "fit_predict_s", "iteration_s", "m", "m_at_exact"], "botorch_scale")
     path = write_json(args.out, "botorch_scale", {"settings": {k: v for k, v in vars(args).items()}, "rows": rows, "summary": summary})
     plot(rows, args.out)
     if not quiet:
@@ -221,7 +280,8 @@ def summarize(rows: list[dict]) -> list[dict]:
     for (study, fname, model, n), rs in groups.items():
         med = lambda k: statistics.median(r[k] for r in rs) if all(r.get(k) is not None for r in rs) else None  # noqa: E731
         out.append({"study": study, "function": fname, "model": model, "n": n, "rmse": med("rmse"), "nll": med("nll"),
-                    "coverage": med("coverage"), "fit_predict_s": med("fit_predict_s") if study == "size" else med("fit_s"), "m": med("m")})
+                    "coverage": med("coverage"), "fit_predict_s": med("fit_s") if study == "quality" else med("fit_predict_s"), "m": med("m"),
+                    "iteration_s": med("iteration_s"), "m_at_exact": med("m_at_exact")})
     return out
 
 

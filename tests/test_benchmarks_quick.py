@@ -133,6 +133,8 @@ def test_registry_and_helpers():
         ("botorch_iteration", ["--sizes", "60", "--dims", "2"], ["botorch_iteration.json", "botorch_iteration.png"]),
         ("botorch_candidates", ["--candidates", "20000"], ["botorch_candidates.json", "botorch_candidates.png"]),
         ("botorch_scale", ["--seeds", "1", "--functions", "hartmann6"], ["botorch_scale.json", "botorch_scale.png"]),
+        ("botorch_closed_loop", ["--seeds", "1", "--iterations", "1"], ["botorch_closed_loop.json", "botorch_closed_loop.png"]),
+        ("launches", ["--cases", "bkb_anchor", "bbkb_anchor"], ["launches.json", "launches.png"]),
         ("sbpe", ["--threads", "1"], ["sbpe.json", "sbpe.png"]),
         ("online", ["--threads", "1"], ["online.json", "online.png"]),
     ],

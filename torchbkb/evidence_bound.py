@@ -70,7 +70,7 @@ def dtc_evidence_bound(kernel, X: Tensor, y: Tensor, noise: Tensor, dictionary: 
     A = X.new_zeros(m, m)
     b = X.new_zeros(m)
     trace = X.new_zeros(())
-    grad = torch.is_grad_enabled()
+    grad = torch.is_grad_enabled() and n > chunk_size  # one chunk: nothing to save by recomputing it
     for i in range(0, n, chunk_size):
         args = (X[i : i + chunk_size], y[i : i + chunk_size], noise[i : i + chunk_size], dictionary, L)
         A_c, b_c, t_c = checkpoint(_chunk_sums, kernel, *args, use_reentrant=False) if grad else _chunk_sums(kernel, *args)

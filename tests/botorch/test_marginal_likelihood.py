@@ -12,7 +12,8 @@ from hypothesis import given, settings, strategies as st
 
 from helpers import spy_factorizations
 from torchbkb.botorch import BKBModel, DTCMarginalLogLikelihood
-from torchbkb.botorch.fitting import MAX_ROUNDS, WARM_START
+from torchbkb.botorch.dictionary_sampling import sample_dictionary
+from torchbkb.botorch.fitting import EXACT_FIT, FIT_INDUCING, MAX_ROUNDS, WARM_START, hyperparameter_change, hyperparameters
 from torchbkb.errors import InputDataError
 from torchbkb.evidence_bound import dtc_evidence_bound, exact_evidence
 
@@ -111,7 +112,7 @@ def test_only_m_by_m_matrices_are_factorized(monkeypatch):
 
 def test_fit_recovers_the_hyperparameters_of_a_gp_sample():
     g = torch.Generator().manual_seed(3)
-    n, ls, noise = 500, 0.15, 0.01
+    n, ls, noise = EXACT_FIT + 300, 0.15, 0.01  # past EXACT_FIT: the rounds maximize the bound
     X = torch.rand(n, 1, generator=g, dtype=F64)
     k = RBFKernel().to(F64)
     k.lengthscale = torch.tensor(ls, dtype=F64)
@@ -119,7 +120,7 @@ def test_fit_recovers_the_hyperparameters_of_a_gp_sample():
     Y = (f + math.sqrt(noise) * torch.randn(n, generator=g, dtype=F64)).unsqueeze(-1)
     model = BKBModel(X, Y, outcome_transform=None, seed=0)
     fit_gpytorch_mll(DTCMarginalLogLikelihood(model.likelihood, model))
-    assert not model.is_exact and model.dictionary_size < n / 4  # learned on a sparse dictionary
+    assert not model.is_exact and model.dictionary_size < n / 4
     assert 1 <= model.fit_rounds <= MAX_ROUNDS
     assert float(model.covar_module.lengthscale) == pytest.approx(ls, rel=0.2)
     assert model.noise == pytest.approx(noise, rel=0.3)
@@ -192,3 +193,56 @@ def test_shapes_are_checked(n, d, m, extra):
     else:
         with pytest.raises(InputDataError):
             dtc_evidence_bound(RBFKernel().to(F64), X, y, noise, S)
+
+
+def test_a_fit_past_exact_fit_factorizes_nothing_larger_than_its_warm_start(monkeypatch):
+    X, Y = _data(n=EXACT_FIT + 200, noise=0.1)
+    model = BKBModel(X, Y, seed=1)
+    sizes = spy_factorizations(monkeypatch)
+    mll = DTCMarginalLogLikelihood(model.likelihood, model)
+    assert sizes == []  # building the MLL never builds the posterior
+    fit_gpytorch_mll(mll)
+    assert sizes and max(max(s) for s in sizes) <= max(WARM_START, FIT_INDUCING)
+    sizes.clear()
+    again = BKBModel(X, Y, seed=1)
+    again.load_state_dict(model.state_dict())
+    fit_gpytorch_mll(DTCMarginalLogLikelihood(again.likelihood, again), warm_start=False)  # a BO loop's next fit
+    assert sizes and max(max(s) for s in sizes) <= FIT_INDUCING  # no warm start: only the bound's inducing points
+    assert hyperparameter_change(hyperparameters(model), hyperparameters(again)) < 0.5
+
+
+def test_hyperparameter_change_is_relative_for_positive_values():
+    X, Y = _data(n=30)
+    model = BKBModel(X, Y)
+    before = hyperparameters(model)
+    assert hyperparameter_change(before, hyperparameters(model)) == 0.0
+    model.covar_module.lengthscale = model.covar_module.lengthscale * 2
+    assert hyperparameter_change(before, hyperparameters(model)) == pytest.approx(math.log(2), rel=1e-9)
+    model.mean_module.constant = torch.tensor(3.0, dtype=F64)  # unconstrained: relative to max(1, |c|)
+    assert hyperparameter_change(before, hyperparameters(model)) == pytest.approx(1.0, rel=1e-9)
+
+
+def test_a_capped_draw_holds_at_most_max_size_training_points():
+    X, _ = _data(n=400, d=2)
+    k = _kernel()
+    full = sample_dictionary(k, X, 1e-4, generator=torch.Generator().manual_seed(0))
+    capped = sample_dictionary(k, X, 1e-4, generator=torch.Generator().manual_seed(0), max_size=20)
+    assert full.shape[0] > 20 and 1 <= capped.shape[0] <= 20
+    assert bool((capped.unsqueeze(1) == X.unsqueeze(0)).all(-1).any(-1).all())  # rows of X
+    for bad in (0, -3):
+        with pytest.raises(InputDataError, match="max_size"):
+            sample_dictionary(k, X, 1e-4, max_size=bad)
+    with pytest.raises(InputDataError, match="max_size"):
+        sample_dictionary(k, X.expand(2, 400, 2), 1e-4, max_size=20)
+
+
+def test_inducing_limit_is_checked_and_bounds_the_fit(monkeypatch):
+    X, Y = _data(n=EXACT_FIT + 50, noise=0.1)
+    model = BKBModel(X, Y, seed=2)
+    mll = DTCMarginalLogLikelihood(model.likelihood, model)
+    for bad in (0, 2.5, True):
+        with pytest.raises(InputDataError, match="inducing_limit"):
+            fit_gpytorch_mll(mll, inducing_limit=bad)
+    sizes = spy_factorizations(monkeypatch)
+    fit_gpytorch_mll(mll, warm_start=False, inducing_limit=40)
+    assert sizes and max(max(s) for s in sizes) <= 40

@@ -34,6 +34,7 @@ def sample_dictionary(
     generator: torch.Generator | None = None,
     counts: Tensor | None = None,
     complete_above: float | None = None,
+    max_size: int | None = None,
 ) -> Tensor | None:
     """BKB's posterior-variance (ridge-leverage-score) dictionary over a set of training points.
 
@@ -57,6 +58,9 @@ def sample_dictionary(
             probability of the points conditioned on, extrapolated by its ratio to the previous round's over the
             doublings still to come, reaches it. The caller then draws the dictionary from the exact posterior
             (:func:`draw_dictionary`), which the last rounds would approximate at a higher cost.
+        max_size: if given (unbatched ``X``), thin the dictionary to a uniform subset of ``max_size`` points
+            whenever a round draws more: the replay then costs ``O(n·max_size²)`` whatever the kernel's
+            effective dimension (what a fit's inducing points need, not a BKB posterior's).
 
     Returns:
         `(m, d)` dictionary (rows of ``X``), or ``None`` (see ``complete_above``).
@@ -80,8 +84,10 @@ def sample_dictionary(
         if not isinstance(counts, Tensor) or counts.shape != X.shape[:-1]:
             raise InputDataError(f"counts: expected shape {tuple(X.shape[:-1])}, got {tuple(counts.shape) if isinstance(counts, Tensor) else type(counts).__name__}")
         w = counts.detach().to(flat).reshape(flat.shape[:-1])
-    if complete_above is not None and flat.shape[0] == 1:
-        return _sample_one(kernel, flat[0], w[0], lam, dic, float(complete_above))
+    if max_size is not None and (int(max_size) < 1 or flat.shape[0] != 1):
+        raise InputDataError(f"max_size: expected an integer >= 1 with unbatched X, got {max_size!r} with X of shape {tuple(X.shape)}")
+    if (complete_above is not None or max_size is not None) and flat.shape[0] == 1:
+        return _sample_one(kernel, flat[0], w[0], lam, dic, None if complete_above is None else float(complete_above), max_size)
     parts = [_sample_one(kernel, flat[i], w[i], lam, dic) for i in range(flat.shape[0])]
     return torch.cat(parts, dim=0)
 
@@ -108,7 +114,7 @@ def _resample(dic: RLSDictionary, rls: Tensor) -> Tensor:
     return keep
 
 
-def _sample_one(kernel, X: Tensor, w: Tensor, lam: float, dic: RLSDictionary, complete_above: float | None = None) -> Tensor | None:
+def _sample_one(kernel, X: Tensor, w: Tensor, lam: float, dic: RLSDictionary, complete_above: float | None = None, max_size: int | None = None) -> Tensor | None:
     n = X.shape[0]
     emb = NystromEmbedding(kernel, X[:1])  # S_1 = {x_1}
     end, previous = 1, 1.0
@@ -118,6 +124,9 @@ def _sample_one(kernel, X: Tensor, w: Tensor, lam: float, dic: RLSDictionary, co
             new_end = n if final else min(n, 2 * end)
             rls = _round_rls(emb, X, w, lam, end, new_end)
             idx = _resample(dic, rls).nonzero().squeeze(-1)
+            if max_size is not None and idx.numel() > max_size:
+                pick = torch.randperm(idx.numel(), generator=dic.generator, device=dic.generator.device)[: int(max_size)]
+                idx = idx[pick.to(idx.device)].sort().values
             if final:
                 return X[idx]
             if complete_above is not None:

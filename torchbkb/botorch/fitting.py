@@ -2,12 +2,13 @@
 dictionary fixed, then the dictionary re-drawn by BKB's variance sampling at the new hyperparameters, in rounds.
 
 The bound depends on the dictionary, and the dictionary (drawn with probabilities ``q̄·σ̃²``) on the
-hyperparameters, so neither can be fixed first. Round ``r`` runs L-BFGS-B (BoTorch's ``fit_gpytorch_mll_scipy``)
-on the bound over dictionary ``S_r``, then draws ``S_{r+1}`` at the fitted hyperparameters (``S_1`` is drawn
-after a warm start: the exact GP fitted on :data:`WARM_START` of the points). It stops when the
-new dictionary changes the bound by less than :data:`STABLE_TOL` per training point (the next round would start
-where this one ended), or after :data:`MAX_ROUNDS` rounds: a model whose hyperparameters start at
-``SingleTaskGP``'s prior modes takes two or three (docs/botorch_scale.md).
+hyperparameters, so neither can be fixed first. Past :data:`WARM_START` points the rounds start from the exact
+GP fitted on :data:`WARM_START` random points. Round ``r`` draws the model's dictionary ``S_r`` at the current
+hyperparameters and runs L-BFGS-B (BoTorch's ``fit_gpytorch_mll_scipy``) on the bound over at most
+:data:`FIT_INDUCING` of its points (a uniform subset: the bound is valid on any inducing set, and its cost is
+``O(n·FIT_INDUCING²)`` whatever ``m``). It stops when a round moves no hyperparameter by more than
+:data:`HYPER_TOL` (relative; the constant mean absolute below 1, in standardized units), or after :data:`MAX_ROUNDS` rounds.
+The model's own posterior then uses its whole dictionary (docs/botorch_scale.md).
 
 Example:
     >>> import torch
@@ -22,38 +23,58 @@ Example:
 
 from __future__ import annotations
 
+import math
 import warnings
+
+import copy
 
 import torch
 from botorch.exceptions.warnings import OptimizationWarning
 from botorch.optim.fit import fit_gpytorch_mll_scipy
+from gpytorch.module import Module as GPyTorchModule
 
+from torch import Tensor, nn
+
+from torchbkb.botorch.dictionary_sampling import sample_dictionary
 from torchbkb.botorch.marginal_likelihood import DTCMarginalLogLikelihood
 from torchbkb.errors import InputDataError
 
-__all__ = ["fit_rounds", "MAX_ROUNDS", "STABLE_TOL", "WARM_START"]
+__all__ = ["fit_rounds", "fit_inducing_points", "hyperparameters", "hyperparameter_change", "MAX_ROUNDS", "HYPER_TOL", "WARM_START", "FIT_INDUCING", "EXACT_FIT"]
 
-#: At most this many rounds of (fit, re-draw the dictionary).
+#: At most this many rounds of (draw the dictionary, fit).
 MAX_ROUNDS = 3
-#: Stop when re-drawing the dictionary moves the bound by less than this, per training point.
-STABLE_TOL = 1e-3
+#: Stop when a round changes every positive hyperparameter by less than this factor (``|Δ log θ|``) and the
+#: constant mean by less than this, relative (absolute below 1: standardized outcomes).
+HYPER_TOL = 0.05
 #: Past this many training points the rounds start from a fit of the exact GP on this many of them, drawn at
 #: random: at ``SingleTaskGP``'s prior modes (noise ≈ 0.007) the first dictionary would hold most of the data.
 WARM_START = 500
+#: The bound is maximized over at most this many inducing points (:func:`fit_inducing_points`).
+FIT_INDUCING = 256
+#: Up to this many training points the rounds maximize the exact evidence (one round: it does not depend on
+#: a dictionary), which costs about what the bound does there and is what an exact posterior needs.
+EXACT_FIT = 1000
 
 
-def fit_rounds(model, mll, closure=None, optimizer=None, closure_kwargs=None, optimizer_kwargs=None, max_rounds: int = MAX_ROUNDS, **kwargs):
+def fit_rounds(model, mll, closure=None, optimizer=None, closure_kwargs=None, optimizer_kwargs=None, max_rounds: int = MAX_ROUNDS,
+               warm_start: bool = True, inducing_limit: int = FIT_INDUCING, **kwargs):
     """Fit ``model``'s hyperparameters by maximizing ``mll`` (a :class:`~torchbkb.botorch.DTCMarginalLogLikelihood`
     of ``model``) in rounds; ``model.fit_rounds`` records how many ran.
 
     Args:
         model: the :class:`~torchbkb.botorch.BKBModel`.
         mll: ``DTCMarginalLogLikelihood(model.likelihood, model)``.
-        closure, closure_kwargs: as in ``fit_gpytorch_mll`` (default: the negated bound and its gradients).
+        closure, closure_kwargs: as in ``fit_gpytorch_mll`` (default: the negated bound and its gradients; a
+            closure of your own is evaluated as given, on the model's whole dictionary).
         optimizer: a BoTorch fit routine ``(mll, closure=..., closure_kwargs=..., **optimizer_kwargs)``; default
             ``fit_gpytorch_mll_scipy`` (L-BFGS-B).
         optimizer_kwargs: passed to ``optimizer``.
         max_rounds: the largest number of rounds.
+        warm_start: start from the exact GP fitted on :data:`WARM_START` random points (past that many points);
+            ``False`` starts from the model's current hyperparameters (e.g. the previous iteration's of a BO
+            loop, loaded with ``load_state_dict``): ``fit_gpytorch_mll(mll, warm_start=False)``.
+        inducing_limit: the most inducing points a round's bound uses (:data:`FIT_INDUCING`): more fit a
+            kernel of large effective dimension better, at ``O(n·inducing_limit²)`` per evaluation.
 
     Returns:
         ``mll`` in eval mode, the model's posterior rebuilt at the fitted hyperparameters.
@@ -62,6 +83,8 @@ def fit_rounds(model, mll, closure=None, optimizer=None, closure_kwargs=None, op
         raise InputDataError(
             f"mll: expected DTCMarginalLogLikelihood(model.likelihood, model) for this BKBModel, got {type(mll).__name__}"
         )
+    if isinstance(inducing_limit, bool) or not isinstance(inducing_limit, int) or inducing_limit < 1:
+        raise InputDataError(f"inducing_limit: expected an integer >= 1, got {inducing_limit!r}")
     if int(max_rounds) < 1:
         raise InputDataError(f"max_rounds: expected an integer >= 1, got {max_rounds!r}")
     optimizer = fit_gpytorch_mll_scipy if optimizer is None else optimizer
@@ -70,22 +93,69 @@ def fit_rounds(model, mll, closure=None, optimizer=None, closure_kwargs=None, op
         model.fit_rounds = 0  # nothing to learn (fixed noise and a kernel without parameters)
         return mll.eval()
     n = model.train_inputs[0].shape[-2]
-    if n > WARM_START and closure is None:
-        gen = torch.Generator().manual_seed(0 if model.seed is None else model.seed)
+    gen = torch.Generator().manual_seed(0 if model.seed is None else model.seed)
+    if n > max(WARM_START, EXACT_FIT) and closure is None and warm_start:
         idx = torch.randperm(n, generator=gen)[:WARM_START].to(model.train_inputs[0].device)
         mll.train()
         optimizer(mll, closure_kwargs={**(closure_kwargs or {}), "indices": idx}, **(optimizer_kwargs or {}))
     for rounds in range(1, int(max_rounds) + 1):
+        before = hyperparameters(model)
+        round_kwargs = closure_kwargs
+        if closure is None:
+            every = torch.arange(n, device=model.train_inputs[0].device)
+            extra = {"indices": every} if n <= EXACT_FIT else {"inducing_points": fit_inducing_points(model, gen, inducing_limit)}
+            round_kwargs = {**(closure_kwargs or {}), **extra}
         mll.train()
-        result = optimizer(mll, closure=closure, closure_kwargs=closure_kwargs, **(optimizer_kwargs or {}))
+        result = optimizer(mll, closure=closure, closure_kwargs=round_kwargs, **(optimizer_kwargs or {}))
         status = getattr(result, "status", None)
         if status is not None and getattr(status, "name", "") == "FAILURE":
             warnings.warn(f"BKBModel fit, round {rounds}: the optimizer failed ({getattr(result, 'message', '')})", OptimizationWarning, stacklevel=3)
-        with torch.no_grad():
-            fitted = float(mll())  # on the dictionary the fit used (train mode: no rebuild)
-            mll.eval()
-            redrawn = float(mll())  # eval mode: the posterior is rebuilt and the dictionary re-drawn
-        if abs(redrawn - fitted) < STABLE_TOL:
+        change = hyperparameter_change(before, hyperparameters(model))
+        if change < HYPER_TOL or n <= EXACT_FIT:
             break
     model.fit_rounds = rounds
     return mll.eval()
+
+
+def fit_inducing_points(model, generator: torch.Generator | None = None, limit: int = FIT_INDUCING) -> Tensor:
+    """`(k, d)` the inducing points a fitting round maximizes the bound over, ``k <= limit``: BKB's variance
+    sampling of the model's training points at its current hyperparameters (``q̄`` and per-point noise as the
+    model's own draw), thinned to a uniform subset of ``limit`` points whenever it grows past them
+    (:func:`~torchbkb.botorch.dictionary_sampling.sample_dictionary` with ``max_size``)."""
+    X = model.train_inputs[0]
+    n = X.shape[-2]
+    with torch.no_grad():
+        noise = model.likelihood.noise.detach().reshape(-1).to(X)
+        noise = noise.expand(n) if noise.numel() == 1 else noise
+        lam = float(noise.mean())
+        kernel = copy.deepcopy(model.covar_module).requires_grad_(False) if isinstance(model.covar_module, nn.Module) else model.covar_module
+        return sample_dictionary(kernel, X.detach(), lam, q_bar=model.q_bar, generator=generator, counts=lam / noise, max_size=int(limit))
+
+
+def hyperparameters(model) -> dict[str, tuple[float, ...]]:
+    """The model's hyperparameter values (constrained), by name, with whether each is positive."""
+    out = {}
+    for prefix in ("covar_module", "likelihood", "mean_module"):
+        module = getattr(model, prefix, None)
+        if not isinstance(module, GPyTorchModule):
+            continue
+        for name, raw, constraint in module.named_parameters_and_constraints():
+            value = raw.detach() if constraint is None else constraint.transform(raw.detach())
+            positive = constraint is not None and float(getattr(constraint, "lower_bound", torch.tensor(-1.0)).min()) >= 0
+            out[f"{prefix}.{name}"] = (positive, value.clone())
+    return out
+
+
+def hyperparameter_change(a: dict, b: dict) -> float:
+    """The largest change between two :func:`hyperparameters` snapshots: ``|Δ log θ|`` for positive values,
+    ``|Δ θ| / max(1, |θ|)`` for the others (``inf`` if they do not hold the same parameters)."""
+    if a.keys() != b.keys():
+        return math.inf
+    worst = 0.0
+    for key, (positive, va) in a.items():
+        vb = b[key][1]
+        if va.shape != vb.shape:
+            return math.inf
+        diff = (va.clamp_min(1e-12).log() - vb.clamp_min(1e-12).log()) if positive else (va - vb) / torch.maximum(va.abs(), vb.abs()).clamp_min(1.0)
+        worst = max(worst, float(diff.abs().max())) if diff.numel() else worst
+    return worst

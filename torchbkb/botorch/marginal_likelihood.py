@@ -45,7 +45,7 @@ class DTCMarginalLogLikelihood(Module):
     """
 
     def __init__(self, likelihood, model) -> None:
-        if not (isinstance(model, Model) and hasattr(model, "engine") and hasattr(model, "inducing_points")):
+        if not (isinstance(model, Model) and hasattr(type(model), "engine") and hasattr(type(model), "inducing_points")):  # never builds it
             raise InputDataError(f"model: expected a BKBModel, got {type(model).__name__}")
         if likelihood is not model.likelihood:
             raise InputDataError("likelihood: expected model.likelihood (the bound is computed with the model's own noise)")
@@ -55,9 +55,10 @@ class DTCMarginalLogLikelihood(Module):
         self.likelihood = likelihood
         self.model = model
 
-    def forward(self, *args, indices: Tensor | None = None, **kwargs) -> Tensor:
+    def forward(self, *args, indices: Tensor | None = None, inducing_points: Tensor | None = None, **kwargs) -> Tensor:
         """`()` the bound per training point plus the priors' log densities per training point; with ``indices``
-        `(k,)`, the exact evidence of those training points instead (the fit's warm start)."""
+        `(k,)`, the exact evidence of those training points instead (the fit's warm start); with
+        ``inducing_points`` `(k, d)` (transformed space), the bound over them instead of the model's dictionary."""
         model = self.model
         X, y = model.train_inputs[0], model.train_targets
         n = X.shape[-2]
@@ -66,7 +67,9 @@ class DTCMarginalLogLikelihood(Module):
         if indices is not None:
             X, y, noise, n = X[indices], y[indices], noise[indices], int(indices.shape[0])
         resid = y - model.mean_module(X)
-        if indices is not None or model.is_exact:  # the posterior is the exact GP: so is its evidence
+        if inducing_points is not None and indices is None:
+            bound = dtc_evidence_bound(model.covar_module, X, resid, noise, inducing_points)
+        elif indices is not None or model.is_exact:  # the posterior is the exact GP: so is its evidence
             bound = exact_evidence(model.covar_module, X, resid, noise)
         else:
             bound = dtc_evidence_bound(model.covar_module, X, resid, noise, model.inducing_points)

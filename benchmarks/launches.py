@@ -1,0 +1,130 @@
+"""Tensor operations (kernel launches on a GPU) and host synchronizations per BKB step and per BBKB pick.
+
+A step's arithmetic on the anchor is a few microseconds; what it costs beyond that is the number of tensor
+operations it dispatches (each one a kernel launch on CUDA) and of the points where the host must wait for the
+device (``.item()``, ``bool(tensor)``, ``nonzero``, boolean masks: data-dependent shapes). This counts both:
+
+* **operations**: the ``aten::`` operators the PyTorch profiler records at the top level of the dispatcher
+  (calls made by other operators are not counted again), per step;
+* **synchronizations**: on CUDA, the warnings of ``torch.cuda.set_sync_debug_mode("warn")``; on the CPU, where
+  nothing waits, the operators that would synchronize a GPU (``aten::_local_scalar_dense``, ``aten::nonzero``,
+  ``aten::masked_select``, ``aten::unique*``, ``aten::is_nonzero``), as a forecast.
+
+Cases (steps counted after a warm-up, the median per step over the measured window):
+
+* ``bkb_anchor`` -- BKB on the anchor problem (A = 1,000, d = 2), constant width, one ``ask`` + ``tell`` per step;
+* ``bbkb_anchor`` -- BBKB on the anchor (C̃ = 2): operations per pick (one batch's ``ask`` + ``tell`` divided
+  by its size);
+* ``bkb_large`` -- BKB on ``--arms`` random arms in d = 8 (default 10⁵).
+
+Usage::
+
+    python -m benchmarks.launches --threads 1
+    python -m benchmarks.launches --device cuda
+"""
+
+from __future__ import annotations
+
+import statistics
+import warnings
+from collections import Counter
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from benchmarks.common import base_parser, new_figure, print_table, save_figure, setup, sync, write_json
+
+SYNC_OPS = ("aten::_local_scalar_dense", "aten::nonzero", "aten::masked_select", "aten::unique", "aten::_unique2",
+            "aten::is_nonzero", "aten::item")
+
+
+def bandit(case: str, device, dtype, arms_large: int):
+    from torchbkb import BBKB, BKB
+    from torchbkb.datasets import ANCHOR_SETTINGS, anchor_problem
+    from torchbkb.kernels import GaussianKernel
+
+    if case == "bkb_large":
+        g = torch.Generator().manual_seed(0)
+        arms = torch.rand(arms_large, 8, generator=g, dtype=torch.float64).to(device=device, dtype=dtype)
+        values = torch.sin(6 * arms).sum(-1)
+        return BKB(arms, GaussianKernel(0.5), noise=0.01, beta=0.5, seed=0), values, 0.1
+    arms, values, noise_std, _ = anchor_problem(dtype=dtype, device=device)
+    kernel = GaussianKernel(ANCHOR_SETTINGS["lengthscale"])
+    if case == "bkb_anchor":
+        return BKB(arms, kernel, noise=ANCHOR_SETTINGS["noise"], beta=0.5, seed=0), values, noise_std
+    return BBKB(arms, kernel, noise=ANCHOR_SETTINGS["noise"], beta=0.5, batch_bound=2.0, seed=0), values, noise_std
+
+
+def top_level_ops(prof) -> list[str]:
+    """The names of the operators called from Python (not from inside another operator)."""
+    events = [e for e in prof.events() if e.name.startswith("aten::")]
+    inside = set()
+    for e in events:
+        for child in e.cpu_children:
+            inside.add(id(child))
+    return [e.name for e in events if id(e) not in inside]
+
+
+def count(case: str, args, device, dtype) -> dict:
+    b, values, noise_std = bandit(case, device, dtype, args.arms)
+    g = torch.Generator(device=values.device).manual_seed(1)
+
+    def step() -> int:
+        idx = b.ask()
+        y = values[idx] + noise_std * torch.randn(idx.shape, generator=g, dtype=values.dtype, device=values.device)
+        b.tell(idx, y)
+        return int(idx.shape[0])
+
+    for _ in range(args.warmup):
+        step()
+    sync(device)
+    ops, syncs, picks = [], [], []
+    for _ in range(args.steps):
+        caught = []
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            if device.type == "cuda":
+                torch.cuda.set_sync_debug_mode("warn")
+            with profile(activities=[ProfilerActivity.CPU]) as prof:
+                k = step()
+            if device.type == "cuda":
+                torch.cuda.set_sync_debug_mode("default")
+        names = top_level_ops(prof)
+        forecast = sum(1 for n in names if n in SYNC_OPS)
+        cuda_syncs = sum(1 for w in caught if "synchroniz" in str(w.message).lower())
+        picks.append(k)
+        ops.append(len(names) / k)
+        syncs.append((cuda_syncs if device.type == "cuda" else forecast) / k)
+        last = Counter(names)
+    return {"case": case, "device": str(device), "ops_per_pick": statistics.median(ops), "syncs_per_pick": statistics.median(syncs),
+            "sync_kind": "measured (set_sync_debug_mode)" if device.type == "cuda" else "forecast (data-dependent ops)",
+            "picks_per_step": statistics.median(picks), "dictionary_size": b.dictionary_size,
+            "top_ops_last_step": dict(last.most_common(12))}
+
+
+def main(argv=None):
+    p = base_parser(__doc__.splitlines()[0])
+    p.add_argument("--cases", nargs="*", default=["bkb_anchor", "bbkb_anchor", "bkb_large"])
+    p.add_argument("--arms", type=int, default=100_000)
+    p.add_argument("--warmup", type=int, default=200)
+    p.add_argument("--steps", type=int, default=20)
+    args = p.parse_args(argv)
+    device, dtype = setup(args, default_threads=1)
+    if args.quick:
+        args.arms, args.warmup, args.steps = 5000, 20, 3
+    rows = [count(case, args, device, dtype) for case in args.cases]
+    for r in rows:
+        print(r, flush=True)
+    print_table(rows, ["case", "device", "ops_per_pick", "syncs_per_pick", "sync_kind", "picks_per_step", "dictionary_size"], "launches")
+    print(write_json(args.out, "launches", {"settings": vars(args), "rows": rows}))
+    fig, axes = new_figure(ncols=2, width=4.2)
+    names = [r["case"] for r in rows]
+    axes[0][0].bar(names, [r["ops_per_pick"] for r in rows])
+    axes[0][0].set(ylabel="tensor operations per pick")
+    axes[0][1].bar(names, [r["syncs_per_pick"] for r in rows])
+    axes[0][1].set(ylabel="host synchronizations per pick")
+    save_figure(fig, args.out, "launches")
+
+
+if __name__ == "__main__":
+    main()
