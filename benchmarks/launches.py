@@ -80,7 +80,6 @@ def count(case: str, args, device, dtype) -> dict:
     sync(device)
     ops, syncs, picks = [], [], []
     for _ in range(args.steps):
-        caught = []
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             if device.type == "cuda":

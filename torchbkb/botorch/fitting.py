@@ -3,12 +3,13 @@ dictionary fixed, then the dictionary re-drawn by BKB's variance sampling at the
 
 The bound depends on the dictionary, and the dictionary (drawn with probabilities ``q̄·σ̃²``) on the
 hyperparameters, so neither can be fixed first. Past :data:`WARM_START` points the rounds start from the exact
-GP fitted on :data:`WARM_START` random points. Round ``r`` draws the model's dictionary ``S_r`` at the current
-hyperparameters and runs L-BFGS-B (BoTorch's ``fit_gpytorch_mll_scipy``) on the bound over at most
-:data:`FIT_INDUCING` of its points (a uniform subset: the bound is valid on any inducing set, and its cost is
-``O(n·FIT_INDUCING²)`` whatever ``m``). It stops when a round moves no hyperparameter by more than
-:data:`HYPER_TOL` (relative; the constant mean absolute below 1, in standardized units), or after :data:`MAX_ROUNDS` rounds.
-The model's own posterior then uses its whole dictionary (docs/botorch_scale.md).
+GP fitted on :data:`WARM_START` random points. Round ``r`` draws inducing points by BKB's variance sampling at
+the current hyperparameters, thinned to at most :data:`FIT_INDUCING` (:func:`fit_inducing_points`: the bound
+is valid on any inducing set, and its cost is ``O(n·FIT_INDUCING²)`` whatever ``m``), and runs L-BFGS-B
+(BoTorch's ``fit_gpytorch_mll_scipy``) on the bound over them. It stops when a round moves no hyperparameter
+by more than :data:`HYPER_TOL` (relative; the constant mean absolute below 1, in standardized units), or after
+:data:`MAX_ROUNDS` rounds. Up to :data:`EXACT_FIT` points one round maximizes the exact evidence instead. The
+model's own posterior then uses its whole dictionary, drawn at the fitted hyperparameters (docs/botorch_scale.md).
 
 Example:
     >>> import torch
@@ -26,17 +27,15 @@ from __future__ import annotations
 import math
 import warnings
 
-import copy
-
 import torch
 from botorch.exceptions.warnings import OptimizationWarning
 from botorch.optim.fit import fit_gpytorch_mll_scipy
 from gpytorch.module import Module as GPyTorchModule
 
-from torch import Tensor, nn
+from torch import Tensor
 
 from torchbkb.botorch.dictionary_sampling import sample_dictionary
-from torchbkb.botorch.marginal_likelihood import DTCMarginalLogLikelihood
+from torchbkb.botorch.marginal_likelihood import DTCMarginalLogLikelihood, training_noise
 from torchbkb.errors import InputDataError
 
 __all__ = ["fit_rounds", "fit_inducing_points", "hyperparameters", "hyperparameter_change", "MAX_ROUNDS", "HYPER_TOL", "WARM_START", "FIT_INDUCING", "EXACT_FIT"]
@@ -92,26 +91,26 @@ def fit_rounds(model, mll, closure=None, optimizer=None, closure_kwargs=None, op
     if not any(p.requires_grad for p in mll.parameters()):
         model.fit_rounds = 0  # nothing to learn (fixed noise and a kernel without parameters)
         return mll.eval()
+    device = model.train_inputs[0].device
     n = model.train_inputs[0].shape[-2]
+    exact = n <= EXACT_FIT  # one round on the exact evidence: it does not depend on a dictionary
     gen = torch.Generator().manual_seed(0 if model.seed is None else model.seed)
     if n > max(WARM_START, EXACT_FIT) and closure is None and warm_start:
-        idx = torch.randperm(n, generator=gen)[:WARM_START].to(model.train_inputs[0].device)
+        idx = torch.randperm(n, generator=gen)[:WARM_START].to(device)
         mll.train()
         optimizer(mll, closure_kwargs={**(closure_kwargs or {}), "indices": idx}, **(optimizer_kwargs or {}))
-    for rounds in range(1, int(max_rounds) + 1):
-        before = hyperparameters(model)
+    for rounds in range(1, 2 if exact else int(max_rounds) + 1):
+        before = None if exact else hyperparameters(model)
         round_kwargs = closure_kwargs
         if closure is None:
-            every = torch.arange(n, device=model.train_inputs[0].device)
-            extra = {"indices": every} if n <= EXACT_FIT else {"inducing_points": fit_inducing_points(model, gen, inducing_limit)}
+            extra = {"indices": torch.arange(n, device=device)} if exact else {"inducing_points": fit_inducing_points(model, gen, inducing_limit)}
             round_kwargs = {**(closure_kwargs or {}), **extra}
         mll.train()
         result = optimizer(mll, closure=closure, closure_kwargs=round_kwargs, **(optimizer_kwargs or {}))
         status = getattr(result, "status", None)
         if status is not None and getattr(status, "name", "") == "FAILURE":
             warnings.warn(f"BKBModel fit, round {rounds}: the optimizer failed ({getattr(result, 'message', '')})", OptimizationWarning, stacklevel=3)
-        change = hyperparameter_change(before, hyperparameters(model))
-        if change < HYPER_TOL or n <= EXACT_FIT:
+        if not exact and hyperparameter_change(before, hyperparameters(model)) < HYPER_TOL:
             break
     model.fit_rounds = rounds
     return mll.eval()
@@ -122,17 +121,14 @@ def fit_inducing_points(model, generator: torch.Generator | None = None, limit: 
     sampling of the model's training points at its current hyperparameters (``q̄`` and per-point noise as the
     model's own draw), thinned to a uniform subset of ``limit`` points whenever it grows past them
     (:func:`~torchbkb.botorch.dictionary_sampling.sample_dictionary` with ``max_size``)."""
-    X = model.train_inputs[0]
-    n = X.shape[-2]
-    with torch.no_grad():
-        noise = model.likelihood.noise.detach().reshape(-1).to(X)
-        noise = noise.expand(n) if noise.numel() == 1 else noise
+    X = model.train_inputs[0].detach()
+    with torch.no_grad():  # a transient draw: the live kernel is read, never changed
+        noise = training_noise(model).detach().to(X)
         lam = float(noise.mean())
-        kernel = copy.deepcopy(model.covar_module).requires_grad_(False) if isinstance(model.covar_module, nn.Module) else model.covar_module
-        return sample_dictionary(kernel, X.detach(), lam, q_bar=model.q_bar, generator=generator, counts=lam / noise, max_size=int(limit))
+        return sample_dictionary(model.covar_module, X, lam, q_bar=model.q_bar, generator=generator, counts=lam / noise, max_size=int(limit))
 
 
-def hyperparameters(model) -> dict[str, tuple[float, ...]]:
+def hyperparameters(model) -> dict[str, tuple[bool, Tensor]]:
     """The model's hyperparameter values (constrained), by name, with whether each is positive."""
     out = {}
     for prefix in ("covar_module", "likelihood", "mean_module"):

@@ -23,7 +23,15 @@ from torch import Tensor
 from torchbkb.errors import InputDataError
 from torchbkb.evidence_bound import dtc_evidence_bound, exact_evidence
 
-__all__ = ["DTCMarginalLogLikelihood"]
+__all__ = ["DTCMarginalLogLikelihood", "training_noise"]
+
+
+def training_noise(model) -> Tensor:
+    """`(n,)` the noise variance of each of ``model``'s training points, read live from its likelihood (the
+    learned noise, or the known noise of ``train_Yvar``): differentiable in the likelihood's parameters."""
+    n = model.train_inputs[0].shape[-2]
+    noise = model.likelihood.noise.reshape(-1)
+    return noise.expand(n) if noise.numel() == 1 else (noise if noise.numel() == n else model.train_noise)
 
 
 class DTCMarginalLogLikelihood(Module):
@@ -61,9 +69,7 @@ class DTCMarginalLogLikelihood(Module):
         ``inducing_points`` `(k, d)` (transformed space), the bound over them instead of the model's dictionary."""
         model = self.model
         X, y = model.train_inputs[0], model.train_targets
-        n = X.shape[-2]
-        noise = model.likelihood.noise.reshape(-1)  # live: the noise is learned (or the known noise)
-        noise = noise.expand(n) if noise.numel() == 1 else (noise if noise.numel() == n else model.train_noise)
+        n, noise = X.shape[-2], training_noise(model)
         if indices is not None:
             X, y, noise, n = X[indices], y[indices], noise[indices], int(indices.shape[0])
         resid = y - model.mean_module(X)
