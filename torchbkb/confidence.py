@@ -4,6 +4,8 @@
 * :func:`bbkb_beta` -- BBKB, 001 Theorem 2 (the batch multiplier is ``α̃ = C̃ β̃``);
 * :func:`gpucb_beta` -- exact GP-UCB with the same self-normalized bound (Abbasi-Yadkori et al.),
   ``log det(I + K/λ) = Σ_s log(1 + σ²_{s-1}(x_s))`` accumulated exactly;
+* :func:`bkb_practical_beta`, :func:`bbkb_practical_beta` -- the widths the authors' code (batch-bkb,
+  ``bkb_lib.py``) uses, ``beta="practical"`` on the bandits (docs/readings.md);
 * :func:`vakili_beta`, :func:`vakili_beta_finite`, :func:`vakili_beta_continuous` -- the sparse
   (DTC/SVGP) confidence widths of 003 Theorem 3.5 / Corollary 3.7; these are on the **GP scale**
   (``μ̄ ± β σ̄_GP``) unless called with ``scale="rls"``;
@@ -33,6 +35,8 @@ __all__ = [
     "bkb_beta",
     "bbkb_beta",
     "gpucb_beta",
+    "bkb_practical_beta",
+    "bbkb_practical_beta",
     "to_botorch_beta",
     "alpha_from_epsilon",
     "vakili_beta",
@@ -100,6 +104,46 @@ def gpucb_beta(log_det: float, *, noise_std: float, lam: float, F: float, delta:
     """
     _check_common(noise_std, lam, F, delta)
     return 2.0 * noise_std * math.sqrt(max(log_det, 0.0) + math.log(1.0 / delta)) + math.sqrt(lam) * F
+
+
+def bkb_practical_beta(rls_sum: float, t: int, *, noise_std: float, lam: float, F: float, delta: float) -> float:
+    """BKB's width in the authors' code (``BKB._update_beta``)::
+
+        βₜ = √λ F + ξ √(Σ_i n_i σ̃²ₜ(x_i) · log t + log(1/δ))
+
+    Args:
+        rls_sum: ``Σ_i n_i σ̃²ₜ(x_i)`` over the distinct pulled arms (pull counts ``n_i``, current posterior).
+        t: number of pulls so far (``log t`` taken as 0 for ``t <= 1``).
+
+    Example:
+        >>> import math
+        >>> b = bkb_practical_beta(3.0, 100, noise_std=0.5, lam=0.25, F=2.0, delta=0.01)
+        >>> math.isclose(b, 0.5 * 2.0 + 0.5 * math.sqrt(3.0 * math.log(100) + math.log(100)))
+        True
+    """
+    _check_common(noise_std, lam, F, delta)
+    log_t = math.log(t) if t > 1 else 0.0
+    return math.sqrt(lam) * F + noise_std * math.sqrt(max(rls_sum, 0.0) * log_t + math.log(1.0 / delta))
+
+
+def bbkb_practical_beta(log_det: float, *, noise_std: float, lam: float, F: float, delta: float, batch_bound: float) -> float:
+    """BBKB's width in the authors' code (``Batch_BKB.update``); it multiplies ``σ̃`` as it is (no ``C̃`` factor)::
+
+        β = √λ F + ξ √(C̃ · L + log(1/δ)),   L = Σ_s log(1 + σ̃²_fb[s](x_s))
+
+    Args:
+        log_det: ``L``, summed at every batch end over the batch's picks with their batch-start variances; the
+            first batch (the single uniform arm, the authors' initialization with ``t = 1``) adds nothing.
+        batch_bound: ``C̃``.
+
+    Example:
+        >>> import math
+        >>> b = bbkb_practical_beta(2.0, noise_std=0.5, lam=0.25, F=2.0, delta=0.01, batch_bound=3.0)
+        >>> math.isclose(b, 1.0 + 0.5 * math.sqrt(3.0 * 2.0 + math.log(100)))
+        True
+    """
+    _check_common(noise_std, lam, F, delta)
+    return math.sqrt(lam) * F + noise_std * math.sqrt(float(batch_bound) * max(log_det, 0.0) + math.log(1.0 / delta))
 
 
 def to_botorch_beta(beta_rls: float, lam: float) -> float:

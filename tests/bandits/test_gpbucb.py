@@ -228,3 +228,54 @@ def test_a_prior_variance_too_small_for_the_product_rule_ends_the_batch(cap):
     b = GPBUCB(arms, lambda x1, x2: 1e-100 * base(x1, x2), noise=LAM, beta=0.3, batch_bound=2.0, max_batch_size=cap, seed=1)
     _run(b, f, 20)
     assert b.batch_sizes[0] == 1 and set(b.batch_sizes[1:]) == {1 if cap is None else cap}
+
+
+def _literal_batch(X, rows, y_rows, alpha, C, rule):
+    """One batch selected one pick at a time from scratch: the exact GP refitted on the history plus the
+    picks so far (hallucinated: their rewards do not matter to the variances), UCB μ_fb + α σ_{t-1}."""
+    K = lambda A, B: rbf(A, B, LS)  # noqa: E731
+    R = X[rows]
+    mean_fb, cov = exact_gp(K(R, R), K(R, X), K(X, X), y_rows, LAM)
+    var_fb = cov.diagonal() / LAM
+    picks, level = [], 1.0
+    while True:
+        H = X[rows + picks]
+        _, cov_t = exact_gp(K(H, H), K(H, X), K(X, X), torch.zeros(len(rows) + len(picks), dtype=torch.float64), LAM)
+        var_t = cov_t.diagonal().clamp_min(0.0) / LAM
+        i = int(torch.argmax(mean_fb + alpha * var_t.sqrt()))
+        picks.append(i)
+        level *= 1.0 + float(var_fb[i] if rule == "batch_start" else var_t[i])
+        if level > C:
+            return picks
+
+
+@pytest.mark.parametrize("rule", ["batch_start", "in_batch"])
+def test_stop_rules_match_literal_one_at_a_time_selection(rule):
+    arms, f = _arms(A=60, seed=3)
+    bandit = _bandit(arms, beta=0.5, batch_bound=3.0, stop_rule=rule)
+    while bandit.t < 50:
+        batch = bandit.ask()
+        if bandit.t:
+            rows = list(bandit.history["index"])
+            y = torch.tensor(bandit.history["reward"], dtype=torch.float64)
+            assert batch.tolist() == _literal_batch(arms, rows, y, 0.5, 3.0, rule)
+        bandit.tell(batch, f[batch])
+
+
+def test_in_batch_rule_gives_batches_at_least_as_long():
+    arms, f = _arms(A=80, seed=4)
+    sizes = {}
+    for rule in ("batch_start", "in_batch"):
+        bandit = _bandit(arms, beta=0.5, batch_bound=3.0, stop_rule=rule)
+        first = bandit.ask()
+        bandit.tell(first, f[first])
+        batch = bandit.ask()  # both rules see the same posterior and pick the same arms while both go on
+        sizes[rule] = batch.tolist()
+    short, long_ = sizes["batch_start"], sizes["in_batch"]
+    assert len(long_) >= len(short) and long_[: len(short)] == short
+
+
+def test_unknown_stop_rule_is_rejected():
+    arms, _ = _arms(A=10)
+    with pytest.raises(InputDataError, match="stop_rule: expected one of"):
+        _bandit(arms, stop_rule="desautels")

@@ -331,12 +331,16 @@ class KernelBandit(Bandit):
         arms: `(A, d)`.
         kernel: a ``gpytorch.kernels.Kernel`` or a callable ``(X1, X2) -> Tensor``.
         noise: ``λ > 0`` (the GP noise variance).
-        beta: a float ``>= 0`` (a constant width, RLS scale) or ``"theory"``.
+        beta: a float ``>= 0`` (a constant width, RLS scale), ``"theory"`` or, where the class lists it in
+            :attr:`beta_modes`, ``"practical"`` (the width of the authors' code).
         seed: see :class:`Bandit`.
         noise_std: ``ξ`` of the theory's β (default ``√λ``, the GP reading).
         F: bound on ``‖f‖_H`` for the theory's β.
         delta: failure probability of the theory's β.
     """
+
+    #: the named widths the class accepts beside a float
+    beta_modes: tuple[str, ...] = ("theory",)
 
     def __init__(
         self,
@@ -355,7 +359,7 @@ class KernelBandit(Bandit):
         if isinstance(self.kernel, nn.Module):
             self.kernel.to(arms.device)
         self.lam = check_positive(noise, "noise")
-        self.beta_mode = check_beta(beta)
+        self.beta_mode = check_beta(beta, self.beta_modes)
         self.noise_std = (self.lam**0.5) if noise_std is None else float(noise_std)
         if not self.noise_std >= 0:
             raise InputDataError(f"noise_std: expected noise_std >= 0, got {noise_std!r}")
@@ -383,16 +387,17 @@ class KernelBandit(Bandit):
 
 
 
-def check_beta(beta) -> float | str:
-    """``"theory"`` or a float ``>= 0``; anything else is an :class:`~torchbkb.errors.InputDataError`."""
+def check_beta(beta, modes: tuple[str, ...] = ("theory",)) -> float | str:
+    """One of the named ``modes`` or a float ``>= 0``; anything else is an :class:`~torchbkb.errors.InputDataError`."""
+    names = " or ".join(repr(m) for m in modes)
     if isinstance(beta, str):
-        if beta != "theory":
-            raise InputDataError(f"beta: expected 'theory' or a float >= 0, got {beta!r}")
+        if beta not in modes:
+            raise InputDataError(f"beta: expected {names} or a float >= 0, got {beta!r}")
         return beta
     try:
         b = float(beta)
     except (TypeError, ValueError):
-        raise InputDataError(f"beta: expected 'theory' or a float >= 0, got {beta!r}") from None
+        raise InputDataError(f"beta: expected {names} or a float >= 0, got {beta!r}") from None
     if not (b >= 0.0) or b == float("inf"):
-        raise InputDataError(f"beta: expected 'theory' or a finite float >= 0, got {beta!r}")
+        raise InputDataError(f"beta: expected {names} or a finite float >= 0, got {beta!r}")
     return b

@@ -54,7 +54,7 @@ import torch
 
 from torchbkb.bandits.bkb import ROW_CACHE_BYTES, SketchedKernelBandit
 from torchbkb.batch_selection import BatchSelection, check_batch_limits, select_batch
-from torchbkb.confidence import bbkb_beta
+from torchbkb.confidence import bbkb_beta, bbkb_practical_beta
 from torchbkb.nystrom import DEFAULT_CHUNK
 
 __all__ = ["BBKB"]
@@ -74,6 +74,8 @@ class BBKB(SketchedKernelBandit):
             ``σ̃`` in the in-batch UCB ``μ̃_fb + α̃ σ̃_t`` (RLS scale; ``C̃`` does not multiply it, so a
             user tunes the exploration actually used). A GP-scale multiplier ``b`` (``μ + b·σ_GP``) is
             ``α̃ = b·√λ`` since ``σ_GP = √λ σ̃``.
+            ``"practical"``: the authors' code, ``√λ F + ξ √(C̃ L + log 1/δ)`` with ``L`` the attribute
+            :attr:`practical_sum` (:func:`~torchbkb.confidence.bbkb_practical_beta`), used as ``α̃`` as it is.
         batch_bound: ``C̃ >= 1``; a batch continues while ``1 + Σ_{s in batch} σ̃²_fb(x_s) <= C̃``
             (``C̃ = 1`` gives batches of one).
         max_batch_size: optional cap on the batch length (e.g. the number of workers). Without it a pick
@@ -101,6 +103,8 @@ class BBKB(SketchedKernelBandit):
         beta: the multiplier ``α̃`` used for the last batch.
         beta_tilde: ``β̃_fb`` of the last batch (``nan`` with a constant ``beta``).
         log_sum: ``Σ_s log(1 + 3 σ̃²_{fb[s-1]}(x_s))`` over the told points (the theory β's sum).
+        practical_sum: ``L = Σ_s log(1 + σ̃²_fb(x_s))`` over the told points after the first batch (the practical width's
+            sum; the authors' initialization with one arm adds ``n σ̃² log 1 = 0``).
         batch_sizes: length of every batch asked, in order.
         num_resparsifications: dictionary resamplings (one per completed batch).
         embeddings_computed: dictionary changes (kernel rows updated, ``K_S`` refactored) at batch ends.
@@ -124,6 +128,8 @@ class BBKB(SketchedKernelBandit):
         >>> bandit.beta == 3.0 * bandit.beta_tilde                              # α̃ = C̃ β̃_fb
         True
     """
+
+    beta_modes = ("theory", "practical")
 
     def __init__(
         self,
@@ -154,6 +160,7 @@ class BBKB(SketchedKernelBandit):
         self.lazy = bool(lazy)
         self.beta_tilde = float("nan")
         self.log_sum = 0.0
+        self.practical_sum = 0.0
         self.batch_sizes: list[int] = []
         self.num_resparsifications = 0
         self.ucb_evaluations = 0
@@ -163,7 +170,9 @@ class BBKB(SketchedKernelBandit):
 
     # ------------------------------------------------------------------ widths
     def current_beta(self) -> float:
-        """The multiplier ``α̃`` of the next batch: ``C̃ β̃_fb`` (theory) or the user's constant."""
+        """The multiplier ``α̃`` of the next batch: ``C̃ β̃_fb`` (theory), the authors' width (practical) or the user's constant."""
+        if self.beta_mode == "practical":
+            return bbkb_practical_beta(self.practical_sum, noise_std=self.noise_std, lam=self.lam, F=self.F, delta=self.delta, batch_bound=self.batch_bound)
         if self.beta_mode != "theory":
             return float(self.beta_mode)
         return self.batch_bound * self.current_beta_tilde()
@@ -211,7 +220,10 @@ class BBKB(SketchedKernelBandit):
         start = time.perf_counter()
         told = self.last_told[0]
         if told.numel():  # σ̃²_fb of the told picks: their variance when the batch started
-            self.log_sum += float(torch.log1p(3.0 * self._rls[told].to(torch.float64)).sum())
+            rls = self._rls[told].to(torch.float64)
+            self.log_sum += float(torch.log1p(3.0 * rls).sum())
+            if self.t > told.numel():  # not the first told batch (the initialization)
+                self.practical_sum += float(torch.log1p(rls).sum())
         super()._update()  # resample S with q̄ σ̃²_fb, update kernel rows if S changed, refit, rescore
         self.num_resparsifications += 1
         self.time_resparsify += time.perf_counter() - start
@@ -222,6 +234,7 @@ class BBKB(SketchedKernelBandit):
         state.update(
             beta_tilde=self.beta_tilde,
             log_sum=self.log_sum,
+            practical_sum=self.practical_sum,
             batch_sizes=list(self.batch_sizes),
             num_resparsifications=self.num_resparsifications,
             ucb_evaluations=self.ucb_evaluations,
@@ -231,7 +244,8 @@ class BBKB(SketchedKernelBandit):
         return state
 
     def _load_algorithm_state(self, state: dict[str, Any]) -> None:
-        self.log_sum = float(state["log_sum"])  # before the refit: it sets the width the arms are pruned with
+        self.log_sum = float(state["log_sum"])  # before the refit: they set the width the arms are pruned with
+        self.practical_sum = float(state.get("practical_sum", 0.0))  # absent before the practical width
         super()._load_algorithm_state(state)
         self.beta_tilde = float(state["beta_tilde"])
         self.batch_sizes = list(state["batch_sizes"])

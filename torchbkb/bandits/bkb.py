@@ -37,7 +37,7 @@ from typing import Any, Callable
 import torch
 
 from torchbkb.bandits.base import KernelBandit
-from torchbkb.confidence import alpha_from_epsilon, bkb_beta
+from torchbkb.confidence import alpha_from_epsilon, bkb_beta, bkb_practical_beta
 from torchbkb.dtc_posterior import DTCPosterior, fit_kernel_row_operator, rls_kernel_columns, score_kernel_columns
 from torchbkb.errors import InputDataError, TorchBKBError, check_int, check_positive
 from torchbkb.nystrom import DEFAULT_CHUNK, NystromEmbedding
@@ -579,7 +579,9 @@ class BKB(SketchedKernelBandit):
         kernel: a ``gpytorch.kernels.Kernel`` or callable ``(X1, X2) -> Tensor``.
         noise: ``λ > 0``.
         q_bar: oversampling ``q̄`` of the dictionary resampling.
-        beta: ``"theory"`` (β̃ₜ of 000 Theorem 2) or a constant width (RLS scale).
+        beta: ``"theory"`` (β̃ₜ of 000 Theorem 2), ``"practical"`` (the authors' code:
+            ``√λ F + ξ √(Σ_i n_i σ̃²ₜ(x_i) log t + log 1/δ)``, :func:`~torchbkb.confidence.bkb_practical_beta`)
+            or a constant width (RLS scale).
         seed: generator seed (first arm, dictionary draws).
         F: bound on ``‖f‖_H`` (theory β).
         delta: failure probability (theory β).
@@ -604,6 +606,8 @@ class BKB(SketchedKernelBandit):
         embeddings_computed: how many times the dictionary changed (kernel rows updated, ``K_S`` refactored).
         arms_scored: arm variances computed at the last update (``arms_scored_total``: over all updates).
     """
+
+    beta_modes = ("theory", "practical")
 
     def __init__(
         self,
@@ -646,10 +650,12 @@ class BKB(SketchedKernelBandit):
         return torch.argmax(ucb).reshape(1)
 
     def _ucb_width(self) -> float | None:
-        return None if self.beta_mode == "theory" else float(self.beta_mode)
+        return None if isinstance(self.beta_mode, str) else float(self.beta_mode)
 
     def current_beta(self) -> float:
-        """β̃ₜ for the next selection."""
+        """The width of the next selection: β̃ₜ (theory), the authors' βₜ (practical) or the constant."""
+        if self.beta_mode == "practical":
+            return bkb_practical_beta(self.deff, self.t, noise_std=self.noise_std, lam=self.lam, F=self.F, delta=self.delta)
         if self.beta_mode != "theory":
             return float(self.beta_mode)
         return bkb_beta(self.deff, max(self.t, 1), noise_std=self.noise_std, lam=self.lam, F=self.F, delta=self.delta, epsilon=self.epsilon, kappa2=self.kappa2)

@@ -41,8 +41,10 @@ KERNEL_PROBES = 8
 SETTINGS = (
     "lam", "beta_mode", "noise_std", "F", "delta", "q_bar", "inclusion", "epsilon", "batch_bound", "max_batch_size", "lazy",
     "budget", "interval", "lambda_max_mode", "discretization_c", "num_batches", "oversample", "refresh",
-    "schedule", "base_size",
+    "schedule", "base_size", "stop_rule",
 )  # fmt: skip
+#: the value a setting had before it existed (checkpoints written then lack it)
+SETTING_DEFAULTS = {"inclusion": "per_pull", "stop_rule": "batch_start"}
 
 
 def bandit_fingerprint(bandit: Any) -> dict[str, Any]:
@@ -78,6 +80,8 @@ def check_fingerprint(saved: Any, current: dict[str, Any]) -> None:
     if not isinstance(got, dict):
         raise CheckpointError(f"checkpoint: expected the algorithm's settings, got {type(got).__name__}")
     for name, value in current["settings"].items():
+        if name not in got and SETTING_DEFAULTS.get(name) == value:
+            continue
         if name not in got or got[name] != value:
             shown = "missing" if name not in got else f"{name}={got[name]!r}"
             raise CheckpointError(f"checkpoint: expected a checkpoint of a bandit with {name}={value!r}, got {shown}")

@@ -3,9 +3,14 @@
 Inside a batch the posterior mean is frozen at ``μ_fb`` and every pick is hallucinated into the exact
 GP (``ExactPosterior.update(x, None)``: the Cholesky factor grows, the mean stays), so the in-batch
 variances ``σ²_t`` are exact. The next pick is ``argmax μ_fb + α σ_t`` (RLS scale, ``σ² = var/λ``) and
-the batch goes on while the product rule ``Π_{s in batch} (1 + σ²_fb(x_s)) <= C̃`` holds (the pick that
-crosses ``C̃`` is the batch's last) -- the termination 001 Sec. 3 compares with BBKB's sum rule; by the
-Weierstrass product inequality it always gives batches no longer than BBKB's for the same variances.
+the batch goes on while a product rule holds (the pick that crosses ``C̃`` is the batch's last), one of two:
+
+* ``stop_rule="batch_start"`` -- ``Π_{s in batch} (1 + σ²_fb(x_s)) <= C̃`` with the variances at the batch
+  start: 001 Sec. 3's statement of GP-BUCB's rule, the one it compares with BBKB's sum rule (by the
+  Weierstrass product inequality it never gives longer batches than BBKB's for the same variances);
+* ``stop_rule="in_batch"`` -- ``Π_{s in batch} (1 + σ²_{s-1}(x_s)) <= C̃`` with each pick's hallucinated
+  variance when it was picked: Desautels et al.'s GP-AUCB, whose batch ends when the conditional mutual
+  information ``½ Σ log(1 + σ²_{s-1}(x_s))`` exceeds their ``C`` (``C̃ = e^{2C}``). It gives longer batches.
 
 Consecutive picks of the same arm (a batch that keeps choosing its best arm) share one hallucinated
 row whose count grows (:meth:`~torchbkb.ExactPosterior.repeat_last`, ``O(A)`` instead of a new row's
@@ -52,8 +57,13 @@ import torch
 
 from torchbkb.bandits.gpucb import GPUCB
 from torchbkb.batch_selection import check_batch_limits, stop_rule_stalls
+from torchbkb.confidence import bbkb_practical_beta
+from torchbkb.errors import InputDataError
 
-__all__ = ["GPBUCB"]
+__all__ = ["GPBUCB", "GPBUCB_STOP_RULES"]
+
+#: the termination rules offered (see the module docstring)
+GPBUCB_STOP_RULES = ("batch_start", "in_batch")
 
 
 class GPBUCB(GPUCB):
@@ -63,9 +73,11 @@ class GPBUCB(GPUCB):
         arms: `(A, d)`.
         kernel: a ``gpytorch.kernels.Kernel`` or callable ``(X1, X2) -> Tensor``.
         noise: ``λ > 0``.
-        beta: a float -- the multiplier ``α`` of ``σ`` (RLS scale) in the in-batch UCB -- or
-            ``"theory"`` (``α = C̃ β_t``, see the module docstring).
-        batch_bound: ``C̃ >= 1``; a batch continues while ``Π (1 + σ²_fb(x_s)) <= C̃``.
+        beta: a float -- the multiplier ``α`` of ``σ`` (RLS scale) in the in-batch UCB --, ``"theory"``
+            (``α = C̃ β_t``, see the module docstring) or ``"practical"`` (BBKB's width in the authors' code with
+            the exact batch-start variances, :func:`~torchbkb.confidence.bbkb_practical_beta`).
+        batch_bound: ``C̃ >= 1``; a batch continues while the product rule is ``<= C̃``.
+        stop_rule: ``"batch_start"`` (001's statement, the default) or ``"in_batch"`` (Desautels et al.).
         max_batch_size: optional cap on the batch length. A pick with ``σ²_fb = 0`` ends the batch (every
             later pick would be that arm again), and so does one with ``σ²_fb`` so small that the rule would
             need more than 2²⁴ picks of it when there is no cap (as in :func:`~torchbkb.batch_selection.select_batch`).
@@ -74,6 +86,7 @@ class GPBUCB(GPUCB):
 
     Attributes:
         beta: the multiplier ``α`` of the last batch.
+        practical_sum: ``Σ_s log(1 + σ²_fb(x_s))`` over the told picks after the first batch (practical width).
         batch_sizes: length of every batch asked.
         time_in_batch: seconds spent selecting batches (hallucinated exact updates).
         time_update: seconds spent incorporating rewards.
@@ -92,9 +105,15 @@ class GPBUCB(GPUCB):
         noise_std: float | None = None,
         F: float = 1.0,
         delta: float = 0.01,
+        stop_rule: str = "batch_start",
     ):
+        if stop_rule not in GPBUCB_STOP_RULES:
+            raise InputDataError(f"stop_rule: expected one of {list(GPBUCB_STOP_RULES)}, got {stop_rule!r}")
         super().__init__(arms, kernel, noise=noise, beta=beta, seed=seed, noise_std=noise_std, F=F, delta=delta)
         self.batch_bound, self.max_batch_size = check_batch_limits(batch_bound, max_batch_size)
+        self.stop_rule = stop_rule
+        self.practical_sum = 0.0
+        self._batch_fb: list[float] = []  # σ²_fb(x_t) of each pick (RLS scale)
         self.batch_sizes: list[int] = []
         self.time_in_batch = 0.0
         self.time_update = 0.0
@@ -104,6 +123,8 @@ class GPBUCB(GPUCB):
 
     def current_beta(self) -> float:
         """The multiplier ``α`` of the next batch."""
+        if self.beta_mode == "practical":
+            return bbkb_practical_beta(self.practical_sum, noise_std=self.noise_std, lam=self.lam, F=self.F, delta=self.delta, batch_bound=self.batch_bound)
         if self.beta_mode != "theory":
             return float(self.beta_mode)
         return self.batch_bound * super().current_beta()
@@ -116,6 +137,7 @@ class GPBUCB(GPUCB):
         if self.t == 0:
             picks = [int(self._random_arm())]
             self._batch_rls = [float(self.kdiag[picks[0]]) / self.lam]
+            self._batch_fb = list(self._batch_rls)
         else:
             mean_fb, var_fb = post.watched()
             mean_fb = self._mask_excluded(mean_fb.clone())  # frozen; hallucinations leave it unchanged anyway
@@ -127,10 +149,11 @@ class GPBUCB(GPUCB):
                     i = int(torch.argmax(mean_fb + self.beta * rls_t.sqrt()))  # lowest index on ties
                     picks.append(i)
                     in_batch.append(float(rls_t[i]))
-                    # σ²_fb(x_i) = 0, or ≈ 0 and no cap: the product would (practically) never pass C̃ and
-                    # the picks would be x_i again and again -- the batch ends with this pick
-                    stalled = rls_fb[i] <= 0.0 or (self.max_batch_size is None and stop_rule_stalls(level, rls_fb[i], self.batch_bound, "product"))
-                    level *= 1.0 + rls_fb[i]
+                    s_i = rls_fb[i] if self.stop_rule == "batch_start" else in_batch[-1]
+                    # a term 0, or ≈ 0 and no cap: the product would (practically) never pass C̃ and the
+                    # picks would be x_i again and again (in-batch terms only shrink) -- the batch ends here
+                    stalled = s_i <= 0.0 or (self.max_batch_size is None and stop_rule_stalls(level, s_i, self.batch_bound, "product"))
+                    level *= 1.0 + s_i
                     if stalled or level > self.batch_bound or (self.max_batch_size is not None and len(picks) >= self.max_batch_size):
                         break
                     if len(picks) >= 2 and picks[-2] == i:
@@ -138,6 +161,7 @@ class GPBUCB(GPUCB):
                     else:
                         post.update(self.arms[i], None)  # hallucinate: O(A·n)
             self._batch_rls = in_batch
+            self._batch_fb = [rls_fb[i] for i in picks]
         self._batch = picks
         self.batch_sizes.append(len(picks))
         self.time_in_batch += time.perf_counter() - start
@@ -147,6 +171,9 @@ class GPBUCB(GPUCB):
         start = time.perf_counter()
         idx, y = self.last_told
         told = list(zip(idx.tolist(), y.tolist()))
+        if told and self.t > len(told):  # the practical width's sum, from the second told batch on
+            fb = dict(zip(self._batch, self._batch_fb))
+            self.practical_sum += sum(math.log1p(max(fb[a], 0.0)) for a, _ in told)
         hallucinated = _runs(self._batch[:-1])  # rows n_fb, n_fb + 1, ...: (arm, picks merged in the row)
         where: dict[int, deque[int]] = defaultdict(deque)  # arm -> its positions in told, in order
         for k, (a, _) in enumerate(told):
@@ -177,7 +204,7 @@ class GPBUCB(GPUCB):
             for arm, yi in zip(idx.tolist(), y.tolist()):
                 self._tally(arm, yi)
             self._compact_if_worth(self.t)  # no hallucinated row is left: merge repeated pulls if worth it
-        self._batch, self._batch_rls = [], []
+        self._batch, self._batch_rls, self._batch_fb = [], [], []
         self.time_update += time.perf_counter() - start
 
     # ------------------------------------------------------------------ checkpoints
@@ -186,6 +213,8 @@ class GPBUCB(GPUCB):
         state.update(
             batch=list(self._batch),
             batch_rls=list(self._batch_rls),
+            batch_fb=list(self._batch_fb),
+            practical_sum=self.practical_sum,
             batch_sizes=list(self.batch_sizes),
             time_in_batch=self.time_in_batch,
             time_update=self.time_update,
@@ -195,6 +224,8 @@ class GPBUCB(GPUCB):
     def _load_algorithm_state(self, state: dict[str, Any]) -> None:
         self.log_det, self.beta = float(state["log_det"]), float(state["beta"])
         self._batch, self._batch_rls = list(state["batch"]), list(state["batch_rls"])
+        self._batch_fb = list(state.get("batch_fb", self._batch_rls))  # absent before the practical width
+        self.practical_sum = float(state.get("practical_sum", 0.0))
         self.batch_sizes = list(state["batch_sizes"])
         self.time_in_batch, self.time_update = float(state["time_in_batch"]), float(state["time_update"])
         # the rows of the completed batches: the history minus what was told of the open batch

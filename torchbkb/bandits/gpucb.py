@@ -10,7 +10,9 @@ pull counts and mean rewards (noise ``λ / n_i``, the same posterior exactly). T
 the same use of pull counts as BKB's, so the exact baseline is not slowed by pulls it does not need
 to remember one by one (GP-UCB on a finite arm set re-pulls its best arms most of the time). ``beta="theory"`` uses the exact
 log-determinant ``log det(I + K_t/λ) = Σ_s log(1 + σ²_{s-1}(x_s))`` (RLS scale), accumulated as the
-run goes, in the self-normalized width of :func:`torchbkb.confidence.gpucb_beta`.
+run goes, in the self-normalized width of :func:`torchbkb.confidence.gpucb_beta`. ``beta="practical"`` is the
+width of the BKB authors' code with the exact variances (:func:`torchbkb.confidence.bkb_practical_beta`), so a
+comparison with ``BKB(beta="practical")`` differs only in the posterior.
 
 Example:
     >>> import torch
@@ -33,7 +35,7 @@ from typing import Any, Callable
 import torch
 
 from torchbkb.bandits.base import KernelBandit
-from torchbkb.confidence import gpucb_beta
+from torchbkb.confidence import bkb_practical_beta, gpucb_beta
 from torchbkb.exact_posterior import ExactPosterior
 
 __all__ = ["GPUCB", "COMPACT_MIN"]
@@ -49,7 +51,7 @@ class GPUCB(KernelBandit):
         arms: `(A, d)`.
         kernel: a ``gpytorch.kernels.Kernel`` or callable ``(X1, X2) -> Tensor``.
         noise: ``λ > 0``.
-        beta: constant width (RLS scale: ``UCB = μ + β σ``, ``σ² = var/λ``) or ``"theory"``.
+        beta: constant width (RLS scale: ``UCB = μ + β σ``, ``σ² = var/λ``), ``"theory"`` or ``"practical"``.
         seed: generator seed (the first arm is uniform, as in BKB).
         noise_std, F, delta: parameters of the theory width (see :class:`~torchbkb.bandits.base.KernelBandit`).
 
@@ -58,6 +60,8 @@ class GPUCB(KernelBandit):
         beta: the width used for the last selection.
         compactions: how many times repeated pulls were merged into counts (see the module docstring).
     """
+
+    beta_modes = ("theory", "practical")
 
     def __init__(self, arms: torch.Tensor, kernel: Callable, *, noise: float, beta: float | str = "theory", seed: int | None = None, noise_std: float | None = None, F: float = 1.0, delta: float = 0.01):
         super().__init__(arms, kernel, noise=noise, beta=beta, seed=seed, noise_std=noise_std, F=F, delta=delta)
@@ -78,6 +82,10 @@ class GPUCB(KernelBandit):
 
     def current_beta(self) -> float:
         """The width for the next selection."""
+        if self.beta_mode == "practical":
+            rls = self.posterior.watched()[1].to(torch.float64) / self.lam
+            deff = float((self.counts.to(torch.float64) * rls).sum())  # Σ_i n_i σ²ₜ(x_i)
+            return bkb_practical_beta(deff, self.t, noise_std=self.noise_std, lam=self.lam, F=self.F, delta=self.delta)
         if self.beta_mode != "theory":
             return float(self.beta_mode)
         return gpucb_beta(self.log_det, noise_std=self.noise_std, lam=self.lam, F=self.F, delta=self.delta)
