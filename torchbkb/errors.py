@@ -26,6 +26,7 @@ __all__ = [
     "InputDataError",
     "NumericsError",
     "NumericsWarning",
+    "TheoryWarning",
     "CheckpointError",
     "ObjectiveError",
     "ObjectiveOutputError",
@@ -52,6 +53,10 @@ class NumericsError(TorchBKBError, RuntimeError):
 class NumericsWarning(UserWarning):
     """Numerical trouble that torchbkb recovered from (jitter added, directions dropped), or results whose
     accuracy it cannot vouch for (an ill-conditioned dictionary next to a tiny noise)."""
+
+
+class TheoryWarning(UserWarning):
+    """A theorem's width is used with settings outside the theorem's preconditions (:mod:`torchbkb.theorems`)."""
 
 
 class CheckpointError(InputDataError):

@@ -56,6 +56,7 @@ from torchbkb.bandits.bkb import ROW_CACHE_BYTES, SketchedKernelBandit
 from torchbkb.batch_selection import BatchSelection, check_batch_limits, select_batch
 from torchbkb.confidence import bbkb_beta, bbkb_practical_beta
 from torchbkb.nystrom import DEFAULT_CHUNK
+from torchbkb.theorems import warn_unmet_preconditions
 
 __all__ = ["BBKB"]
 
@@ -97,6 +98,9 @@ class BBKB(SketchedKernelBandit):
         inclusion: how an arm pulled ``n`` times enters the dictionary: ``"per_pull"`` (``1 - (1 - p)^n``, 000
             Algorithm 1 read literally) or ``"count_scaled"`` (``min(1, q̄·n·σ̃²)``, the authors' code); see
             :mod:`torchbkb.rls_dictionary`.
+        horizon: the run's length ``T``, if known: ``beta="theory"`` warns
+            (:class:`~torchbkb.errors.TheoryWarning`) when ``q̄`` or ``λ`` is below 001 Theorem 2's requirement
+            (:func:`~torchbkb.theorems.bbkb_required_q_bar`; without it, for ``T = 1``).
 
     Attributes:
         dictionary: `(m,)` long, arm indices of the dictionary ``S_fb``.
@@ -151,6 +155,7 @@ class BBKB(SketchedKernelBandit):
         prune: bool = True,
         inclusion: str = "per_pull",
         kernel_cache_bytes: int | None = None,
+        horizon: int | None = None,
     ):
         super().__init__(
             arms, kernel, noise=noise, q_bar=q_bar, beta=beta, seed=seed, F=F, delta=delta, noise_std=noise_std, chunk_size=chunk_size, row_cache_bytes=row_cache_bytes,
@@ -158,6 +163,8 @@ class BBKB(SketchedKernelBandit):
         )
         self.batch_bound, self.max_batch_size = check_batch_limits(batch_bound, max_batch_size)
         self.lazy = bool(lazy)
+        if self.beta_mode == "theory":
+            warn_unmet_preconditions("BBKB", q_bar=self.q_bar, lam=self.lam, delta=self.delta, horizon=horizon, batch_bound=self.batch_bound)
         self.beta_tilde = float("nan")
         self.log_sum = 0.0
         self.practical_sum = 0.0

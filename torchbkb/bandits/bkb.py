@@ -44,6 +44,7 @@ from torchbkb.nystrom import DEFAULT_CHUNK, NystromEmbedding
 from torchbkb.rls_dictionary import RLSDictionary, check_inclusion
 from torchbkb.bandits.kernel_rows import FeatureRows, StreamedKernelRows, finite_rows
 from torchbkb.stable_scoring import AccuracyMonitor
+from torchbkb.theorems import warn_unmet_preconditions
 from torchbkb.utils.linalg import inv_sqrt_factor
 
 __all__ = ["BKB", "FeatureRows", "SketchedKernelBandit"]
@@ -598,6 +599,9 @@ class BKB(SketchedKernelBandit):
         inclusion: how an arm pulled ``n`` times enters the dictionary: ``"per_pull"`` (``1 - (1 - p)^n``, 000
             Algorithm 1 read literally) or ``"count_scaled"`` (``min(1, q̄·n·σ̃²)``, the authors' code); see
             :mod:`torchbkb.rls_dictionary`.
+        horizon: the run's length ``T``, if known: ``beta="theory"`` warns
+            (:class:`~torchbkb.errors.TheoryWarning`) when ``q̄`` is below 000 Theorem 2's requirement for it
+            (:func:`~torchbkb.theorems.bkb_required_q_bar`; without it, for ``T = 1``).
 
     Attributes:
         dictionary: `(m,)` long, arm indices of the current dictionary.
@@ -628,6 +632,7 @@ class BKB(SketchedKernelBandit):
         prune: bool = True,
         inclusion: str = "per_pull",
         kernel_cache_bytes: int | None = None,
+        horizon: int | None = None,
     ):
         super().__init__(
             arms, kernel, noise=noise, q_bar=q_bar, beta=beta, seed=seed, F=F, delta=delta, noise_std=noise_std, chunk_size=chunk_size, row_cache_bytes=row_cache_bytes,
@@ -640,6 +645,8 @@ class BKB(SketchedKernelBandit):
             epsilon = (a - 1.0) / (a + 1.0)
         alpha_from_epsilon(epsilon)  # validates 0 < ε < 1
         self.epsilon = float(epsilon)
+        if self.beta_mode == "theory":
+            warn_unmet_preconditions("BKB", q_bar=self.q_bar, lam=self.lam, delta=self.delta, horizon=horizon, epsilon=self.epsilon)
 
     def _select(self) -> torch.Tensor:
         if self.t == 0:
