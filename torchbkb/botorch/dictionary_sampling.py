@@ -19,7 +19,7 @@ from torch import Tensor
 
 from torchbkb.errors import InputDataError, check_positive
 from torchbkb.nystrom import NystromEmbedding
-from torchbkb.rls_dictionary import RLSDictionary
+from torchbkb.rls_dictionary import RLSDictionary, check_inclusion
 from torchbkb.stable_scoring import feature_rls
 from torchbkb.utils.linalg import compute_dtype, safe_cholesky
 
@@ -35,6 +35,7 @@ def sample_dictionary(
     counts: Tensor | None = None,
     complete_above: float | None = None,
     max_size: int | None = None,
+    inclusion: str = "per_pull",
 ) -> Tensor | None:
     """BKB's posterior-variance (ridge-leverage-score) dictionary over a set of training points.
 
@@ -61,6 +62,9 @@ def sample_dictionary(
         max_size: if given (unbatched ``X``), thin the dictionary to a uniform subset of ``max_size`` points
             whenever a round draws more: the replay then costs ``O(n·max_size²)`` whatever the kernel's
             effective dimension (what a fit's inducing points need, not a BKB posterior's).
+        inclusion: how a point given ``n`` times (equal rows of ``X``, repeated evaluations) enters: ``"per_pull"``,
+            one draw per row (``1 - (1 - p)^n``), or ``"count_scaled"``, one draw per distinct point with
+            ``min(1, q̄·n·σ̃²)`` (:mod:`torchbkb.rls_dictionary`). ``counts`` are precision weights, not pulls.
 
     Returns:
         `(m, d)` dictionary (rows of ``X``), or ``None`` (see ``complete_above``).
@@ -76,7 +80,7 @@ def sample_dictionary(
     lam = check_positive(noise, "noise")
     if not isinstance(X, Tensor) or X.dim() < 2 or X.shape[-2] < 1:
         raise InputDataError(f"X: expected shape (*batch, n >= 1, d), got {tuple(X.shape) if isinstance(X, Tensor) else type(X).__name__}")
-    dic = RLSDictionary(q_bar, generator=generator if generator is not None else _fresh_generator(X.device))
+    dic = RLSDictionary(q_bar, generator=generator if generator is not None else _fresh_generator(X.device), inclusion=check_inclusion(inclusion))
     flat = X.detach().reshape(-1, *X.shape[-2:])  # (B, n, d): one history per batch
     if counts is None:
         w = flat.new_ones(flat.shape[:-1])
@@ -92,9 +96,9 @@ def sample_dictionary(
     return torch.cat(parts, dim=0)
 
 
-def draw_dictionary(X: Tensor, rls: Tensor, q_bar: float = 2.0, generator: torch.Generator | None = None) -> Tensor:
+def draw_dictionary(X: Tensor, rls: Tensor, q_bar: float = 2.0, generator: torch.Generator | None = None, inclusion: str = "per_pull") -> Tensor:
     """Each point of `(n, d)` ``X`` enters with probability ``min(1, q̄·σ̃²)`` for its given RLS variance
-    ``rls`` `(n,)` (if none does, the one of largest ``σ̃²``).
+    ``rls`` `(n,)` (if none does, the one of largest ``σ̃²``); equal rows follow ``inclusion`` (:func:`sample_dictionary`).
 
     Example:
         >>> import torch
@@ -102,13 +106,31 @@ def draw_dictionary(X: Tensor, rls: Tensor, q_bar: float = 2.0, generator: torch
         >>> draw_dictionary(X, torch.tensor([1.0, 0.0, 0.9, 0.0]), q_bar=2.0).squeeze(-1).tolist()
         [0.0, 2.0]
     """
-    dic = RLSDictionary(check_positive(q_bar, "q_bar"), generator=generator if generator is not None else _fresh_generator(X.device))
-    return X[_resample(dic, rls.detach())]
+    dic = RLSDictionary(check_positive(q_bar, "q_bar"), generator=generator if generator is not None else _fresh_generator(X.device), inclusion=check_inclusion(inclusion))
+    return X[_resample(dic, rls.detach(), _row_groups(X, dic))]
 
 
-def _resample(dic: RLSDictionary, rls: Tensor) -> Tensor:
-    """`(n,)` bool: each point kept with its inclusion probability; if none is, the one of largest ``σ̃²``."""
-    keep = dic.resample(rls.clamp_min(0.0))
+def _row_groups(X: Tensor, dic: RLSDictionary) -> Tensor | None:
+    """`(n,)` long: the id of each row's distinct point, for ``"count_scaled"`` (``None`` otherwise: one draw per row)."""
+    return torch.unique(X.detach(), dim=0, return_inverse=True)[1] if dic.inclusion == "count_scaled" else None
+
+
+def _resample(dic: RLSDictionary, rls: Tensor, groups: Tensor | None = None) -> Tensor:
+    """`(n,)` bool: each point kept with its inclusion probability; if none is, the one of largest ``σ̃²``.
+
+    With ``groups`` (the rows' distinct-point ids) a point given ``c`` times is drawn once, at its first row,
+    with its count ``c`` (``"count_scaled"``)."""
+    rls = rls.clamp_min(0.0)
+    if groups is None:
+        keep = dic.resample(rls)
+    else:
+        n = rls.shape[0]
+        counts = torch.bincount(groups, minlength=int(groups.max()) + 1)
+        first = torch.full_like(counts, n).scatter_reduce(0, groups, torch.arange(n, device=groups.device), "amin")
+        present = (counts > 0).nonzero().squeeze(1)
+        rows = first[present]
+        keep = torch.zeros(n, dtype=torch.bool, device=rls.device)
+        keep[rows[dic.resample(rls[rows], counts[present].to(rls.dtype))]] = True
     if not bool(keep.any()):
         keep[int(rls.argmax())] = True
     return keep
@@ -116,6 +138,7 @@ def _resample(dic: RLSDictionary, rls: Tensor) -> Tensor:
 
 def _sample_one(kernel, X: Tensor, w: Tensor, lam: float, dic: RLSDictionary, complete_above: float | None = None, max_size: int | None = None) -> Tensor | None:
     n = X.shape[0]
+    groups = _row_groups(X, dic)
     emb = NystromEmbedding(kernel, X[:1])  # S_1 = {x_1}
     end, previous = 1, 1.0
     with torch.no_grad():
@@ -123,7 +146,7 @@ def _sample_one(kernel, X: Tensor, w: Tensor, lam: float, dic: RLSDictionary, co
             final = end == n
             new_end = n if final else min(n, 2 * end)
             rls = _round_rls(emb, X, w, lam, end, new_end)
-            idx = _resample(dic, rls).nonzero().squeeze(-1)
+            idx = _resample(dic, rls, None if groups is None else groups[:new_end]).nonzero().squeeze(-1)
             if max_size is not None and idx.numel() > max_size:
                 pick = torch.randperm(idx.numel(), generator=dic.generator, device=dic.generator.device)[: int(max_size)]
                 idx = idx[pick.to(idx.device)].sort().values

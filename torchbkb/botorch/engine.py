@@ -64,7 +64,8 @@ class ModelEngine:
         return exact_fraction is not None and dictionary.shape[0] >= exact_fraction * X.shape[-2]
 
     @classmethod
-    def build(cls, kernel: Callable, X: Tensor, y: Tensor, noise: Tensor | None, lam: float, q_bar: float, generator, exact_fraction: float | None) -> "ModelEngine":
+    def build(cls, kernel: Callable, X: Tensor, y: Tensor, noise: Tensor | None, lam: float, q_bar: float, generator, exact_fraction: float | None,
+              inclusion: str = "per_pull") -> "ModelEngine":
         """Draw the dictionary by BKB's variance sampling and build the engine.
 
         When the replay of :func:`~torchbkb.botorch.sample_dictionary` predicts a dictionary of at least
@@ -76,12 +77,12 @@ class ModelEngine:
         """
         counts = None if noise is None else lam / noise
         small = exact_fraction is not None and X.shape[-2] <= EXACT_BELOW and X.dim() == 2
-        S = None if small else sample_dictionary(kernel, X, lam, q_bar=q_bar, generator=generator, counts=counts, complete_above=exact_fraction)
+        S = None if small else sample_dictionary(kernel, X, lam, q_bar=q_bar, generator=generator, counts=counts, complete_above=exact_fraction, inclusion=inclusion)
         if S is not None:
             return cls(kernel, X, y, noise, lam, S, cls.dense(S, X, exact_fraction))
         engine = cls(kernel, X, y, noise, lam, X[:0], exact=True)  # exact, whatever the draw's size
         state = engine.exact_state
-        engine._draw = lambda: draw_dictionary(X, state.training_variances() / lam, q_bar=q_bar, generator=generator)
+        engine._draw = lambda: draw_dictionary(X, state.training_variances() / lam, q_bar=q_bar, generator=generator, inclusion=inclusion)
         engine._like = X[:0]  # the dtype and device the drawn dictionary takes (moved by apply)
         return engine  # the draw costs a triangular inverse: made when the dictionary is first read
 

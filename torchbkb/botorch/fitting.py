@@ -125,7 +125,7 @@ def fit_inducing_points(model, generator: torch.Generator | None = None, limit: 
     with torch.no_grad():  # a transient draw: the live kernel is read, never changed
         noise = training_noise(model).detach().to(X)
         lam = float(noise.mean())
-        return sample_dictionary(model.covar_module, X, lam, q_bar=model.q_bar, generator=generator, counts=lam / noise, max_size=int(limit))
+        return sample_dictionary(model.covar_module, X, lam, q_bar=model.q_bar, generator=generator, counts=lam / noise, max_size=int(limit), inclusion=model.inclusion)
 
 
 def hyperparameters(model) -> dict[str, tuple[bool, Tensor]]:

@@ -48,6 +48,7 @@ from torchbkb.botorch.from_model import gp_parts, transform_inducing_points
 from torchbkb.botorch.training_data import check_model_inputs, check_observations, check_query
 from torchbkb.dtc_posterior import DTCPosterior
 from torchbkb.errors import InputDataError, check_positive
+from torchbkb.rls_dictionary import check_inclusion
 
 __all__ = [
     "BKBModel",
@@ -78,7 +79,7 @@ class BKBModel(Model, FantasizeMixin):
             with a dimension-scaled lognormal lengthscale prior. ``covar_module`` is BoTorch's name for it.
         noise: a fixed ``λ > 0``, the noise variance of the *transformed* outcomes (not learned; not with
             ``train_Yvar``); default: learned, with ``SingleTaskGP``'s lognormal prior.
-        q_bar: oversampling ``q̄`` of the dictionary sampling (000 Algorithm 1).
+        q_bar, inclusion: oversampling ``q̄`` and inclusion rule of the dictionary sampling (:func:`sample_dictionary`).
         inducing_points: `(m, d)` dictionary in the space of ``train_X`` (the input transform is applied);
             if given, no sampling takes place.
         seed: seed of the dictionary sampling (``None``: fresh randomness).
@@ -111,7 +112,7 @@ class BKBModel(Model, FantasizeMixin):
     def __init__(self, train_X: Tensor, train_Y: Tensor, train_Yvar: Tensor | None = None, kernel: Callable | None = None,
                  noise: float | None = None, q_bar: float = 2.0, inducing_points: Tensor | None = None, seed: int | None = None,
                  input_transform: nn.Module | None = None, outcome_transform: nn.Module | None = DEFAULT,
-                 exact_fraction: float | None = EXACT_FRACTION, covar_module: Callable | None = None) -> None:
+                 exact_fraction: float | None = EXACT_FRACTION, covar_module: Callable | None = None, inclusion: str = "per_pull") -> None:
         super().__init__()
         kernel = check_model_inputs(train_X, train_Y, train_Yvar, noise, kernel, covar_module)
         if outcome_transform is DEFAULT:
@@ -130,13 +131,13 @@ class BKBModel(Model, FantasizeMixin):
             check_positive(noise, "noise")
         covar, likelihood, mean = hyperparameter_modules(X_tf.shape[-1], noise_tf, noise, kernel, X_tf)
         self._setup(kernel=covar, likelihood=likelihood, mean_module=mean, X_tf=X_tf.detach(), y_tf=Y_tf.detach().squeeze(-1),
-                    noise_tf=noise_tf, q_bar=q_bar, inducing_points=S_tf, seed=seed, input_dim=train_X.shape[-1], exact_fraction=exact_fraction)
+                    noise_tf=noise_tf, q_bar=q_bar, inclusion=inclusion, inducing_points=S_tf, seed=seed, input_dim=train_X.shape[-1], exact_fraction=exact_fraction)
         self._attach_transforms(input_transform, outcome_transform)
         self.eval()
 
     @classmethod
     def from_model(cls, gp: Model, q_bar: float = 2.0, inducing_points: Tensor | None = None, seed: int | None = None,
-                   exact_fraction: float | None = EXACT_FRACTION) -> "BKBModel":
+                   exact_fraction: float | None = EXACT_FRACTION, inclusion: str = "per_pull") -> "BKBModel":
         """Build a BKBModel from a fitted single-output ``SingleTaskGP`` (or any single-output BoTorch ``ExactGP``
         with a homoskedastic ``GaussianLikelihood`` and a constant or zero mean): its kernel, noise, constant
         mean, transformed training data and copies of its transforms (:func:`~torchbkb.botorch.from_model.gp_parts`),
@@ -156,12 +157,12 @@ class BKBModel(Model, FantasizeMixin):
         it, ot = parts.pop("input_transform"), parts.pop("outcome_transform")
         model = cls.__new__(cls)
         Model.__init__(model)
-        model._setup(**parts, noise_tf=None, q_bar=q_bar, seed=seed, exact_fraction=exact_fraction)
+        model._setup(**parts, noise_tf=None, q_bar=q_bar, inclusion=inclusion, seed=seed, exact_fraction=exact_fraction)
         model._attach_transforms(it, ot)
         return model.eval()
 
-    def _setup(self, *, kernel, likelihood, mean_module, X_tf, y_tf, noise_tf, q_bar, inducing_points, seed, input_dim, exact_fraction) -> None:
-        self.q_bar = check_positive(q_bar, "q_bar")
+    def _setup(self, *, kernel, likelihood, mean_module, X_tf, y_tf, noise_tf, q_bar, inclusion, inducing_points, seed, input_dim, exact_fraction) -> None:
+        self.q_bar, self.inclusion = check_positive(q_bar, "q_bar"), check_inclusion(inclusion)
         if exact_fraction is not None and not 0.0 < float(exact_fraction) <= 1.0:
             raise InputDataError(f"exact_fraction: expected a number in (0, 1] or None, got {exact_fraction!r}")
         self.exact_fraction = None if exact_fraction is None else float(exact_fraction)
@@ -202,7 +203,7 @@ class BKBModel(Model, FantasizeMixin):
             engine = ModelEngine(kernel, X, y - offset, nz, lam, S, ModelEngine.dense(S, X, self.exact_fraction))
         else:
             gen = None if self.seed is None else torch.Generator(device=X.device).manual_seed(self.seed)
-            engine = ModelEngine.build(kernel, X, y - offset, nz, lam, self.q_bar, gen, self.exact_fraction)
+            engine = ModelEngine.build(kernel, X, y - offset, nz, lam, self.q_bar, gen, self.exact_fraction, self.inclusion)
         engine.offset = offset
         self._engine, self._snapshot = engine, hyperparameter_values(self.covar_module, self.likelihood, self.mean_module)
 
