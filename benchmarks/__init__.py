@@ -28,6 +28,8 @@ Benchmarks (name -> module):
   fit + predict at n = 3,000-5,000, a BO loop iteration (fit + BBKB batch) at n = 10⁴-10⁵;
 * ``botorch_closed_loop`` -- BO loops with the fitted BKBModel and the fitted SingleTaskGP, qLogNEI, equal
   evaluations, over seeds;
+* ``inclusion`` -- the dictionary inclusion rule for repeated pulls: regret vs exact GP-UCB on the anchor, GP
+  samples, Cadata and Abalone (docs/readings.md);
 * ``launches`` -- tensor operations and host synchronizations per BKB step and per BBKB pick;
 * ``sbpe`` -- issue 6: S-BPE vs exact BPE, interval coverage and time;
 * ``online`` -- issue 7: PKAWV vs Kernel-AWV / online KRR / FOGD, regret and time per round.
@@ -49,6 +51,7 @@ BENCHMARKS = {
     "botorch_candidates": "benchmarks.botorch_candidates",
     "botorch_scale": "benchmarks.botorch_scale",
     "botorch_closed_loop": "benchmarks.botorch_closed_loop",
+    "inclusion": "benchmarks.inclusion",
     "launches": "benchmarks.launches",
     "sbpe": "benchmarks.sbpe",
     "online": "benchmarks.online",
@@ -62,6 +65,7 @@ OPTIONS = {
     "botorch_candidates": {"--quick", "--threads", "--out"},
     "botorch_scale": {"--quick", "--full", "--threads", "--out"},
     "botorch_closed_loop": {"--quick", "--threads", "--out"},
+    "inclusion": {"--quick", "--full", "--device", "--dtype", "--threads", "--out"},
     "launches": {"--quick", "--device", "--dtype", "--threads", "--out"},
     "sbpe": {"--quick", "--threads", "--out"},
     "online": {"--quick", "--threads", "--out"},

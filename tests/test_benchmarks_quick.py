@@ -135,6 +135,7 @@ def test_registry_and_helpers():
         ("botorch_scale", ["--seeds", "1", "--functions", "hartmann6"], ["botorch_scale.json", "botorch_scale.png"]),
         ("botorch_closed_loop", ["--seeds", "1", "--iterations", "1"], ["botorch_closed_loop.json", "botorch_closed_loop.png"]),
         ("launches", ["--cases", "bkb_anchor", "bbkb_anchor"], ["launches.json", "launches.png"]),
+        ("inclusion", ["--seeds", "1", "--problems", "anchor,cadata"], ["inclusion.json", "inclusion.png"]),
         ("sbpe", ["--threads", "1"], ["sbpe.json", "sbpe.png"]),
         ("online", ["--threads", "1"], ["online.json", "online.png"]),
     ],

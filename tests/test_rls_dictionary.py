@@ -10,7 +10,7 @@ from torchbkb.errors import InputDataError
 
 
 def test_inclusion_probabilities():
-    dic = RLSDictionary(q_bar=2.0, seed=0)
+    dic = RLSDictionary(q_bar=2.0, seed=0, inclusion="per_pull")
     rls = torch.tensor([0.0, 0.1, 0.3, 0.6, 2.0], dtype=torch.float64)
     assert torch.allclose(dic.inclusion_probability(rls), torch.tensor([0.0, 0.2, 0.6, 1.0, 1.0], dtype=torch.float64))
     counts = torch.tensor([4, 3, 2, 1, 0])
@@ -73,7 +73,7 @@ def test_bad_q_bar(q):
 def test_the_two_inclusion_rules_exactly():
     rls = torch.tensor([0.1, 0.1, 0.1, 0.1, 0.3, 0.0, 0.6], dtype=torch.float64)
     counts = torch.tensor([0, 1, 3, 10, 2, 7, 4])
-    per_pull = RLSDictionary(2.0).inclusion_probability(rls, counts)
+    per_pull = RLSDictionary(2.0, inclusion="per_pull").inclusion_probability(rls, counts)
     scaled = RLSDictionary(2.0, inclusion="count_scaled").inclusion_probability(rls, counts)
     p = (2.0 * rls).clamp(max=1.0)
     torch.testing.assert_close(per_pull, 1 - (1 - p) ** counts.double(), rtol=0, atol=1e-15)
@@ -92,6 +92,12 @@ def test_empirical_inclusion_frequencies_match_the_rule(inclusion):
     freq = torch.stack([dic.resample(rls, counts) for _ in range(draws)]).double().mean(0)
     p = dic.inclusion_probability(rls, counts)
     assert bool(((freq - p).abs() <= 4 * (p * (1 - p) / draws).sqrt() + 1e-12).all()), (freq, p)
+
+
+def test_the_default_rule_is_the_authors():
+    assert RLSDictionary(2.0).inclusion == "count_scaled"
+    arms = torch.rand(10, 1, dtype=torch.float64)
+    assert BKB(arms, GaussianKernel(0.3), noise=0.1, beta=0.3).inclusion == "count_scaled"
 
 
 def test_an_unknown_inclusion_rule_is_refused():
@@ -114,7 +120,7 @@ def test_the_rule_travels_with_the_state_dict_and_the_bandits():
         for _ in range(10):
             i = b.ask()
             b.tell(i, f[i])
-        literal = cls(arms, GaussianKernel(0.3), noise=0.01, beta=0.3, seed=0, **kw)
+        literal = cls(arms, GaussianKernel(0.3), noise=0.01, beta=0.3, seed=0, inclusion="per_pull", **kw)
         with pytest.raises(CheckpointError, match="inclusion"):
             literal.load_state_dict(b.state_dict())
 

@@ -4,15 +4,17 @@ Every candidate (a pulled arm) enters the new dictionary independently with prob
 ``p = min(1, q̄ · σ̃²(x))`` where ``σ̃²`` is the RLS-scale variance of the *previous* posterior. For an arm
 pulled ``n`` times there are two readings (``inclusion=``):
 
-* ``"per_pull"`` (the default): one Bernoulli per pull, Algorithm 1 of 000 read literally -- ``1 - (1 - p)^n``;
-* ``"count_scaled"``: the authors' code (batch-bkb's ``_resample_dict``) -- ``min(1, q̄ · n · σ̃²(x))``.
+* ``"count_scaled"`` (the default, :data:`DEFAULT_INCLUSION`): the authors' code (batch-bkb's ``_resample_dict``)
+  -- ``min(1, q̄ · n · σ̃²(x))``, the leverage score of an arm that is ``n`` rows of the pulls;
+* ``"per_pull"``: one Bernoulli per pull, Algorithm 1 of 000 read literally -- ``1 - (1 - p)^n``.
 
 They agree for ``n <= 1`` and when ``p`` is 0 or 1; otherwise ``count_scaled`` keeps an arm at least as often.
+Why the default (a study over seeds, ``python -m benchmarks.inclusion``): docs/readings.md, section 1.
 
 Example:
     >>> import torch
     >>> from torchbkb import RLSDictionary
-    >>> dic = RLSDictionary(q_bar=2.0, generator=torch.Generator().manual_seed(0))
+    >>> dic = RLSDictionary(q_bar=2.0, generator=torch.Generator().manual_seed(0), inclusion="per_pull")
     >>> keep = dic.resample(torch.tensor([1.0, 0.0, 0.3]), counts=torch.tensor([1, 5, 2]))
     >>> keep.tolist()[:2]           # p = 1 is always kept, p = 0 never
     [True, False]
@@ -29,10 +31,12 @@ from torch import nn
 
 from torchbkb.errors import InputDataError, check_finite, check_generator, check_positive
 
-__all__ = ["RLSDictionary", "INCLUSION_RULES", "check_inclusion"]
+__all__ = ["RLSDictionary", "INCLUSION_RULES", "DEFAULT_INCLUSION", "check_inclusion"]
 
 #: the readings of the inclusion probability of an arm pulled ``n`` times (see the module docstring).
 INCLUSION_RULES = ("per_pull", "count_scaled")
+#: the rule every dictionary sampler uses unless told otherwise
+DEFAULT_INCLUSION = "count_scaled"
 
 
 def check_inclusion(inclusion: object) -> str:
@@ -60,7 +64,7 @@ class RLSDictionary(nn.Module):
         True
     """
 
-    def __init__(self, q_bar: float = 2.0, generator: torch.Generator | None = None, *, seed: int | None = None, inclusion: str = "per_pull"):
+    def __init__(self, q_bar: float = 2.0, generator: torch.Generator | None = None, *, seed: int | None = None, inclusion: str = DEFAULT_INCLUSION):
         super().__init__()
         self.register_buffer("q_bar", torch.tensor(check_positive(q_bar, "q_bar"), dtype=torch.float64))
         self.inclusion = check_inclusion(inclusion)

@@ -29,7 +29,8 @@ def test_streamed_rows_make_the_cached_choices(cls, kw):
     arms, f = _problem()
     cached = cls(arms, GaussianKernel(0.3), noise=0.01, seed=1, **kw)
     streamed = cls(arms, GaussianKernel(0.3), noise=0.01, seed=1, kernel_cache_bytes=0, **kw)
-    assert _run(cached, f, 40) == _run(streamed, f, 40)
+    # the same batches as multisets: within a batch of ~2,000 picks two arms tied to rounding can swap places
+    assert [sorted(b) for b in _run(cached, f, 40)] == [sorted(b) for b in _run(streamed, f, 40)]
     assert streamed.streams_kernel_rows and not cached.streams_kernel_rows
     m_c, r_c = cached.scores()
     m_s, r_s = streamed.scores()

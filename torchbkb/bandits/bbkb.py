@@ -56,6 +56,7 @@ from torchbkb.bandits.bkb import ROW_CACHE_BYTES, SketchedKernelBandit
 from torchbkb.batch_selection import BatchSelection, check_batch_limits, select_batch
 from torchbkb.confidence import bbkb_beta, bbkb_practical_beta
 from torchbkb.nystrom import DEFAULT_CHUNK
+from torchbkb.rls_dictionary import DEFAULT_INCLUSION
 from torchbkb.theorems import warn_unmet_preconditions
 
 __all__ = ["BBKB"]
@@ -95,8 +96,8 @@ class BBKB(SketchedKernelBandit):
             be picked in the batch, since in-batch UCBs never fall below the mean (see
             :class:`~torchbkb.bandits.bkb.SketchedKernelBandit`; ``False`` scores every arm -- the same
             batches, slower).
-        inclusion: how an arm pulled ``n`` times enters the dictionary: ``"per_pull"`` (``1 - (1 - p)^n``, 000
-            Algorithm 1 read literally) or ``"count_scaled"`` (``min(1, q̄·n·σ̃²)``, the authors' code); see
+        inclusion: how an arm pulled ``n`` times enters the dictionary: ``"count_scaled"`` (default,
+            ``min(1, q̄·n·σ̃²)``, the authors' code) or ``"per_pull"`` (``1 - (1 - p)^n``, 000 Algorithm 1 read literally); see
             :mod:`torchbkb.rls_dictionary`.
         horizon: the run's length ``T``, if known: ``beta="theory"`` warns
             (:class:`~torchbkb.errors.TheoryWarning`) when ``q̄`` or ``λ`` is below 001 Theorem 2's requirement
@@ -153,7 +154,7 @@ class BBKB(SketchedKernelBandit):
         chunk_size: int = DEFAULT_CHUNK,
         row_cache_bytes: int = ROW_CACHE_BYTES,
         prune: bool = True,
-        inclusion: str = "per_pull",
+        inclusion: str = DEFAULT_INCLUSION,
         kernel_cache_bytes: int | None = None,
         horizon: int | None = None,
     ):

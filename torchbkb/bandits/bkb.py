@@ -41,7 +41,7 @@ from torchbkb.confidence import alpha_from_epsilon, bkb_beta, bkb_practical_beta
 from torchbkb.dtc_posterior import DTCPosterior, fit_kernel_row_operator, rls_kernel_columns, score_kernel_columns
 from torchbkb.errors import InputDataError, TorchBKBError, check_int, check_positive
 from torchbkb.nystrom import DEFAULT_CHUNK, NystromEmbedding
-from torchbkb.rls_dictionary import RLSDictionary, check_inclusion
+from torchbkb.rls_dictionary import DEFAULT_INCLUSION, RLSDictionary, check_inclusion
 from torchbkb.bandits.kernel_rows import FeatureRows, StreamedKernelRows, finite_rows
 from torchbkb.stable_scoring import AccuracyMonitor
 from torchbkb.theorems import warn_unmet_preconditions
@@ -111,8 +111,8 @@ class SketchedKernelBandit(KernelBandit):
             pulled arms no longer fit, the cache is dropped and entering rows are computed.
         prune: score the variance only of the arms whose UCB bound reaches the largest mean (see above;
             ``False`` scores every arm at every update: the same choices, slower -- for testing).
-        inclusion: how an arm pulled ``n`` times enters the dictionary: ``"per_pull"`` (``1 - (1 - p)^n``, 000
-            Algorithm 1 read literally) or ``"count_scaled"`` (``min(1, q̄·n·σ̃²)``, the authors' code); see
+        inclusion: how an arm pulled ``n`` times enters the dictionary: ``"count_scaled"`` (default,
+            ``min(1, q̄·n·σ̃²)``, the authors' code) or ``"per_pull"`` (``1 - (1 - p)^n``, 000 Algorithm 1 read literally); see
             :mod:`torchbkb.rls_dictionary`.
         kernel_cache_bytes: memory for the dictionary's kernel rows `(m, A)`; past it they are recomputed chunk by
             chunk at every update (:class:`~torchbkb.bandits.kernel_rows.StreamedKernelRows`: extra memory
@@ -143,7 +143,7 @@ class SketchedKernelBandit(KernelBandit):
         chunk_size: int = DEFAULT_CHUNK,
         row_cache_bytes: int = ROW_CACHE_BYTES,
         prune: bool = True,
-        inclusion: str = "per_pull",
+        inclusion: str = DEFAULT_INCLUSION,
         kernel_cache_bytes: int | None = None,
     ):
         super().__init__(arms, kernel, noise=noise, beta=beta, seed=seed, noise_std=noise_std, F=F, delta=delta)
@@ -596,8 +596,8 @@ class BKB(SketchedKernelBandit):
         prune: with a constant ``beta``, score the variance only of the arms whose UCB can still be the
             largest (see :class:`SketchedKernelBandit`; the same choices as ``False``). The theory width
             depends on the scores, so with ``beta="theory"`` every arm is scored.
-        inclusion: how an arm pulled ``n`` times enters the dictionary: ``"per_pull"`` (``1 - (1 - p)^n``, 000
-            Algorithm 1 read literally) or ``"count_scaled"`` (``min(1, q̄·n·σ̃²)``, the authors' code); see
+        inclusion: how an arm pulled ``n`` times enters the dictionary: ``"count_scaled"`` (default,
+            ``min(1, q̄·n·σ̃²)``, the authors' code) or ``"per_pull"`` (``1 - (1 - p)^n``, 000 Algorithm 1 read literally); see
             :mod:`torchbkb.rls_dictionary`.
         horizon: the run's length ``T``, if known: ``beta="theory"`` warns
             (:class:`~torchbkb.errors.TheoryWarning`) when ``q̄`` is below 000 Theorem 2's requirement for it
@@ -630,7 +630,7 @@ class BKB(SketchedKernelBandit):
         chunk_size: int = DEFAULT_CHUNK,
         row_cache_bytes: int = ROW_CACHE_BYTES,
         prune: bool = True,
-        inclusion: str = "per_pull",
+        inclusion: str = DEFAULT_INCLUSION,
         kernel_cache_bytes: int | None = None,
         horizon: int | None = None,
     ):

@@ -19,7 +19,7 @@ from torch import Tensor
 
 from torchbkb.errors import InputDataError, check_positive
 from torchbkb.nystrom import NystromEmbedding
-from torchbkb.rls_dictionary import RLSDictionary, check_inclusion
+from torchbkb.rls_dictionary import DEFAULT_INCLUSION, RLSDictionary, check_inclusion
 from torchbkb.stable_scoring import feature_rls
 from torchbkb.utils.linalg import compute_dtype, safe_cholesky
 
@@ -35,7 +35,7 @@ def sample_dictionary(
     counts: Tensor | None = None,
     complete_above: float | None = None,
     max_size: int | None = None,
-    inclusion: str = "per_pull",
+    inclusion: str = DEFAULT_INCLUSION,
 ) -> Tensor | None:
     """BKB's posterior-variance (ridge-leverage-score) dictionary over a set of training points.
 
@@ -96,7 +96,7 @@ def sample_dictionary(
     return torch.cat(parts, dim=0)
 
 
-def draw_dictionary(X: Tensor, rls: Tensor, q_bar: float = 2.0, generator: torch.Generator | None = None, inclusion: str = "per_pull") -> Tensor:
+def draw_dictionary(X: Tensor, rls: Tensor, q_bar: float = 2.0, generator: torch.Generator | None = None, inclusion: str = DEFAULT_INCLUSION) -> Tensor:
     """Each point of `(n, d)` ``X`` enters with probability ``min(1, q̄·σ̃²)`` for its given RLS variance
     ``rls`` `(n,)` (if none does, the one of largest ``σ̃²``); equal rows follow ``inclusion`` (:func:`sample_dictionary`).
 

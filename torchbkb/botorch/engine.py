@@ -32,6 +32,7 @@ from torchbkb.botorch.dictionary_sampling import draw_dictionary, sample_diction
 from torchbkb.botorch.exact_state import ExactGPState
 from torchbkb.dtc_posterior import DTCPosterior
 from torchbkb.nystrom import NystromEmbedding
+from torchbkb.rls_dictionary import DEFAULT_INCLUSION
 
 __all__ = ["ModelEngine"]
 
@@ -65,7 +66,7 @@ class ModelEngine:
 
     @classmethod
     def build(cls, kernel: Callable, X: Tensor, y: Tensor, noise: Tensor | None, lam: float, q_bar: float, generator, exact_fraction: float | None,
-              inclusion: str = "per_pull") -> "ModelEngine":
+              inclusion: str = DEFAULT_INCLUSION) -> "ModelEngine":
         """Draw the dictionary by BKB's variance sampling and build the engine.
 
         When the replay of :func:`~torchbkb.botorch.sample_dictionary` predicts a dictionary of at least

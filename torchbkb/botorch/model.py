@@ -48,7 +48,7 @@ from torchbkb.botorch.from_model import gp_parts, transform_inducing_points
 from torchbkb.botorch.training_data import check_model_inputs, check_observations, check_query
 from torchbkb.dtc_posterior import DTCPosterior
 from torchbkb.errors import InputDataError, check_positive
-from torchbkb.rls_dictionary import check_inclusion
+from torchbkb.rls_dictionary import DEFAULT_INCLUSION, check_inclusion
 
 __all__ = [
     "BKBModel",
@@ -112,7 +112,7 @@ class BKBModel(Model, FantasizeMixin):
     def __init__(self, train_X: Tensor, train_Y: Tensor, train_Yvar: Tensor | None = None, kernel: Callable | None = None,
                  noise: float | None = None, q_bar: float = 2.0, inducing_points: Tensor | None = None, seed: int | None = None,
                  input_transform: nn.Module | None = None, outcome_transform: nn.Module | None = DEFAULT,
-                 exact_fraction: float | None = EXACT_FRACTION, covar_module: Callable | None = None, inclusion: str = "per_pull") -> None:
+                 exact_fraction: float | None = EXACT_FRACTION, covar_module: Callable | None = None, inclusion: str = DEFAULT_INCLUSION) -> None:
         super().__init__()
         kernel = check_model_inputs(train_X, train_Y, train_Yvar, noise, kernel, covar_module)
         if outcome_transform is DEFAULT:
@@ -137,7 +137,7 @@ class BKBModel(Model, FantasizeMixin):
 
     @classmethod
     def from_model(cls, gp: Model, q_bar: float = 2.0, inducing_points: Tensor | None = None, seed: int | None = None,
-                   exact_fraction: float | None = EXACT_FRACTION, inclusion: str = "per_pull") -> "BKBModel":
+                   exact_fraction: float | None = EXACT_FRACTION, inclusion: str = DEFAULT_INCLUSION) -> "BKBModel":
         """Build a BKBModel from a fitted single-output ``SingleTaskGP`` (or any single-output BoTorch ``ExactGP``
         with a homoskedastic ``GaussianLikelihood`` and a constant or zero mean): its kernel, noise, constant
         mean, transformed training data and copies of its transforms (:func:`~torchbkb.botorch.from_model.gp_parts`),
