@@ -10,7 +10,9 @@ Each factory maps ``(arms, settings, seed)`` to a fresh bandit. Names:
 * ``EpsGreedy`` (``settings.epsilon``), ``Random``.
 
 * ``BBKB`` / ``BBKB-theory`` -- batched BKB (001 Alg. 1), constant in-batch width ``settings.beta`` or
-  ``α̃ = C̃·β̃`` (001 Thm 2); ``GPBUCB`` / ``GPBUCB-theory`` -- exact GP-BUCB with the same batch rule.
+  ``α̃ = C̃·β̃`` (001 Thm 2); ``GPBUCB`` / ``GPBUCB-theory`` -- exact GP-BUCB with the same batch rule;
+* ``<name>-practical`` for each of the four -- the width of the authors' code (``beta="practical"``);
+* ``GPBUCB-desautels`` -- exact GP-BUCB with Desautels et al.'s in-batch stop rule, constant width.
 """
 
 from __future__ import annotations
@@ -36,12 +38,18 @@ def _register_pair(name: str, cls, description: str, theory_description: str, *,
 
     register_algorithm(name, capped=capped, description=description)(factory(lambda s: s.beta))
     register_algorithm(f"{name}-theory", capped=capped, description=theory_description)(factory(lambda s: "theory"))
+    register_algorithm(f"{name}-practical", capped=capped, description=f"{description.split(',')[0]}, the authors' code's width")(factory(lambda s: "practical"))
 
 
 _register_pair("BKB", torchbkb.BKB, "BKB (000 Alg. 1), constant β", "BKB, β̃ₜ of 000 Theorem 2", sketched=True)
 _register_pair("GPUCB", torchbkb.GPUCB, "exact GP-UCB, incremental, constant β", "exact GP-UCB, self-normalized β", capped=True)
 _register_pair("BBKB", torchbkb.BBKB, "BBKB (001 Alg. 1), constant β", "BBKB, α̃ = C̃·β̃ of 001 Theorem 2", batched=True, sketched=True)
 _register_pair("GPBUCB", torchbkb.GPBUCB, "exact GP-BUCB (Desautels et al.), constant β", "exact GP-BUCB, α = C̃·β (exact log-det)", capped=True, batched=True)
+
+
+@register_algorithm("GPBUCB-desautels", capped=True, description="exact GP-BUCB, Desautels et al.'s in-batch stop rule, constant β")
+def _gpbucb_desautels(arms, s: BanditSettings, seed: int):
+    return torchbkb.GPBUCB(arms, s.kernel().to(arms.device), noise=s.lam, beta=s.beta, F=s.F, delta=s.delta, noise_std=s.noise_std, seed=seed, batch_bound=s.batch_bound, stop_rule="in_batch")
 
 
 @register_algorithm("BoTorch-UCB", capped=True, description="SingleTaskGP+UCB+optimize_acqf_discrete, rebuilt per step")

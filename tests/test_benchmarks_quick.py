@@ -114,6 +114,9 @@ def test_botorch_peer_matches_gpucb_choices():
 def test_registry_and_helpers():
     with pytest.raises(KeyError, match="BKB"):
         make_bandit("NoSuchAlgorithm", torch.rand(5, 2, dtype=torch.float64), BanditSettings(), 0)
+    arms = torch.rand(5, 2, dtype=torch.float64)
+    assert make_bandit("BBKB-practical", arms, BanditSettings(), 0).beta_mode == "practical"
+    assert make_bandit("GPBUCB-desautels", arms, BanditSettings(), 0).stop_rule == "in_batch"
     assert fit_loglog_slope([1, 10, 100], [2, 20, 200]) == pytest.approx(1.0)
     assert fit_loglog_slope([1, 10, 100], [3, 3, 3]) == pytest.approx(0.0)
     calls = []
