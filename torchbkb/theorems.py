@@ -33,7 +33,9 @@ from __future__ import annotations
 import math
 import warnings
 
-from torchbkb.errors import InputDataError, TheoryWarning, check_int
+from torchbkb.batch_selection import check_batch_limits
+from torchbkb.confidence import alpha_from_epsilon
+from torchbkb.errors import InputDataError, TheoryWarning, check_int, check_positive
 
 __all__ = [
     "bkb_required_q_bar",
@@ -51,12 +53,6 @@ __all__ = [
 BBKB_MIN_LAM = 1.0
 
 
-def _alpha(epsilon: float) -> float:
-    if not 0.0 < float(epsilon) < 1.0:
-        raise InputDataError(f"epsilon: expected 0 < epsilon < 1, got {epsilon!r}")
-    return (1.0 + epsilon) / (1.0 - epsilon)
-
-
 def _log_term(T: int, delta: float) -> float:
     check_int(T, "T")
     if not 0.0 < float(delta) < 1.0:
@@ -64,38 +60,42 @@ def _log_term(T: int, delta: float) -> float:
     return math.log(4.0 * T / float(delta))
 
 
-def _positive(value: float, name: str, minimum: float = 0.0, strict: bool = True) -> float:
-    v = float(value)
-    if not (v > minimum if strict else v >= minimum) or math.isinf(v):
-        raise InputDataError(f"{name}: expected a finite number {'>' if strict else '>='} {minimum:g}, got {value!r}")
+def _nonnegative(value: float, name: str) -> float:
+    """``float(value)`` if it is a finite number ``>= 0``, else an :class:`~torchbkb.errors.InputDataError`."""
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        v = math.nan
+    if not 0.0 <= v < math.inf:
+        raise InputDataError(f"{name}: expected a finite number >= 0, got {value!r}")
     return v
 
 
 def bkb_required_q_bar(T: int, delta: float, epsilon: float = 0.5) -> float:
     """``6 α log(4T/δ) / ε²``: the oversampling 000 Theorems 1 and 2 require for a horizon ``T``."""
-    return 6.0 * _alpha(epsilon) * _log_term(T, delta) / float(epsilon) ** 2
+    return 6.0 * alpha_from_epsilon(epsilon) * _log_term(T, delta) / float(epsilon) ** 2
 
 
 def bkb_dictionary_bound(d_eff: float, q_bar: float, lam: float, *, epsilon: float = 0.5, kappa2: float = 1.0) -> float:
     """``3 (1 + κ²/λ) α q̄ d_eff``: 000 Theorem 1's bound on ``|S_t|`` (when ``q̄`` meets the requirement)."""
-    lam = _positive(lam, "lam")
-    return 3.0 * (1.0 + _positive(kappa2, "kappa2") / lam) * _alpha(epsilon) * _positive(q_bar, "q_bar") * _positive(d_eff, "d_eff", strict=False)
+    lam = check_positive(lam, "lam")
+    return 3.0 * (1.0 + check_positive(kappa2, "kappa2") / lam) * alpha_from_epsilon(epsilon) * check_positive(q_bar, "q_bar") * _nonnegative(d_eff, "d_eff")
 
 
 def bkb_regret_bound(T: int, d_eff: float, *, noise_std: float, lam: float, F: float, delta: float, epsilon: float = 0.5, kappa2: float = 1.0) -> float:
     """000 Theorem 2: ``2 (2α)^{3/2} √T (ξ d log(κ²T) + √(λ F² d log(κ²T)) + ξ log 1/δ)``, ``d = d_eff(λ, X_T)``."""
     _log_term(T, delta)
-    a = _alpha(epsilon)
-    d = _positive(d_eff, "d_eff", strict=False)
-    xi, lam, F = _positive(noise_std, "noise_std", strict=False), _positive(lam, "lam"), _positive(F, "F", strict=False)
-    log_t = max(math.log(_positive(kappa2, "kappa2") * T), 0.0)
+    a = alpha_from_epsilon(epsilon)
+    d = _nonnegative(d_eff, "d_eff")
+    xi, lam, F = _nonnegative(noise_std, "noise_std"), check_positive(lam, "lam"), _nonnegative(F, "F")
+    log_t = max(math.log(check_positive(kappa2, "kappa2") * T), 0.0)
     return 2.0 * (2.0 * a) ** 1.5 * math.sqrt(T) * (xi * d * log_t + math.sqrt(lam * F**2 * d * log_t) + xi * math.log(1.0 / delta))
 
 
 def bbkb_required_q_bar(T: int, delta: float, batch_bound: float, *, guarantee: str = "regret") -> float:
     """The oversampling 001 requires: ``72 C̃ log(4T/δ)`` for the regret (Theorem 2, ``guarantee="regret"``) or
     ``8 log(4T/δ)`` for the dictionary size and run time (Theorem 1, ``guarantee="complexity"``)."""
-    C = _positive(batch_bound, "batch_bound", 1.0, strict=False)
+    C = check_batch_limits(batch_bound)[0]
     if guarantee == "regret":
         return 72.0 * C * _log_term(T, delta)
     if guarantee == "complexity":
@@ -110,27 +110,27 @@ def bbkb_required_lam() -> float:
 
 def bbkb_dictionary_bound(d_eff: float, q_bar: float, lam: float, batch_bound: float, *, kappa2: float = 1.0) -> float:
     """``9 C̃ (1 + κ²/λ) q̄ d_eff``: 001 Theorem 1's bound on ``|S_t|``."""
-    C = _positive(batch_bound, "batch_bound", 1.0, strict=False)
-    lam = _positive(lam, "lam")
-    return 9.0 * C * (1.0 + _positive(kappa2, "kappa2") / lam) * _positive(q_bar, "q_bar") * _positive(d_eff, "d_eff", strict=False)
+    C = check_batch_limits(batch_bound)[0]
+    lam = check_positive(lam, "lam")
+    return 9.0 * C * (1.0 + check_positive(kappa2, "kappa2") / lam) * check_positive(q_bar, "q_bar") * _nonnegative(d_eff, "d_eff")
 
 
 def bbkb_resparsification_bound(variance_sum: float, lam: float, batch_bound: float, *, kappa2: float = 1.0) -> float:
     """``C̃/(C̃ - 1) · 9 (1 + κ²/λ) Σ_t σ²_t(x_t)``: the number of batches in the proof of 001 Theorem 1 (``inf`` for
     ``C̃ = 1``, where every step is a batch)."""
-    C = _positive(batch_bound, "batch_bound", 1.0, strict=False)
+    C = check_batch_limits(batch_bound)[0]
     if C == 1.0:
         return math.inf
-    lam = _positive(lam, "lam")
-    return C / (C - 1.0) * 9.0 * (1.0 + _positive(kappa2, "kappa2") / lam) * _positive(variance_sum, "variance_sum", strict=False)
+    lam = check_positive(lam, "lam")
+    return C / (C - 1.0) * 9.0 * (1.0 + check_positive(kappa2, "kappa2") / lam) * _nonnegative(variance_sum, "variance_sum")
 
 
 def bbkb_regret_bound(T: int, variance_sum: float, *, noise_std: float, lam: float, F: float, delta: float, batch_bound: float) -> float:
     """001 Theorem 2: ``55 C̃³ √T (ξ D + ξ log 1/δ + √(λ F² D))`` with ``D = Σ_t σ²_{t-1}(x_t)``."""
     _log_term(T, delta)
-    C = _positive(batch_bound, "batch_bound", 1.0, strict=False)
-    D = _positive(variance_sum, "variance_sum", strict=False)
-    xi, lam, F = _positive(noise_std, "noise_std", strict=False), _positive(lam, "lam"), _positive(F, "F", strict=False)
+    C = check_batch_limits(batch_bound)[0]
+    D = _nonnegative(variance_sum, "variance_sum")
+    xi, lam, F = _nonnegative(noise_std, "noise_std"), check_positive(lam, "lam"), _nonnegative(F, "F")
     return 55.0 * C**3 * math.sqrt(T) * (xi * D + xi * math.log(1.0 / delta) + math.sqrt(lam * F**2 * D))
 
 

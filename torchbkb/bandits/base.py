@@ -331,16 +331,14 @@ class KernelBandit(Bandit):
         arms: `(A, d)`.
         kernel: a ``gpytorch.kernels.Kernel`` or a callable ``(X1, X2) -> Tensor``.
         noise: ``λ > 0`` (the GP noise variance).
-        beta: a float ``>= 0`` (a constant width, RLS scale), ``"theory"`` or, where the class lists it in
-            :attr:`beta_modes`, ``"practical"`` (the width of the authors' code).
+        beta: a float ``>= 0`` (a constant width, RLS scale) or a name in :attr:`beta_modes` (``"theory"``, ...).
         seed: see :class:`Bandit`.
         noise_std: ``ξ`` of the theory's β (default ``√λ``, the GP reading).
         F: bound on ``‖f‖_H`` for the theory's β.
         delta: failure probability of the theory's β.
     """
 
-    #: the named widths the class accepts beside a float
-    beta_modes: tuple[str, ...] = ("theory",)
+    beta_modes: tuple[str, ...] = ("theory",)  #: the named widths the class accepts beside a float
 
     def __init__(
         self,
@@ -384,7 +382,6 @@ class KernelBandit(Bandit):
         allowed = self._allowed()
         j = torch.randint(0, int(allowed.numel()), (1,), generator=self.generator)
         return allowed[j.to(allowed.device)]
-
 
 
 def check_beta(beta, modes: tuple[str, ...] = ("theory",)) -> float | str:

@@ -111,8 +111,12 @@ def draw_dictionary(X: Tensor, rls: Tensor, q_bar: float = 2.0, generator: torch
 
 
 def _row_groups(X: Tensor, dic: RLSDictionary) -> Tensor | None:
-    """`(n,)` long: the id of each row's distinct point, for ``"count_scaled"`` (``None`` otherwise: one draw per row)."""
-    return torch.unique(X.detach(), dim=0, return_inverse=True)[1] if dic.inclusion == "count_scaled" else None
+    """`(n,)` long: the id of each row's distinct point, for ``"count_scaled"`` when some row repeats (``None``
+    otherwise: one draw per row, which is the same rule when every count is 1)."""
+    if dic.inclusion != "count_scaled":
+        return None
+    groups = torch.unique(X.detach(), dim=0, return_inverse=True)[1]
+    return groups if int(groups.max()) + 1 < X.shape[0] else None
 
 
 def _resample(dic: RLSDictionary, rls: Tensor, groups: Tensor | None = None) -> Tensor:
