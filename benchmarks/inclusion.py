@@ -19,6 +19,7 @@ Run: ``python -m benchmarks.inclusion [--quick] [--seeds N] [--problems anchor,g
 
 from __future__ import annotations
 
+import functools
 import math
 import statistics
 import time
@@ -39,7 +40,6 @@ SIZES = {
 
 def _problem(name: str, seed: int, dtype, device):
     """``(arms, values, noise_std, kernel, lam, width, batched)`` of one problem instance."""
-    import torchbkb
     from torchbkb.datasets import anchor_problem, gp_sample
     from torchbkb.kernels import GaussianKernel
 
@@ -51,10 +51,19 @@ def _problem(name: str, seed: int, dtype, device):
         arms = torch.rand(800, 2, generator=g, dtype=torch.float64).to(device, dtype)
         f = gp_sample(arms, "rbf", lengthscale=0.2, seed=1000 + seed)
         return arms, f, 0.1, GaussianKernel(0.2), 0.01, 0.5, False
-    arms, _ = torchbkb.datasets.load(name, dtype=dtype, device=device)
-    _, f = torchbkb.datasets.load(name, dtype=torch.float64, device=device, standardize_rewards=False)
+    arms, f = _table(name, dtype, device)
     lam = 0.2
     return arms, f, 0.0, GaussianKernel.from_width(5.0), lam, 2.0 * math.sqrt(lam), True
+
+
+@functools.lru_cache(maxsize=None)
+def _table(name: str, dtype, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Standardized arms and raw rewards of a bundled table, read once per run of the study."""
+    import torchbkb.datasets
+
+    arms, _ = torchbkb.datasets.load(name, dtype=dtype, device=device)
+    _, f = torchbkb.datasets.load(name, dtype=torch.float64, device=device, standardize_rewards=False)
+    return arms, f
 
 
 def _run(method: str, prob, T: int, seed: int) -> dict:

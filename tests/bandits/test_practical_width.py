@@ -70,23 +70,6 @@ def test_bkb_practical_width_is_the_authors_formula_on_eq4_variances():
         bandit.tell(i, f[i])
 
 
-def test_bbkb_practical_width_follows_the_authors_bookkeeping():
-    X, f = _problem(seed=1)
-    C = 3.0
-    bandit = BBKB(X, GaussianKernel(LS), noise=LAM, beta="practical", batch_bound=C, F=F, delta=DELTA, noise_std=XI, seed=2)
-    L, first = 0.0, True
-    while bandit.t < 150:
-        rls_fb = _dtc_rls(X, bandit) if bandit.t else None
-        batch = bandit.ask()
-        assert math.isclose(bandit.beta, math.sqrt(LAM) * F + XI * math.sqrt(C * L + math.log(1 / DELTA)), rel_tol=1e-9)
-        bandit.tell(batch, f[batch])
-        if not first:
-            L += float(torch.log1p(rls_fb[batch]).sum())
-        first = False
-    assert math.isclose(bandit.practical_sum, L, rel_tol=1e-9)
-    assert max(bandit.batch_sizes) > 1
-
-
 def test_gpucb_practical_width_uses_the_exact_variances():
     X, f = _problem(seed=2)
     bandit = GPUCB(X, GaussianKernel(LS), noise=LAM, beta="practical", F=F, delta=DELTA, noise_std=XI, seed=0)
@@ -98,13 +81,16 @@ def test_gpucb_practical_width_uses_the_exact_variances():
         bandit.tell(i, f[i])
 
 
-def test_gpbucb_practical_width_sums_the_batch_start_variances():
-    X, f = _problem(seed=3)
-    C = 2.5
-    bandit = GPBUCB(X, GaussianKernel(LS), noise=LAM, beta="practical", batch_bound=C, F=F, delta=DELTA, noise_std=XI, seed=0)
+@pytest.mark.parametrize("cls, seeds, C, T, batch_start_rls", [
+    (BBKB, (1, 2), 3.0, 150, lambda X, b: _dtc_rls(X, b) if b.t else None),  # 000 Eq. 4 on the batch's dictionary
+    (GPBUCB, (3, 0), 2.5, 60, lambda X, b: _exact_rls(X, b.history["index"])),
+])
+def test_batched_practical_width_sums_the_batch_start_variances(cls, seeds, C, T, batch_start_rls):
+    X, f = _problem(seed=seeds[0])
+    bandit = cls(X, GaussianKernel(LS), noise=LAM, beta="practical", batch_bound=C, F=F, delta=DELTA, noise_std=XI, seed=seeds[1])
     L, first = 0.0, True
-    while bandit.t < 60:
-        rls_fb = _exact_rls(X, bandit.history["index"])
+    while bandit.t < T:
+        rls_fb = batch_start_rls(X, bandit)
         batch = bandit.ask()
         assert math.isclose(bandit.beta, math.sqrt(LAM) * F + XI * math.sqrt(C * L + math.log(1 / DELTA)), rel_tol=1e-9)
         bandit.tell(batch, f[batch])
@@ -112,6 +98,7 @@ def test_gpbucb_practical_width_sums_the_batch_start_variances():
             L += float(torch.log1p(rls_fb[batch]).sum())
         first = False
     assert math.isclose(bandit.practical_sum, L, rel_tol=1e-9)
+    assert max(bandit.batch_sizes) > 1
 
 
 def test_practical_bbkb_resumes_identically():
