@@ -23,7 +23,8 @@ import time
 import torch
 
 from benchmarks.botorch_scale import function
-from benchmarks.common import base_parser, new_figure, print_table, save_figure, setup, write_json
+from benchmarks.cli import base_parser, setup
+from benchmarks.report import new_figure, print_table, save_figure, write_json
 
 FUNCTIONS = ("hartmann6", "michalewicz5", "styblinski10")
 

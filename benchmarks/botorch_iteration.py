@@ -36,7 +36,9 @@ import time
 
 import torch
 
-from benchmarks.common import base_parser, reset_hwm, status_kb, new_figure, print_table, save_figure, setup, size_of, write_json
+from benchmarks.cli import base_parser, setup, size_of
+from benchmarks.report import new_figure, print_table, save_figure, write_json
+from benchmarks.timing import reset_hwm, status_kb
 
 SVGP_INDUCING = 128
 MODELS = ("BKBModel", "SingleTaskGP fixed", "SingleTaskGP fitted", "SingleTaskVariationalGP fitted")

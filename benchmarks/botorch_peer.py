@@ -41,20 +41,19 @@ from pathlib import Path
 import numpy as np
 import torch
 
+import botorch
+import gpytorch
+from botorch.acquisition import UpperConfidenceBound
+from botorch.models import SingleTaskGP
+from botorch.models.transforms.outcome import Standardize
+from botorch.optim import optimize_acqf_discrete
+from gpytorch.kernels import RBFKernel, ScaleKernel
+
+import torchbkb
+from benchmarks.timing import status_kb
+from torchbkb.botorch import BKBModel
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-import botorch  # noqa: E402
-import gpytorch  # noqa: E402
-from botorch.acquisition import UpperConfidenceBound  # noqa: E402
-from botorch.models import SingleTaskGP  # noqa: E402
-from botorch.models.transforms.outcome import Standardize  # noqa: E402
-from botorch.optim import optimize_acqf_discrete  # noqa: E402
-from gpytorch.kernels import RBFKernel, ScaleKernel  # noqa: E402
-
-import torchbkb  # noqa: E402
-from benchmarks.common import status_kb  # noqa: E402
-from torchbkb.botorch import BKBModel  # noqa: E402
 
 WIDTH, NOISE, Q_BAR, UCB_BETA = 5.0, 0.2, 2.0, 4.0
 
@@ -194,8 +193,8 @@ def main(argv=None):
         model, cand_bkb = one_iteration(make_bkb, X, Y, choices)
         mem_gp = _memory_in_fresh_process("gp", n, args)
         mem_bkb = _memory_in_fresh_process("bkb", n, args)
-        t_gp, _ = timed(lambda: one_iteration(make_gp, X, Y, choices), device, gp_rep)
-        t_bkb, _ = timed(lambda: one_iteration(make_bkb, X, Y, choices), device, bkb_rep)
+        t_gp, _ = timed(lambda X=X, Y=Y: one_iteration(make_gp, X, Y, choices), device, gp_rep)
+        t_bkb, _ = timed(lambda X=X, Y=Y: one_iteration(make_bkb, X, Y, choices), device, bkb_rep)
         row = {
             "n": n,
             "singletaskgp_s": {"min": min(t_gp), "median": statistics.median(t_gp), "repeats": len(t_gp)},
@@ -231,12 +230,12 @@ def main(argv=None):
     }
     name = "botorch_peer_quick" if args.quick else "botorch_peer"
     (out / f"{name}.json").write_text(json.dumps(meta, indent=2))
-    _plot(rows, out / f"{name}.png", meta)
+    plot(rows, out / f"{name}.png", meta)
     print(f"wrote {out / (name + '.json')} and {out / (name + '.png')}")
     return meta
 
 
-def _plot(rows, path, meta):
+def plot(rows, path, meta):
     import matplotlib
 
     matplotlib.use("Agg")

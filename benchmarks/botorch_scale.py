@@ -29,7 +29,9 @@ import time
 
 import torch
 
-from benchmarks.common import PeakMemory, base_parser, new_figure, print_table, save_figure, setup, write_json
+from benchmarks.cli import base_parser, setup
+from benchmarks.report import new_figure, print_table, save_figure, write_json
+from benchmarks.timing import PeakMemory
 
 SVGP_INDUCING = 256
 SVGP_EPOCHS = 3
@@ -164,7 +166,7 @@ def speed(args) -> list[dict]:
                 for name in ("BKBModel", "SingleTaskGP"):
                     t0 = time.perf_counter()
                     model = fit(name, X, Y)
-                    mean = predict(model, Xt)[0]
+                    predict(model, Xt)
                     el = time.perf_counter() - t0
                     row = {"study": "speed", "function": fname, "seed": seed, "model": name, "n": n, "fit_predict_s": el,
                            "m": dictionary_size(model), "exact": is_exact(model), "fit_rounds": getattr(model, "fit_rounds", None),
@@ -278,7 +280,7 @@ def summarize(rows: list[dict]) -> list[dict]:
         groups.setdefault((r["study"], r["function"], r["model"], r["n"]), []).append(r)
     out = []
     for (study, fname, model, n), rs in groups.items():
-        med = lambda k: statistics.median(r[k] for r in rs) if all(r.get(k) is not None for r in rs) else None  # noqa: E731
+        med = lambda k, rs=rs: statistics.median(r[k] for r in rs) if all(r.get(k) is not None for r in rs) else None
         out.append({"study": study, "function": fname, "model": model, "n": n, "rmse": med("rmse"), "nll": med("nll"),
                     "coverage": med("coverage"), "fit_predict_s": med("fit_s") if study == "quality" else med("fit_predict_s"), "m": med("m"),
                     "iteration_s": med("iteration_s"), "m_at_exact": med("m_at_exact")})

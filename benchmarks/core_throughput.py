@@ -33,12 +33,6 @@ A = 10⁵ and 2 at A = 10⁶ (no warm-up round there: it runs right after the sa
 
 from __future__ import annotations
 
-if __package__ in (None, ""):  # `python benchmarks/core_throughput.py`
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 import gc
 import sys
 import time
@@ -46,7 +40,9 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.common import PeakMemory, base_parser, new_figure, print_table, save_figure, setup, size_of, sync, time_interleaved, write_json
+from benchmarks.cli import base_parser, setup, size_of
+from benchmarks.report import new_figure, print_table, save_figure, write_json
+from benchmarks.timing import PeakMemory, sync, time_interleaved
 from torchbkb import DTCPosterior, NystromEmbedding
 from torchbkb.kernels import GaussianKernel
 from torchbkb.nystrom import DEFAULT_CHUNK
@@ -157,15 +153,15 @@ def measure(A: int, m: int, dtype: torch.dtype, device: torch.device, repeats: i
         }
         for name, timing in time_interleaved(fns, device=device, repeats=repeats, warmup=warmup).items():
             out[name] = timing.to_dict()
-        del buf, buf_z, Z
+        fns = buf = buf_z = Z = None  # release the (A, r) blocks
         K = emb.kernel(X, emb.inducing_points)  # (A, m): the cached kernel rows of BKB/BBKB
         Wm = torch.randn(m, m, generator=gen, dtype=torch.float64).to(device=device, dtype=dtype)
         buf = torch.empty_like(K)
         fns = {"gemm_m": lambda: torch.matmul(K, Wm, out=buf), "score_cross": lambda: post.score_cross(K, kdiag)}
         for name, timing in time_interleaved(fns, device=device, repeats=repeats, warmup=warmup).items():
             out[name] = timing.to_dict()
-        del buf, K
-    del W, X, emb, post, kdiag
+        fns = buf = K = None
+    W = X = emb = post = kdiag = None
     gc.collect()
     out.update(measure_memory(A, m, dtype, device, seed) if device.type == "cuda" else _memory_in_subprocess(A, m, dtype, seed))
     out["embed_output_bytes"] = A * r * elt

@@ -27,7 +27,8 @@ import time
 import numpy as np
 import torch
 
-from benchmarks.common import base_parser, bootstrap_ratio, new_figure, print_table, save_figure, setup, size_of, strip_plot, write_json
+from benchmarks.cli import base_parser, setup, size_of
+from benchmarks.report import bootstrap_ratio, new_figure, print_table, save_figure, strip_plot, write_json
 
 NAME = "inclusion"
 RULES = ("per_pull", "count_scaled")
@@ -56,7 +57,7 @@ def _problem(name: str, seed: int, dtype, device):
     return arms, f, 0.0, GaussianKernel.from_width(5.0), lam, 2.0 * math.sqrt(lam), True
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _table(name: str, dtype, device) -> tuple[torch.Tensor, torch.Tensor]:
     """Standardized arms and raw rewards of a bundled table, read once per run of the study."""
     import torchbkb.datasets
@@ -111,6 +112,19 @@ def study(problem: str, T: int, seeds: list[int], dtype, device) -> dict:
     return {"T": T, "seeds": seeds, "summary": summary, "runs": runs}
 
 
+def plot(results: dict, out_dir):
+    """One panel per problem: R_T / R_T(GP-UCB) of each rule over seeds."""
+    fig, axes = new_figure(ncols=len(results), width=3.2)
+    axes = axes[0]
+    for ax, (name, res) in zip(axes, results.items()):
+        ref = [r["regret"] for r in res["runs"]["GP-UCB"]]
+        strip_plot(ax, list(RULES), [[r["regret"] / g for r, g in zip(res["runs"][rule], ref)] for rule in RULES])
+        ax.axhline(1.0, color="gray", lw=0.8, ls="--")
+        ax.set_title(f"{name} (T = {res['T']})")
+    axes[0].set_ylabel("R_T / R_T(exact GP-UCB)")
+    return save_figure(fig, out_dir, NAME)
+
+
 def main(argv: list[str] | None = None) -> dict:
     p = base_parser(__doc__.splitlines()[0])
     p.add_argument("--seeds", type=int, default=None)
@@ -140,15 +154,7 @@ def main(argv: list[str] | None = None) -> dict:
                 "dict. size": s["median_dictionary_size"], "mean batch": s["median_mean_batch"], "time / GP-UCB": s["median_time_ratio_to_gpucb"],
             })
     print_table(rows, list(rows[0]), title="inclusion rule: regret vs exact GP-UCB (medians over seeds)")
-    fig, axes = new_figure(ncols=len(results), width=3.2)
-    axes = axes[0]
-    for ax, (name, res) in zip(axes, results.items()):
-        ref = [r["regret"] for r in res["runs"]["GP-UCB"]]
-        strip_plot(ax, list(RULES), [[r["regret"] / g for r, g in zip(res["runs"][rule], ref)] for rule in RULES])
-        ax.axhline(1.0, color="gray", lw=0.8, ls="--")
-        ax.set_title(f"{name} (T = {res['T']})")
-    axes[0].set_ylabel("R_T / R_T(exact GP-UCB)")
-    save_figure(fig, args.out, NAME)
+    plot(results, args.out)
     write_json(args.out, NAME, {"config": cfg, "results": results, "table": rows}, device=device)
     return results
 

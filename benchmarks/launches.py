@@ -32,7 +32,9 @@ from collections import Counter
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from benchmarks.common import base_parser, new_figure, print_table, save_figure, setup, sync, write_json
+from benchmarks.cli import base_parser, setup
+from benchmarks.report import new_figure, print_table, save_figure, write_json
+from benchmarks.timing import sync
 
 SYNC_OPS = ("aten::_local_scalar_dense", "aten::nonzero", "aten::masked_select", "aten::unique", "aten::_unique2",
             "aten::is_nonzero", "aten::item")

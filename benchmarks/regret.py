@@ -28,30 +28,13 @@ Run: ``python -m benchmarks [--quick|--full] [--device cuda]`` (this is the defa
 
 from __future__ import annotations
 
-if __package__ in (None, ""):  # `python benchmarks/regret.py`: make the repo root importable
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 import time
 
 
-import benchmarks.algorithms  # noqa: F401 - fills the registry
-from benchmarks.common import (
-    ALGORITHMS,
-    BANDIT_COLUMNS,
-    BanditSettings,
-    base_parser,
-    bandit_table_rows,
-    plot_bandit_runs,
-    print_table,
-    setup,
-    run_bandit,
-    size_of,
-    summarize_runs,
-    write_json,
-)
+from benchmarks.cli import base_parser, setup, size_of
+from benchmarks.harness import run_bandit, summarize_runs
+from benchmarks.registry import ALGORITHMS, BanditSettings
+from benchmarks.report import BANDIT_COLUMNS, bandit_table_rows, plot_bandit_runs, print_table, write_json
 from torchbkb.datasets import load
 
 NAME = "regret"

@@ -33,44 +33,16 @@ from pathlib import Path
 import torch
 
 import torchbkb
-from torchbkb import BKB, GPUCB, SBPE, ArmObjective
+from torchbkb import ArmObjective
 from torchbkb.design import UncertaintyExplorer, linf_error
 from torchbkb.dtc_posterior import DTCPosterior
-from torchbkb.kernels import GaussianKernel
 from torchbkb.nystrom import NystromEmbedding
 from torchbkb.recursive_rls import recursive_rls
 
+from benchmarks.kernels import check_matern_against_gpytorch, make_kernel
+from benchmarks.registry import BanditSettings, make_bandit
+
 NAME = "sbpe"
-
-
-class Matern52(torch.nn.Module):
-    """``(1 + √5 r/ℓ + 5r²/(3ℓ²)) exp(-√5 r/ℓ)``; checked against ``gpytorch.kernels.MaternKernel(nu=2.5)``."""
-
-    def __init__(self, lengthscale: float):
-        super().__init__()
-        self.lengthscale = float(lengthscale)
-
-    def forward(self, X1, X2):
-        d2 = (X1 * X1).sum(-1)[..., :, None] + (X2 * X2).sum(-1)[..., None, :] - 2.0 * X1 @ X2.transpose(-1, -2)
-        s = math.sqrt(5.0) * d2.clamp_min(0.0).sqrt() / self.lengthscale
-        return (1.0 + s + s * s / 3.0) * torch.exp(-s)
-
-    def diag(self, X):
-        return torch.ones(X.shape[:-1], dtype=X.dtype, device=X.device)
-
-
-def check_matern_against_gpytorch() -> float:
-    import gpytorch
-
-    X = torch.rand(20, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
-    ref = gpytorch.kernels.MaternKernel(nu=2.5).double()
-    ref.lengthscale = 0.2
-    with torch.no_grad():
-        return float((ref(X, X).to_dense() - Matern52(0.2)(X, X)).abs().max())
-
-
-def make_kernel(name: str, ls: float):
-    return GaussianKernel(ls) if name == "rbf" else Matern52(ls)
 
 
 def rkhs_sample(kernel, X: torch.Tensor, C: float, J: int, g: torch.Generator) -> torch.Tensor:
@@ -84,14 +56,12 @@ def rkhs_sample(kernel, X: torch.Tensor, C: float, J: int, g: torch.Generator) -
     return kernel(X, c) @ alpha * (C / norm)
 
 
-def make_bandit(algo: str, width: str, arms, kernel, lam: float, R: float, C: float, N: int, seed: int):
-    if algo == "S-BPE":
-        beta = "theory" if width == "theory" else 2.0  # GP scale
-        return SBPE(arms, kernel, noise=lam, budget=N, rkhs_norm=C, subgaussian=R, delta=0.05, beta=beta, seed=seed)
-    beta = "theory" if width == "theory" else 2.0 * math.sqrt(lam)  # RLS scale, same interval μ ± 2σ_GP
-    if algo == "BKB":
-        return BKB(arms, kernel, noise=lam, q_bar=2.0, beta=beta, F=C, noise_std=R, delta=0.05, seed=seed)
-    return GPUCB(arms, kernel, noise=lam, beta=beta, F=C, noise_std=R, delta=0.05, seed=seed)
+def settings_for(algo: str, width: str, kname: str, lam: float, R: float, C: float, N: int, ls: float) -> tuple[str, BanditSettings]:
+    """The registry name and settings of one run: the same interval ``μ ± 2σ_GP`` for the constant widths (GP scale for
+    S-BPE, RLS scale ``2√λ`` for BKB and GP-UCB)."""
+    name = {"S-BPE": "SBPE", "BKB": "BKB", "GP-UCB": "GPUCB"}.get(algo, algo) + ("-theory" if width == "theory" else "")
+    beta = 2.0 if algo == "S-BPE" else 2.0 * math.sqrt(lam)
+    return name, BanditSettings(lengthscale=ls, kernel_name=kname, lam=lam, q_bar=2.0, F=C, delta=0.05, beta=beta, noise_std=R, budget=N)
 
 
 def regret_suite(cfg: dict, log) -> dict:
@@ -105,7 +75,7 @@ def regret_suite(cfg: dict, log) -> dict:
             f = rkhs_sample(kernel, arms, cfg["C"], cfg["J"], g)
             for width in cfg["widths"]:
                 for algo in cfg["algorithms"]:
-                    bandit = make_bandit(algo, width, arms, kernel, cfg["lam"], cfg["R"], cfg["C"], cfg["T"], rep)
+                    bandit = make_bandit(*settings_for(algo, width, kname, cfg["lam"], cfg["R"], cfg["C"], cfg["T"], cfg["lengthscale"]), rep)
                     obj = ArmObjective(f, noise_std=cfg["R"], seed=rep)
                     t0 = time.perf_counter()
                     hist = torchbkb.run(bandit, obj, budget=cfg["T"], progress=False)
@@ -237,7 +207,7 @@ def plot(regret: dict, design: dict, cfg: dict, path: Path) -> None:
         ax = axes[1, col]
         rows = design[kname]
         ns = sorted({r["n"] for r in rows})
-        mean = lambda key, n: sum(r[key] for r in rows if r["n"] == n) / sum(1 for r in rows if r["n"] == n)  # noqa: E731
+        mean = lambda key, n, rows=rows: sum(r[key] for r in rows if r["n"] == n) / sum(1 for r in rows if r["n"] == n)
         ax.loglog(ns, [mean("linf", n) for n in ns], "o-", label="max-variance design (Sec. 4.1)")
         ax.loglog(ns, [mean("linf_random", n) for n in ns], "s--", label="uniform random design")
         for n in ns:

@@ -18,17 +18,13 @@ uncapped (30 min).
 
 from __future__ import annotations
 
-if __package__ in (None, ""):  # `python benchmarks/scaling.py`
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 import statistics
 import time
 
-import benchmarks.algorithms  # noqa: F401 - fills the registry
-from benchmarks.common import BanditSettings, base_parser, fit_loglog_slope, new_figure, print_table, setup, run_bandit, save_figure, size_of, write_json
+from benchmarks.cli import base_parser, setup, size_of
+from benchmarks.harness import run_bandit
+from benchmarks.registry import BanditSettings
+from benchmarks.report import fit_loglog_slope, new_figure, print_table, save_figure, write_json
 from benchmarks.sequential import BETA, _objective, per_step_profile
 from torchbkb.datasets import gp_sample, random_arms
 

@@ -49,12 +49,6 @@ study 50 seeds.
 
 from __future__ import annotations
 
-if __package__ in (None, ""):  # `python benchmarks/sequential.py`
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 import math
 import statistics
 import time
@@ -62,26 +56,10 @@ import time
 import numpy as np
 import torch
 
-import benchmarks.algorithms  # noqa: F401 - fills the registry
-from benchmarks.common import (
-    BANDIT_COLUMNS,
-    BanditSettings,
-    bandit_table_rows,
-    base_parser,
-    bootstrap_ratio,
-    fit_loglog_slope,
-    make_bandit,
-    new_figure,
-    plot_bandit_runs,
-    print_table,
-    setup,
-    run_bandit,
-    save_figure,
-    size_of,
-    strip_plot,
-    summarize_runs,
-    write_json,
-)
+from benchmarks.cli import base_parser, setup, size_of
+from benchmarks.harness import run_bandit, summarize_runs
+from benchmarks.registry import BanditSettings, make_bandit
+from benchmarks.report import BANDIT_COLUMNS, bandit_table_rows, bootstrap_ratio, fit_loglog_slope, new_figure, plot_bandit_runs, print_table, save_figure, strip_plot, write_json
 from torchbkb.datasets import anchor_problem, gp_sample, random_arms
 
 NAME = "sequential"
@@ -358,7 +336,7 @@ def plot_regret_study(study: dict, out_dir) -> str:
 def plot_scan(res: dict, out_dir) -> str:
     fig, axes = new_figure(ncols=2, width=5.2)
     ax = axes[0][0]
-    for key, r in res.items():
+    for r in res.values():
         if r["per_step_t"]:
             ax.loglog(r["per_step_t"], [1e3 * y for y in r["per_step_s"]], marker=".", ls="-" if r["algorithm"] == "BKB" else "--", label=f"{r['algorithm']} A={r['A']:.0e} (slope {r['slope_vs_t']:.2f})")
     ax.set_xlabel("t")

@@ -30,12 +30,6 @@ fraction of grid points where f lies inside μ ± 3σ.
 
 from __future__ import annotations
 
-if __package__ in (None, ""):  # `python benchmarks/variance_starvation.py`
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 import math
 import statistics
 import time
@@ -43,7 +37,8 @@ from dataclasses import dataclass
 
 import torch
 
-from benchmarks.common import base_parser, new_figure, print_table, setup, save_figure, size_of, write_json
+from benchmarks.cli import base_parser, setup, size_of
+from benchmarks.report import new_figure, print_table, save_figure, write_json
 from torchbkb import DTCPosterior, ExactPosterior, NystromEmbedding, RLSDictionary
 from torchbkb.datasets import gp_sample
 from torchbkb.kernels import GaussianKernel

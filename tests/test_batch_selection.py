@@ -6,7 +6,7 @@ from hypothesis import given, settings, strategies as st
 
 from helpers import close
 from torchbkb import DTCPosterior, NystromEmbedding
-from torchbkb.batch_selection import UNBOUNDED_PICKS, _picks_to_stop, select_batch, stop_rule_stalls
+from torchbkb.batch_selection import UNBOUNDED_PICKS, picks_to_stop, select_batch, stop_rule_stalls
 from torchbkb.errors import InputDataError
 from torchbkb.kernels import GaussianKernel
 
@@ -200,7 +200,7 @@ def test_batches_equal_the_one_at_a_time_reference(seed, alpha, C, cap, stop_rul
 @settings(max_examples=200, deadline=None)
 @given(level=st.floats(1.0, 50.0), s0=st.floats(1e-9, 10.0), C=st.floats(1.0, 60.0), rule=st.sampled_from(["sum", "product"]))
 def test_picks_to_stop_matches_accumulating_the_rule(level, s0, C, rule):
-    n = _picks_to_stop(level, s0, C, rule)
+    n = picks_to_stop(level, s0, C, rule)
     after = (lambda k: level + k * s0) if rule == "sum" else (lambda k: level * (1.0 + s0) ** k)
     if n is None:  # more than UNBOUNDED_PICKS picks (up to rounding at the boundary)
         assert after(UNBOUNDED_PICKS * (1 - 1e-9)) <= C
@@ -240,7 +240,7 @@ def test_a_tiny_batch_start_variance_leaves_the_cap_to_end_the_batch(stop_rule):
     rls = torch.tensor([1e-30, 1.0, 1.0], dtype=torch.float64)
     sel = select_batch(Z, mean, rls, torch.eye(3, dtype=torch.float64), alpha=0.1, batch_bound=2.0, max_batch_size=50, stop_rule=stop_rule)
     assert sel.indices.tolist() == [0] * 50
-    assert _picks_to_stop(1.0, 1e-30, 2.0, stop_rule) is None
+    assert picks_to_stop(1.0, 1e-30, 2.0, stop_rule) is None
 
 
 @pytest.mark.timeout(60)
@@ -260,4 +260,4 @@ def test_without_a_cap_a_pick_the_rule_cannot_stop_ends_the_batch(stop_rule, s0)
     assert stop_rule_stalls(1.0, s0, 10.0, stop_rule) and stop_rule_stalls(3.0, s0, 10.0, stop_rule)
     # the threshold: 2²⁴ picks of σ̃² = 1/2²³ would pass 1 + 2 (sum rule) -- not a stall
     assert not stop_rule_stalls(1.0, 8.0 / UNBOUNDED_PICKS, 3.0, "sum")
-    assert _picks_to_stop(1.0, 8.0 / UNBOUNDED_PICKS, 3.0, "sum") == UNBOUNDED_PICKS // 4 + 1
+    assert picks_to_stop(1.0, 8.0 / UNBOUNDED_PICKS, 3.0, "sum") == UNBOUNDED_PICKS // 4 + 1

@@ -8,16 +8,16 @@ choices, SoR starves where DTC does not, the memory probe sees an allocation).
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-from benchmarks import BENCHMARKS  # noqa: E402
-from benchmarks.common import BanditSettings, fit_loglog_slope, format_table, make_bandit, run_bandit, time_call  # noqa: E402
+from benchmarks import BENCHMARKS
+from benchmarks.report import REPO
+from benchmarks.harness import run_bandit
+from benchmarks.registry import BanditSettings, make_bandit
+from benchmarks.report import fit_loglog_slope, format_table
+from benchmarks.timing import time_call
 
 
 def _run(name, tmp_path, *extra):

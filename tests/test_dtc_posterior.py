@@ -311,7 +311,7 @@ def test_kernel_row_operator_and_column_scoring_are_000_eq4(whitening):
     """The bandits' per-step refit (fit_kernel_row_operator, then the mean aᵀK and rls_kernel_columns, or both at
     once by score_kernel_columns, on kernel rows stored one per inducing point) equals 000 Eq. 4 with weighted
     (repeated) observations."""
-    from torchbkb.dtc_posterior import fit_kernel_row_operator, rls_kernel_columns, score_kernel_columns
+    from torchbkb.functional import fit_kernel_row_operator, rls_kernel_columns, score_kernel_columns
     from torchbkb.utils.linalg import inv_sqrt_factor, psd_inv_sqrt
 
     X, y, Xq = _data()

@@ -10,7 +10,7 @@ from helpers import rbf
 from torchbkb import nystrom_lambda_max, recursive_rls
 from torchbkb.errors import InputDataError
 from torchbkb.kernels import GaussianKernel
-from torchbkb.recursive_rls import _ridge_scores
+from torchbkb.recursive_rls import ridge_scores
 from torchbkb.kernels import as_kernel
 
 
@@ -81,7 +81,7 @@ def test_scores_are_ridge_leverage_scores_when_the_dictionary_is_everything():
     lam = 0.05
     K = rbf(X, X, 0.3)
     exact = torch.diagonal(K @ torch.linalg.inv(K + lam * torch.eye(60, dtype=torch.float64)))
-    got = _ridge_scores(as_kernel(GaussianKernel(0.3)), X, X, torch.ones(60, dtype=torch.float64), lam, 16)
+    got = ridge_scores(as_kernel(GaussianKernel(0.3)), X, X, torch.ones(60, dtype=torch.float64), lam, 16)
     assert torch.allclose(got, exact, atol=1e-10)
 
 
@@ -95,7 +95,7 @@ def test_weighted_scores_follow_algorithm_2_line_5():
     Shat[sel, torch.arange(5)] = w
     K = rbf(X, X, 0.3)
     ref = torch.diagonal(K - K @ Shat @ torch.linalg.solve(Shat.T @ K @ Shat + lam * torch.eye(5, dtype=torch.float64), Shat.T @ K)) / lam
-    got = _ridge_scores(as_kernel(GaussianKernel(0.3)), X, X[sel], w, lam, 7)
+    got = ridge_scores(as_kernel(GaussianKernel(0.3)), X, X[sel], w, lam, 7)
     assert torch.allclose(got, ref, atol=1e-10)
 
 

@@ -43,7 +43,7 @@ import torch
 
 from torchbkb.errors import InputDataError, check_finite
 
-__all__ = ["UNBOUNDED_PICKS", "BatchSelection", "select_batch", "stop_rule_stalls"]
+__all__ = ["UNBOUNDED_PICKS", "BatchSelection", "picks_to_stop", "select_batch", "stop_rule_stalls"]
 
 _WINDOW, _MAX_WINDOW = 8, 1024  # repeated picks looked ahead at once (grows while an arm keeps winning)
 # a stop rule that needs more picks of one arm than this cannot end a batch that anyone evaluates (σ̃²_fb of
@@ -135,7 +135,7 @@ def select_batch(
             # be this arm again -- end the batch with it
             n_allowed = 1
         else:
-            n_allowed = _picks_to_stop(level, s0, batch_bound, stop_rule)
+            n_allowed = picks_to_stop(level, s0, batch_bound, stop_rule)
             if n_allowed is None:  # more than UNBOUNDED_PICKS: only a cap can end the batch later than now
                 n_allowed = 1 if max_batch_size is None else max_batch_size - len(picks)
         if max_batch_size is not None:
@@ -205,7 +205,7 @@ def stop_rule_stalls(level: float, s0: float, batch_bound: float, stop_rule: str
         >>> stop_rule_stalls(1.0, 0.5, 2.0), stop_rule_stalls(1.0, 1e-30, 2.0), stop_rule_stalls(1.0, 0.0, 2.0, "product")
         (False, True, True)
     """
-    return s0 <= 0.0 or _picks_to_stop(level, s0, batch_bound, stop_rule) is None
+    return s0 <= 0.0 or picks_to_stop(level, s0, batch_bound, stop_rule) is None
 
 
 def check_batch_limits(batch_bound: float, max_batch_size: int | None = None) -> tuple[float, int | None]:
@@ -231,7 +231,7 @@ def _level_after(level: float, s0: float, n: int, stop_rule: str) -> float:
     return level + n * s0 if stop_rule == "sum" else level * (1.0 + s0) ** n
 
 
-def _picks_to_stop(level: float, s0: float, bound: float, stop_rule: str) -> int | None:
+def picks_to_stop(level: float, s0: float, bound: float, stop_rule: str) -> int | None:
     """Number ``n >= 1`` of further picks of an arm with ``σ̃²_fb = s0 > 0`` after which the stop rule ends
     the batch: the first ``n`` with ``_level_after(level, s0, n) > C̃``; ``None`` when that is more than
     :data:`UNBOUNDED_PICKS` (σ̃²_fb ≈ 0 next to ``C̃``)."""

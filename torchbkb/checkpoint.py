@@ -9,7 +9,7 @@ Reading: :func:`read_checkpoint` turns every way a file can be unusable into a
 :class:`~torchbkb.errors.CheckpointError` (empty, truncated, not a torch file, not a torchbkb checkpoint,
 an unknown format version) and loads tensors only (``weights_only=True``: a checkpoint cannot run code).
 Whether it belongs to the bandit at hand (arms, kernel, noise, settings) is checked by the bandit's
-``load_state_dict`` before anything is applied. ``docs/checkpoints.md`` says what a checkpoint guarantees.
+``load_state_dict`` before anything is applied.
 
 Example:
     >>> import os, tempfile

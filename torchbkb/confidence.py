@@ -5,7 +5,7 @@
 * :func:`gpucb_beta` -- exact GP-UCB with the same self-normalized bound (Abbasi-Yadkori et al.),
   ``log det(I + K/λ) = Σ_s log(1 + σ²_{s-1}(x_s))`` accumulated exactly;
 * :func:`bkb_practical_beta`, :func:`bbkb_practical_beta` -- the widths the authors' code (batch-bkb,
-  ``bkb_lib.py``) uses, ``beta="practical"`` on the bandits (docs/readings.md);
+  ``bkb_lib.py``) uses, ``beta="practical"`` on the bandits;
 * :func:`vakili_beta`, :func:`vakili_beta_finite`, :func:`vakili_beta_continuous` -- the sparse
   (DTC/SVGP) confidence widths of 003 Theorem 3.5 / Corollary 3.7; these are on the **GP scale**
   (``μ̄ ± β σ̄_GP``) unless called with ``scale="rls"``;

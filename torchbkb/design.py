@@ -26,7 +26,8 @@ Example:
 from __future__ import annotations
 
 import math
-from typing import Callable, NamedTuple
+from typing import NamedTuple
+from collections.abc import Callable
 
 import torch
 
@@ -35,7 +36,7 @@ from torchbkb.errors import InputDataError, TorchBKBError, check_generator, chec
 from torchbkb.kernels import KernelAdapter, as_kernel
 from torchbkb.nystrom import DEFAULT_CHUNK, NystromEmbedding
 from torchbkb.objectives import as_objective
-from torchbkb.recursive_rls import DEFAULT_OVERSAMPLE, _check_oversample, nystrom_lambda_max, recursive_rls
+from torchbkb.recursive_rls import DEFAULT_OVERSAMPLE, check_oversample, nystrom_lambda_max, recursive_rls
 
 __all__ = ["UncertaintyExplorer", "UncertaintyDesign", "uncertainty_design", "linf_error", "theory_rls_delta"]
 
@@ -110,7 +111,7 @@ class UncertaintyExplorer:
             raise InputDataError(f"candidates: expected shape (A, d), got shape {tuple(candidates.shape)}")
         self.kernel: KernelAdapter = as_kernel(kernel)
         self.lam = check_positive(noise, "noise")
-        _check_oversample(oversample)
+        check_oversample(oversample)
         check_int(refresh, "refresh")
         check_int(chunk_size, "chunk_size")
         generator = check_generator(generator, 0)
@@ -180,7 +181,7 @@ class UncertaintyExplorer:
         check_int(n, "n", 0)
         return torch.as_tensor([self.step() for _ in range(n)], dtype=torch.long, device=self.candidates.device).reshape(-1)
 
-    def finalize(self) -> "UncertaintyExplorer":
+    def finalize(self) -> UncertaintyExplorer:
         """Redraw the dictionary over *all* picks if the current one is older (Algorithm 1, line 16)."""
         if not self._picks:
             raise TorchBKBError("UncertaintyExplorer: expected at least one pick before finalize(), got none")

@@ -88,7 +88,7 @@ class ExactPosterior(nn.Module):
         return self._Liy[: self._n]
 
     # ------------------------------------------------------------------ fitting
-    def fit(self, X: torch.Tensor, y: torch.Tensor, counts: torch.Tensor | None = None) -> "ExactPosterior":
+    def fit(self, X: torch.Tensor, y: torch.Tensor, counts: torch.Tensor | None = None) -> ExactPosterior:
         """Condition on ``(X, y)`` from scratch (one ``n × n`` Cholesky).
 
         Args:

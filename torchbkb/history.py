@@ -99,7 +99,7 @@ class History:
         }
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "History":
+    def from_dict(cls, d: dict[str, Any]) -> History:
         """The history of :meth:`to_dict` (or of its JSON, ``null`` read as NaN), checked: every
         per-evaluation list present and of one length, failures and errors well formed."""
         if not isinstance(d, dict):

@@ -26,7 +26,7 @@ Example:
 from __future__ import annotations
 
 import math
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -58,7 +58,7 @@ class GaussianKernel(nn.Module):
         self.register_buffer("outputscale", torch.tensor(check_positive(outputscale, "outputscale"), dtype=torch.float64))
 
     @classmethod
-    def from_width(cls, sigma2: float, outputscale: float = 1.0) -> "GaussianKernel":
+    def from_width(cls, sigma2: float, outputscale: float = 1.0) -> GaussianKernel:
         """The kernel ``exp(-‖x - x'‖² / (2σ²))`` of the BKB/BBKB papers."""
         return cls(lengthscale=math.sqrt(check_positive(sigma2, "sigma2")), outputscale=outputscale)
 

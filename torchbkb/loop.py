@@ -26,7 +26,7 @@ checkpoint that keeps the rewards already received in the batch.
 With ``checkpoint=path`` the bandit, the history and the objective's state are saved atomically
 (:mod:`torchbkb.checkpoint`) every ``checkpoint_every`` batches; the path is checked before the first
 evaluation, and a run started with an existing checkpoint resumes from it after checking that it was
-written for the same arms, kernel, noise and settings. ``docs/checkpoints.md`` lists the guarantees.
+written for the same arms, kernel, noise and settings.
 
 To use an existing Dask cluster, connect a client to its scheduler and pass it:
 ``torchbkb.run(bandit, objective, T, executor=distributed.Client("tcp://scheduler:8786"))``. The
@@ -49,7 +49,8 @@ import operator
 import os
 import time
 import warnings
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 import torch
 

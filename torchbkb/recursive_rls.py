@@ -30,7 +30,8 @@ Example:
 from __future__ import annotations
 
 import math
-from typing import Callable, NamedTuple
+from typing import NamedTuple
+from collections.abc import Callable
 
 import torch
 
@@ -39,7 +40,7 @@ from torchbkb.kernels import KernelAdapter, as_kernel
 from torchbkb.nystrom import NystromEmbedding
 from torchbkb.utils.linalg import compute_dtype, safe_cholesky
 
-__all__ = ["recursive_rls", "RecursiveRLSResult", "nystrom_lambda_max", "DEFAULT_OVERSAMPLE", "DEFAULT_BASE_SIZE"]
+__all__ = ["recursive_rls", "RecursiveRLSResult", "nystrom_lambda_max", "ridge_scores", "check_oversample", "DEFAULT_OVERSAMPLE", "DEFAULT_BASE_SIZE"]
 
 #: Practical oversampling ``q`` of :func:`recursive_rls`: ``p_i = min(1, q · l̃_i)``.
 DEFAULT_OVERSAMPLE = 2.0
@@ -149,7 +150,7 @@ def recursive_rls(
     if X.dim() != 2:
         raise InputDataError(f"X: expected shape (n, d), got shape {tuple(X.shape)}")
     lam = check_positive(noise, "noise")
-    theory = _check_oversample(oversample)
+    theory = check_oversample(oversample)
     if not (isinstance(delta, (int, float)) and 0.0 < float(delta) < 1.0 / 32.0):
         raise InputDataError(f"delta: expected 0 < delta < 1/32 (Lemma 3.8), got {delta!r}")
     if base_size is None:
@@ -179,7 +180,7 @@ def recursive_rls(
     with torch.no_grad():
         for level in range(L - 1, -1, -1):
             pts = (depth >= level).nonzero().squeeze(1)  # (n_l,) indices of X_l
-            lev = LEVERAGE_SCALE * _ridge_scores(k, X[pts], X[sel], w, lam, chunk_size)  # (n_l,)
+            lev = LEVERAGE_SCALE * ridge_scores(k, X[pts], X[sel], w, lam, chunk_size)  # (n_l,)
             if theory:
                 dl = delta0 / 3.0**level
                 q = 16.0 * math.log(max(float(lev.sum()), 1.0) / dl)
@@ -301,7 +302,7 @@ def nystrom_lambda_max(
 
 
 # ---------------------------------------------------------------------------------------- helpers
-def _check_oversample(oversample) -> bool:
+def check_oversample(oversample) -> bool:
     """``True`` for the theory constants, ``False`` for a valid float, else an error."""
     if isinstance(oversample, str):
         if oversample != "theory":
@@ -313,7 +314,7 @@ def _check_oversample(oversample) -> bool:
     return False
 
 
-def _ridge_scores(k: KernelAdapter, Xc: torch.Tensor, S: torch.Tensor, w: torch.Tensor, lam: float, chunk: int) -> torch.Tensor:
+def ridge_scores(k: KernelAdapter, Xc: torch.Tensor, S: torch.Tensor, w: torch.Tensor, lam: float, chunk: int) -> torch.Tensor:
     """``(k(x,x) - k_S(x)ᵀ (K_SS + λ W⁻²)⁻¹ k_S(x)) / λ`` for the rows of `(n, d)` ``Xc``; `(n,)` float64."""
     kd = k.diag(Xc).to(torch.float64)  # (n,)
     if S.shape[0] == 0:

@@ -9,7 +9,8 @@ pulled ``n`` times there are two readings (``inclusion=``):
 * ``"per_pull"``: one Bernoulli per pull, Algorithm 1 of 000 read literally -- ``1 - (1 - p)^n``.
 
 They agree for ``n <= 1`` and when ``p`` is 0 or 1; otherwise ``count_scaled`` keeps an arm at least as often.
-Why the default (a study over seeds, ``python -m benchmarks.inclusion``): docs/readings.md, section 1.
+The default is ``count_scaled``, the authors' code: with repeated pulls it kept BKB's regret at exact GP-UCB's
+in a study over seeds, where ``per_pull``, which keeps repeated arms less often, did not.
 
 Example:
     >>> import torch

@@ -17,8 +17,7 @@ that names the number (:func:`warn_unmet_preconditions`). Formulas, with ``α = 
 =====================================  ==============================================================
 
 ``d`` is ``d_eff(λ, X_T)`` (000 Eq. 5; a bandit's ``deff`` estimates it) and ``D`` is at most ``log det(I + K/λ)``
-(GP-UCB's ``log_det``). The regret bound of 001 Theorem 2 reads ``55 C̃² C̃`` in the statement: ``C̃³``
-(docs/readings.md).
+(GP-UCB's ``log_det``). The regret bound of 001 Theorem 2 reads ``55 C̃² C̃`` in the statement: ``C̃³``.
 
 Example:
     >>> from torchbkb.theorems import bkb_required_q_bar, bbkb_required_q_bar
@@ -168,7 +167,7 @@ def warn_unmet_preconditions(algorithm: str, *, q_bar: float, lam: float, delta:
     if missed:
         warnings.warn(
             f"{algorithm}(beta='theory'): the width assumes the theorem's accuracy guarantee, which needs "
-            + "; ".join(missed) + ". The width is computed as printed all the same (docs/readings.md).",
+            + "; ".join(missed) + ". The width is computed as printed all the same.",
             TheoryWarning,
             stacklevel=stacklevel,
         )

@@ -65,7 +65,7 @@ def _reference_batch(bandit, arms):
     pulled = (bandit.counts > 0).nonzero().squeeze(1)
     counts = bandit.counts[pulled].to(arms.dtype)
     y = (bandit.reward_sums[pulled] / bandit.counts[pulled]).to(arms.dtype)
-    S = arms[bandit._order]
+    S = arms[bandit.rows.order]
     post = DTCPosterior(NystromEmbedding(GaussianKernel(LS), S), noise=bandit.lam).fit(arms[pulled], y, counts)
     mean_fb, rls_fb = post(arms)[0], post.rls(arms)
     picks, in_batch, level = [], [], 1.0

@@ -5,7 +5,7 @@ import torch
 
 from helpers import close
 from torchbkb import BKB, GPUCB, ArmObjective, ExactPosterior, run
-from torchbkb.bandits import bkb as bkb_module
+from torchbkb.bandits import kernel_row_cache as row_cache_module
 from torchbkb.confidence import bkb_beta
 from torchbkb.errors import InputDataError
 from torchbkb.kernels import GaussianKernel
@@ -105,7 +105,7 @@ def test_embedding_recomputed_only_when_the_dictionary_changes():
     [(2**28, 2**22), (2**28, 0), (0, 2**22)],  # rows refilled from the pulled-row cache / patched from it / computed in blocks
 )
 def test_checkpoint_resume_gives_the_identical_trajectory(tmp_path, monkeypatch, row_cache_bytes, refill_bytes):
-    monkeypatch.setattr(bkb_module, "REFILL_BYTES", refill_bytes)
+    monkeypatch.setattr(row_cache_module, "REFILL_BYTES", refill_bytes)
     arms, k, f = _problem(A=100, seed=7)
 
     def bandit():
@@ -154,11 +154,11 @@ def test_pulled_row_cache_same_choices_and_dropped_past_its_budget():
     for name, budget in (("cache", 2**28), ("patched", 2**28), ("none", 0), ("dropped", 40 * arms.shape[0] * 8)):
         b = BKB(arms, k, noise=0.01, q_bar=2.0, beta="theory", seed=2, row_cache_bytes=budget)
         with pytest.MonkeyPatch.context() as mp:
-            mp.setattr(bkb_module, "REFILL_BYTES", 0 if name == "patched" else bkb_module.REFILL_BYTES)
+            mp.setattr(row_cache_module, "REFILL_BYTES", 0 if name == "patched" else row_cache_module.REFILL_BYTES)
             runs[name] = (run(b, ArmObjective(f, 0.1, seed=5), budget=80, progress=False).index, b)
     assert runs["cache"][0] == runs["patched"][0] == runs["none"][0] == runs["dropped"][0]
-    assert runs["cache"][1]._order == sorted(runs["cache"][1]._order)  # refilled in dictionary order
-    assert runs["patched"][1]._order != sorted(runs["patched"][1]._order)  # entering rows put into freed slots
-    assert runs["cache"][1]._P_pos is not None and len(runs["cache"][1]._P_pos) == int((runs["cache"][1].counts > 0).sum())
-    assert runs["none"][1]._P_pos is None
-    assert runs["dropped"][1]._P_pos is None and int((runs["dropped"][1].counts > 0).sum()) > 40
+    assert runs["cache"][1].rows.order == sorted(runs["cache"][1].rows.order)  # refilled in dictionary order
+    assert runs["patched"][1].rows.order != sorted(runs["patched"][1].rows.order)  # entering rows put into freed slots
+    assert runs["cache"][1].rows.caches_pulled_rows and runs["cache"][1].rows.num_pulled_rows == int((runs["cache"][1].counts > 0).sum())
+    assert not runs["none"][1].rows.caches_pulled_rows
+    assert not runs["dropped"][1].rows.caches_pulled_rows and int((runs["dropped"][1].counts > 0).sum()) > 40

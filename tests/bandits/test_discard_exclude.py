@@ -27,7 +27,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # tiny operations: one intra
 def test_excluded_arms_are_never_selected_again(name):
     b = MAKERS[name]()
     excluded = set()
-    for step in range(60):
+    for _ in range(60):
         if getattr(b, "remaining", 1) <= 0:  # SBPE: the budget is spent
             break
         idx = b.ask()

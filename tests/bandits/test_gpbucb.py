@@ -69,7 +69,7 @@ def test_in_batch_picks_use_exact_hallucinated_variances_and_the_product_rule():
             _, cov_t = exact_gp(K[rows][:, rows], K[rows], K, torch.zeros(len(rows), dtype=torch.float64), LAM)
             rls_t = cov_t.diagonal().clamp_min(0) / LAM
             assert i == int(torch.argmax(mean_fb + b.beta * rls_t.sqrt()))
-            assert b._batch_rls[k] == pytest.approx(float(rls_t[i]), abs=1e-8)
+            assert b.in_batch_rls[k] == pytest.approx(float(rls_t[i]), abs=1e-8)
             level *= 1.0 + float(rls_fb[i])
             assert (level > 3.0) == (k == len(batch) - 1)  # Π(1 + σ²_fb) <= C̃ until the last pick
         assert close(b.posterior.watched()[0], mean_fb, 1e-8)  # the mean is frozen in the batch
@@ -209,7 +209,7 @@ def test_consecutive_repeats_share_a_row_and_keep_exact_variances():
         for k, i in enumerate(batch):
             prior = torch.cat([idx, torch.tensor(batch[:k], dtype=torch.long)])
             _, cov_t = exact_gp(K[prior][:, prior], K[prior], K, torch.zeros(len(prior), dtype=torch.float64), LAM)
-            assert b._batch_rls[k] == pytest.approx(float(cov_t[i, i].clamp_min(0)) / LAM, abs=1e-9)
+            assert b.in_batch_rls[k] == pytest.approx(float(cov_t[i, i].clamp_min(0)) / LAM, abs=1e-9)
         b.tell(torch.tensor(batch), f[batch])
         idx, y = _told(b)
         ref = ExactPosterior(GaussianKernel(LS), LAM).fit(arms[idx], y)

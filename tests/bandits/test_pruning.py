@@ -109,8 +109,8 @@ def test_checkpoint_resume_with_pruning_is_an_identical_continuation(cls):
     b = _bandit(cls, X, k, prune=True, seed=99)
     b.load_state_dict(a.state_dict())
     if cls is BKB:  # (BBKB, stopped mid-batch, refits on loading with the batch's told rewards; its next update redoes it)
-        assert torch.equal(a._mean, b._mean) and torch.equal(a._rls, b._rls)  # the refit on loading took the same path
-    assert (a._prune_wait, a._prune_backoff) == (b._prune_wait, b._prune_backoff)
+        assert torch.equal(a.arm_means, b.arm_means) and torch.equal(a.arm_rls, b.arm_rls)  # the refit on loading took the same path
+    assert a.pruning.state() == b.pruning.state()
     _run(a, f, 400)
     _run(b, f, 400)
     assert a.history == b.history
@@ -151,11 +151,12 @@ def test_pruning_level_is_the_largest_mean_among_arms_not_excluded(cls):
     _run(bandit, f, 150)
     mean = bandit.scores()[0]
     bandit.excluded |= mean >= float(mean.max()) - 2.5  # as discard(..., exclude=True) would, for many arms at once
-    bandit._rebuild(bandit.dictionary.clone())  # rescore with the exclusions (what the next update does)
+    idx = bandit.ask()  # one more update: it rescores with the exclusions
+    bandit.tell(idx, f[idx])
     mean, rls = bandit.scores()
     ucb = (mean + WIDTH * rls.sqrt()).masked_fill(bandit.excluded, -torch.inf)
     best = int(torch.argmax(ucb))
-    assert bandit._scored is None or best in bandit._scored.tolist()
+    assert bandit.scored_arms is None or best in bandit.scored_arms.tolist()
     assert int(bandit.ask()[0]) == best
 
 
@@ -163,7 +164,7 @@ def test_scored_features_and_the_scoring_counters():
     X, k, f = _problem()
     bandit = _bandit(BBKB, X, k, prune=True)
     _run(bandit, f, 300)
-    scored = bandit._scored
+    scored = bandit.scored_arms
     assert scored is not None and bandit.arms_scored == scored.numel() < X.shape[0]
     assert close(bandit.scored_features(), bandit.arm_features()[scored], 1e-12)
     assert bandit.arms_scored <= bandit.arms_scored_total < bandit.num_resparsifications * X.shape[0]
@@ -179,7 +180,7 @@ def test_pruning_backs_off_when_most_arms_pass(monkeypatch):
     pass more than scoring in one product: after each failed attempt the next 1, 2, 4, ... (at most
     PRUNE_MAX_BACKOFF) updates do not try; the choices stay those of scoring every arm, and a checkpoint taken
     in the middle of a back-off resumes identically (the refit on loading repeats the saved scoring path)."""
-    from torchbkb.bandits import bkb as bkb_module
+    from torchbkb.bandits import pruning as pruning_module, sketched as sketched_module
 
     X, k, f = _problem(A=400)
     a = _bandit(BKB, X, k, prune=True, beta=50.0)
@@ -187,26 +188,26 @@ def test_pruning_backs_off_when_most_arms_pass(monkeypatch):
     while a.t < 120:
         i = a.ask()
         a.tell(i, f[i])
-        attempts.append(a._last_attempt)
+        attempts.append(a.pruning.last_attempt)
         assert a.arms_scored == X.shape[0]  # nothing can be skipped at this width
     at = [t for t, x in enumerate(attempts) if x]
     gaps = [j - i for i, j in zip(at, at[1:])]
-    cap = bkb_module.PRUNE_MAX_BACKOFF
+    cap = pruning_module.PRUNE_MAX_BACKOFF
     assert gaps[:5] == [2, 3, 5, 9, 17] and set(gaps[4:]) == {cap + 1}  # waits 1, 2, 4, 8, 16, 16, ...
     full = _bandit(BKB, X, k, prune=False, beta=50.0)
     _run(full, f, 120)
     assert full.history == a.history
     a2 = _bandit(BKB, X, k, prune=True, beta=50.0)
-    while a2._prune_wait == 0 or a2._last_attempt or a2.t < 60:  # stop in a back-off, after an update that did not try
+    while a2.pruning.wait == 0 or a2.pruning.last_attempt or a2.t < 60:  # stop in a back-off, after an update that did not try
         i = a2.ask()
         a2.tell(i, f[i])
     b = _bandit(BKB, X, k, prune=True, beta=50.0, seed=77)
     calls = []
-    one_product = bkb_module.score_kernel_columns
-    monkeypatch.setattr(bkb_module, "score_kernel_columns", lambda *args: calls.append(1) or one_product(*args))
+    one_product = sketched_module.score_kernel_columns
+    monkeypatch.setattr(sketched_module, "score_kernel_columns", lambda *args: calls.append(1) or one_product(*args))
     b.load_state_dict(a2.state_dict())
     assert calls == [1]  # the refit on loading scored in one product, as the saved run's last update did
-    assert torch.equal(a2._mean, b._mean) and b._prune_wait == a2._prune_wait > 0
+    assert torch.equal(a2.arm_means, b.arm_means) and b.pruning.wait == a2.pruning.wait > 0
     _run(a2, f, 200)
     _run(b, f, 200)
-    assert a2.history == b.history and torch.equal(a2._mean, b._mean)
+    assert a2.history == b.history and torch.equal(a2.arm_means, b.arm_means)

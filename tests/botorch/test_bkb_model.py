@@ -1,7 +1,6 @@
 """BKBModel: the DTC math against independent float64 formulas, BoTorch shapes, gradients, transforms,
 conditioning, ``from_model`` and input validation."""
 
-import warnings
 
 import pytest
 import torch

@@ -1,6 +1,5 @@
 """DTCApproximateGP ≡ DTCPosterior ≡ Titsias' closed form (003 Eq. 4-5); q*(u); the collapsed bound."""
 
-import math
 
 import gpytorch
 import pytest

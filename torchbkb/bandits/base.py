@@ -30,7 +30,8 @@ from __future__ import annotations
 
 import copy
 from collections import Counter
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -83,7 +84,6 @@ class Bandit:
         self.exclusions: dict[int, str] = {}
         self._fingerprint: dict[str, Any] | None = None
 
-    # ------------------------------------------------------------------ protocol
     @property
     def num_arms(self) -> int:
         """``A``."""

@@ -16,7 +16,7 @@ RLS variances ``σ̃²_fb``, all cached for every arm). Inside the batch (:func:
 When every point of the batch is told (or discarded), the dictionary is resampled from the pulled
 arms with probabilities ``min(1, q̄ σ̃²_fb)`` (per pull), the kernel rows are updated (only if the
 dictionary changed), ``V`` and the mean are refitted from the pull counts and the arms are rescored --
-the same code as BKB (:class:`~torchbkb.bandits.bkb.SketchedKernelBandit`). Since the batch's multiplier
+the same code as BKB (:class:`~torchbkb.bandits.sketched.SketchedKernelBandit`). Since the batch's multiplier
 ``α̃`` is known at that point, only the arms whose UCB bound ``μ̃ + α̃ √(k/λ)`` reaches the largest mean get
 a variance, and the batch is selected among them: an in-batch UCB never falls below the mean, so no
 other arm can be picked (``prune``; on Cadata about a tenth of the arms). The first batch is one
@@ -48,11 +48,13 @@ Example:
 from __future__ import annotations
 
 import time
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 import torch
 
-from torchbkb.bandits.bkb import ROW_CACHE_BYTES, SketchedKernelBandit
+from torchbkb.bandits.kernel_row_cache import ROW_CACHE_BYTES
+from torchbkb.bandits.sketched import SketchedKernelBandit
 from torchbkb.batch_selection import BatchSelection, check_batch_limits, select_batch
 from torchbkb.confidence import bbkb_beta, bbkb_practical_beta
 from torchbkb.nystrom import DEFAULT_CHUNK
@@ -90,11 +92,11 @@ class BBKB(SketchedKernelBandit):
         lazy: lazy UCB updates inside a batch (``False`` recomputes every arm after each pick: the
             same batches, slower -- for testing).
         chunk_size: arms embedded/scored at once.
-        row_cache_bytes: memory for the kernel rows of the pulled arms (see :class:`~torchbkb.bandits.bkb.SketchedKernelBandit`).
+        row_cache_bytes: memory for the kernel rows of the pulled arms (see :class:`~torchbkb.bandits.sketched.SketchedKernelBandit`).
         prune: at a resparsification, score the variance only of the arms whose UCB bound
             ``μ̃ + α̃ √(k/λ)`` reaches the largest mean, and select the batch among them: no other arm can
             be picked in the batch, since in-batch UCBs never fall below the mean (see
-            :class:`~torchbkb.bandits.bkb.SketchedKernelBandit`; ``False`` scores every arm -- the same
+            :class:`~torchbkb.bandits.sketched.SketchedKernelBandit`; ``False`` scores every arm -- the same
             batches, slower).
         inclusion: how an arm pulled ``n`` times enters the dictionary: ``"count_scaled"`` (default,
             ``min(1, q̄·n·σ̃²)``, the authors' code) or ``"per_pull"`` (``1 - (1 - p)^n``, 000 Algorithm 1 read literally); see
@@ -201,22 +203,23 @@ class BBKB(SketchedKernelBandit):
             idx = self._random_arm()
             self.last_selection = None
         else:
-            if self._W is None:  # empty dictionary: z ≡ 0, V = λ I_0
+            scored = self.scored_arms
+            if self.dictionary_size == 0:  # empty dictionary: z ≡ 0, V = λ I_0
                 Z = self.arms.new_zeros((self.num_arms, 0))
                 V_inv = self.arms.new_zeros((0, 0), dtype=torch.float64)
-            elif self._scored is None:  # features of the few arms the batch reads
+            elif scored is None:  # features of the few arms the batch reads
                 Z, V_inv = self.feature_rows(), self.V_inverse()
             elif self.streams_kernel_rows:  # only the arms that can be picked, their features read on demand
-                Z, V_inv = self.feature_rows(self._scored), self.V_inverse()
+                Z, V_inv = self.feature_rows(scored), self.V_inverse()
             else:  # only the arms that can be picked (prune): a few, their features formed at once
                 Z, V_inv = self.scored_features(), self.V_inverse()
-            mean, rls = self._mask_excluded(self._mean), self._rls
-            if self._scored is not None:  # (k,) ascending: lowest index first on ties, as over all arms
-                mean, rls = mean[self._scored], rls[self._scored]
+            mean, rls = self._mask_excluded(self.arm_means), self.arm_rls
+            if scored is not None:  # (k,) ascending: lowest index first on ties, as over all arms
+                mean, rls = mean[scored], rls[scored]
             with torch.no_grad():
                 sel = select_batch(Z, mean, rls, V_inv, self.beta, self.batch_bound, self.max_batch_size, lazy=self.lazy, validate=False, chunk_size=self.chunk_size if self.streams_kernel_rows else None)
-            if self._scored is not None:
-                sel = sel._replace(indices=self._scored[sel.indices])
+            if scored is not None:
+                sel = sel._replace(indices=scored[sel.indices])
             idx = sel.indices
             self.last_selection = sel
             self.ucb_evaluations += sel.ucb_evaluations
@@ -228,7 +231,7 @@ class BBKB(SketchedKernelBandit):
         start = time.perf_counter()
         told = self.last_told[0]
         if told.numel():  # σ̃²_fb of the told picks: their variance when the batch started
-            rls = self._rls[told].to(torch.float64)
+            rls = self.arm_rls[told].to(torch.float64)
             self.log_sum += float(torch.log1p(3.0 * rls).sum())
             if self.t > told.numel():  # not the first told batch (the initialization)
                 self.practical_sum += float(torch.log1p(rls).sum())

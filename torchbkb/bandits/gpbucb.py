@@ -51,7 +51,8 @@ import math
 import time
 from collections import defaultdict, deque
 from itertools import groupby
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 import torch
 
@@ -120,6 +121,11 @@ class GPBUCB(GPUCB):
         self._batch: list[int] = []  # picks of the open batch, in order
         self._batch_rls: list[float] = []  # σ²_{t-1}(x_t) of each pick when it was picked (RLS scale)
         self._n_fb = 0  # rows of the posterior at the batch start
+
+    @property
+    def in_batch_rls(self) -> list[float]:
+        """``σ²_{t-1}(x_t)`` (RLS scale) of each pick of the last batch, at the moment it was picked."""
+        return list(self._batch_rls)
 
     def current_beta(self) -> float:
         """The multiplier ``α`` of the next batch."""

@@ -21,7 +21,7 @@ Example:
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
@@ -98,14 +98,14 @@ class StreamedKernelRows:
             return finite_rows(self._kernel(self._S, X).T, None).T  # (m, c)
         return StreamedKernelRows(self._kernel, self._S, self._arms, self._resolve(cols), self._chunk)
 
-    def index_select(self, dim: int, index: torch.Tensor) -> "StreamedKernelRows":
+    def index_select(self, dim: int, index: torch.Tensor) -> StreamedKernelRows:
         """The columns ``index`` (``dim`` must be 1), still lazy."""
         if dim != 1:
             raise TypeError(f"StreamedKernelRows: expected index_select over columns (dim 1), got dim {dim}")
         return self[:, index]
 
     @property
-    def T(self) -> "_RowsOfArms":
+    def T(self) -> _RowsOfArms:
         """Reads like the `(A, m)` transpose: ``.T[idx]`` computes the rows of the arms ``idx``."""
         return _RowsOfArms(self)
 

@@ -49,7 +49,8 @@ Example:
 from __future__ import annotations
 
 import math
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 import torch
 
@@ -59,7 +60,7 @@ from torchbkb.design import UncertaintyExplorer, theory_rls_delta
 from torchbkb.dtc_posterior import DTCPosterior
 from torchbkb.errors import InputDataError, TorchBKBError, check_int, check_positive
 from torchbkb.nystrom import DEFAULT_CHUNK, NystromEmbedding
-from torchbkb.recursive_rls import DEFAULT_OVERSAMPLE, _check_oversample, nystrom_lambda_max, recursive_rls
+from torchbkb.recursive_rls import DEFAULT_OVERSAMPLE, check_oversample, nystrom_lambda_max, recursive_rls
 
 __all__ = ["SBPE", "sbpe_batch_sizes"]
 
@@ -163,7 +164,7 @@ class SBPE(KernelBandit):
         if interval not in ("finite", "continuous"):
             raise InputDataError(f"interval: expected 'finite' or 'continuous', got {interval!r}")
         check_positive(discretization_c, "discretization_c")
-        _check_oversample(oversample)
+        check_oversample(oversample)
         check_int(refresh, "refresh")
         if subgaussian is not None and not (isinstance(subgaussian, (int, float)) and 0.0 <= float(subgaussian) < math.inf):
             raise InputDataError(f"subgaussian: expected a finite number >= 0, got {subgaussian!r}")

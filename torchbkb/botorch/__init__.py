@@ -16,7 +16,14 @@
 The subpackage is named ``botorch`` but imports the real BoTorch with absolute imports.
 """
 
-from torchbkb.botorch.model import BKBModel, sample_dictionary, default_kernel
+try:
+    import botorch as _botorch  # noqa: F401
+except ImportError as err:  # an optional dependency: say which extra brings it
+    raise ImportError("torchbkb.botorch: expected BoTorch installed (pip install 'torchbkb[botorch]'), got none") from err
+
+from torchbkb.botorch.model import BKBModel
+from torchbkb.botorch.dictionary_sampling import sample_dictionary
+from torchbkb.botorch.defaults import default_kernel
 from torchbkb.botorch.marginal_likelihood import DTCMarginalLogLikelihood
 from torchbkb.botorch.acquisition import BKBUpperConfidenceBound, BBKBUpperConfidenceBound, theory_beta, vakili_theory_beta
 from torchbkb.botorch.batch import optimize_acqf_bbkb

@@ -1,6 +1,6 @@
 """BKB's upper confidence bounds as BoTorch acquisition functions.
 
-Scales (DESIGN §3): BKB's UCB is ``μ̃ + β̃·σ̃`` with ``σ̃`` on the RLS scale, ``σ̃ = σ_GP / √λ``. BoTorch's
+Scales: BKB's UCB is ``μ̃ + β̃·σ̃`` with ``σ̃`` on the RLS scale, ``σ̃ = σ_GP / √λ``. BoTorch's
 ``UpperConfidenceBound(beta=b)`` computes ``μ + √b·σ_GP``, so the same UCB is ``b = β̃² / λ``
 (:func:`torchbkb.confidence.to_botorch_beta`). With an affine outcome transform (``Standardize``) both
 are computed on the untransformed posterior: ``μ_orig + β̃ σ_orig/√λ = a + s·(μ̃ + β̃σ̃)`` is a positive
@@ -41,6 +41,8 @@ from torch import Tensor
 from torchbkb.batch_selection import check_batch_limits
 from torchbkb.confidence import bkb_beta, vakili_beta, vakili_beta_finite
 from torchbkb.errors import InputDataError
+from torchbkb.botorch.model import BKBModel
+from torchbkb.recursive_rls import nystrom_lambda_max
 
 __all__ = ["BKBUpperConfidenceBound", "BBKBUpperConfidenceBound", "theory_beta", "vakili_theory_beta"]
 
@@ -70,7 +72,6 @@ def theory_beta(model, *, F: float = 1.0, delta: float = 0.01, epsilon: float = 
         >>> b.shape, bool(b > 0)
         (torch.Size([]), True)
     """
-    from torchbkb.botorch.model import BKBModel
 
     if not isinstance(model, BKBModel):
         raise InputDataError(f"model: expected a BKBModel for beta='theory', got {type(model).__name__}")
@@ -125,8 +126,6 @@ def vakili_theory_beta(
         >>> bool(b > 0)
         True
     """
-    from torchbkb.botorch.model import BKBModel
-    from torchbkb.recursive_rls import nystrom_lambda_max
 
     if not isinstance(model, BKBModel):
         raise InputDataError(f"model: expected a BKBModel for beta='vakili', got {type(model).__name__}")
@@ -145,7 +144,6 @@ def vakili_theory_beta(
 
 
 def _noise_of(model: Model) -> float:
-    from torchbkb.botorch.model import BKBModel
 
     if isinstance(model, BKBModel):
         return model.noise
@@ -269,7 +267,6 @@ class BBKBUpperConfidenceBound(BKBUpperConfidenceBound):
         posterior_transform: PosteriorTransform | None = None,
         maximize: bool = True,
     ) -> None:
-        from torchbkb.botorch.model import BKBModel
 
         if not isinstance(model, BKBModel):
             raise InputDataError(f"model: expected a BKBModel, got {type(model).__name__}")

@@ -30,6 +30,7 @@ from torchbkb.botorch.acquisition import beta_rls
 from torchbkb.botorch.training_data import check_candidates
 from torchbkb.errors import InputDataError
 from torchbkb.nystrom import DEFAULT_CHUNK
+from torchbkb.botorch.model import BKBModel
 
 __all__ = ["optimize_acqf_bbkb", "CandidateFeatures"]
 
@@ -71,7 +72,6 @@ def optimize_acqf_bbkb(
         transform's ``untransform`` (original outcome units for ``Standardize``); with
         ``return_indices=True`` also the `(B,)` long indices into ``choices``.
     """
-    from torchbkb.botorch.model import BKBModel
 
     if not isinstance(model, BKBModel):
         raise InputDataError(f"model: expected a BKBModel, got {type(model).__name__}")

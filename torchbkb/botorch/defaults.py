@@ -31,7 +31,7 @@ DEFAULT_OUTPUTSCALE = 1.0
 DEFAULT_NOISE = 1e-3
 #: The model computes the exact GP when the dictionary holds at least this fraction of the training points:
 #: past it the DTC algebra (``O(n·m² + m³)`` and an eigendecomposition of ``K_S``) costs more than the exact
-#: solve it approximates (measured crossover on 2 CPU cores, docs/botorch.md).
+#: solve it approximates (the crossover measured on 2 CPU cores).
 EXACT_FRACTION = 0.5
 #: Up to this many training points (unbatched) the exact GP is computed outright: its solve costs less than
 #: the dictionary replay's Python overhead (the dictionary is then drawn only if read, from the exact RLS

@@ -21,7 +21,7 @@ Example:
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch import Tensor, nn
@@ -66,7 +66,7 @@ class ModelEngine:
 
     @classmethod
     def build(cls, kernel: Callable, X: Tensor, y: Tensor, noise: Tensor | None, lam: float, q_bar: float, generator, exact_fraction: float | None,
-              inclusion: str = DEFAULT_INCLUSION) -> "ModelEngine":
+              inclusion: str = DEFAULT_INCLUSION) -> ModelEngine:
         """Draw the dictionary by BKB's variance sampling and build the engine.
 
         When the replay of :func:`~torchbkb.botorch.sample_dictionary` predicts a dictionary of at least
@@ -170,7 +170,7 @@ class ModelEngine:
         batch = torch.broadcast_shapes(mean.shape[:-1], cov.shape[:-2])
         return mean.expand(*batch, mean.shape[-1]), cov.expand(*batch, *cov.shape[-2:])
 
-    def condition(self, X: Tensor, y: Tensor, noise: Tensor | None, batch: torch.Size) -> "ModelEngine":
+    def condition(self, X: Tensor, y: Tensor, noise: Tensor | None, batch: torch.Size) -> ModelEngine:
         """A new engine that also observed ``y`` `(*b', k)` at ``X`` `(*b, k, d)` with noise `(*b'', k)` (default
         ``λ``); ``batch`` is the broadcast batch shape. Differentiable in ``X`` and ``y``; ``self`` is unchanged."""
         new = self._copy()
@@ -184,7 +184,7 @@ class ModelEngine:
             dtc_condition(new._dtc, X, y, None if noise is None else self.lam / noise, batch)
         return new
 
-    def hallucinate(self, X: Tensor) -> "ModelEngine":
+    def hallucinate(self, X: Tensor) -> ModelEngine:
         """A new engine conditioned on `(*b, k, d)` ``X`` with the posterior mean as outcome (variance shrinks,
         mean unchanged)."""
         new = self._copy()
@@ -209,7 +209,7 @@ class ModelEngine:
         else:
             self._dictionary = fn(self._dictionary)
 
-    def _copy(self) -> "ModelEngine":
+    def _copy(self) -> ModelEngine:
         new = ModelEngine.__new__(ModelEngine)
         new.__dict__.update(self.__dict__)
         return new

@@ -26,7 +26,7 @@ Example:
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch import Tensor, nn
@@ -141,7 +141,7 @@ class ExactGPState(nn.Module):
         return out
 
     # ------------------------------------------------------------------ conditioning
-    def condition(self, X: Tensor, y: Tensor, noise: Tensor) -> "ExactGPState":
+    def condition(self, X: Tensor, y: Tensor, noise: Tensor) -> ExactGPState:
         """A new state that also observed ``y`` `(*b', q)` at ``X`` `(*b', q, d)` with noise `(*b', q)`;
         differentiable in ``X`` and ``y``; this state is unchanged (blocks are shared)."""
         U = self.features(X)

@@ -9,7 +9,7 @@ is valid on any inducing set, and its cost is ``O(n·FIT_INDUCING²)`` whatever 
 (BoTorch's ``fit_gpytorch_mll_scipy``) on the bound over them. It stops when a round moves no hyperparameter
 by more than :data:`HYPER_TOL` (relative; the constant mean absolute below 1, in standardized units), or after
 :data:`MAX_ROUNDS` rounds. Up to :data:`EXACT_FIT` points one round maximizes the exact evidence instead. The
-model's own posterior then uses its whole dictionary, drawn at the fitted hyperparameters (docs/botorch_scale.md).
+model's own posterior then uses its whole dictionary, drawn at the fitted hyperparameters.
 
 Example:
     >>> import torch

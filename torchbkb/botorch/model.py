@@ -27,7 +27,8 @@ Example:
 from __future__ import annotations
 
 import copy
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 import torch
 from botorch.acquisition.objective import PosteriorTransform
@@ -137,7 +138,7 @@ class BKBModel(Model, FantasizeMixin):
 
     @classmethod
     def from_model(cls, gp: Model, q_bar: float = 2.0, inducing_points: Tensor | None = None, seed: int | None = None,
-                   exact_fraction: float | None = EXACT_FRACTION, inclusion: str = DEFAULT_INCLUSION) -> "BKBModel":
+                   exact_fraction: float | None = EXACT_FRACTION, inclusion: str = DEFAULT_INCLUSION) -> BKBModel:
         """Build a BKBModel from a fitted single-output ``SingleTaskGP`` (or any single-output BoTorch ``ExactGP``
         with a homoskedastic ``GaussianLikelihood`` and a constant or zero mean): its kernel, noise, constant
         mean, transformed training data and copies of its transforms (:func:`~torchbkb.botorch.from_model.gp_parts`),
@@ -287,7 +288,7 @@ class BKBModel(Model, FantasizeMixin):
             return self._data_y
         return self._engine.train_y + self._engine.offset.to(self._engine.train_y)
 
-    def subset_output(self, idcs: list[int]) -> "BKBModel":
+    def subset_output(self, idcs: list[int]) -> BKBModel:
         """Single output: ``idcs`` must be ``[0]``."""
         if list(idcs) != [0]:
             raise InputDataError(f"idcs: expected [0] (BKBModel has one output), got {idcs!r}")
@@ -335,7 +336,7 @@ class BKBModel(Model, FantasizeMixin):
         engine = self.engine
         return engine.forward(self.transform_inputs(X))[1] / engine.lam
 
-    def condition_on_observations(self, X: Tensor, Y: Tensor, noise: Tensor | None = None, **kwargs: Any) -> "BKBModel":
+    def condition_on_observations(self, X: Tensor, Y: Tensor, noise: Tensor | None = None, **kwargs: Any) -> BKBModel:
         """A new model conditioned on ``(X, Y)`` without refitting (same dictionary), differentiable in ``X``
         and ``Y`` (so fantasy-based acquisitions such as ``qKnowledgeGradient`` have gradients).
 
@@ -363,7 +364,7 @@ class BKBModel(Model, FantasizeMixin):
         new._engine = self.engine.condition(X_tf, y, nz, batch)
         return new
 
-    def hallucinate(self, X: Tensor) -> "BKBModel":
+    def hallucinate(self, X: Tensor) -> BKBModel:
         """A new model (same dictionary) conditioned on `(n', d)` pending ``X`` with the posterior mean as outcome
         (BBKB / GP-BUCB's hallucinations): the mean is unchanged, the variance shrinks."""
         self.eval()
@@ -376,7 +377,6 @@ class BKBModel(Model, FantasizeMixin):
             new._engine = self.engine.hallucinate(X_tf)
         return new
 
-    # ------------------------------------------------------------------ internals
     def _attach_transforms(self, input_transform, outcome_transform) -> None:
         for name, transform in (("input_transform", input_transform), ("outcome_transform", outcome_transform)):
             if transform is not None:
@@ -393,7 +393,7 @@ class BKBModel(Model, FantasizeMixin):
 
     _check_X = check_query
 
-    def _clone(self) -> "BKBModel":
+    def _clone(self) -> BKBModel:
         """A copy with its own posterior state (a snapshot: never rebuilt); dictionary, kernel and transforms are shared."""
         new = shallow_module_copy(self)
         new._engine, new._rebuilds = self.engine, False

@@ -5,7 +5,7 @@
 * :func:`gp_sample` -- a GP sample at an arm set (exact Cholesky or random Fourier features);
 * :func:`random_arms`, :func:`grid_arms` -- arm sets in the unit cube;
 * :func:`botorch_problem` -- BoTorch test functions discretized on random candidates (maximization);
-* :func:`anchor_problem` -- the DESIGN §6 anchor (1,000 arms in [0, 1]², GP sample, noise 0.1).
+* :func:`anchor_problem` -- the anchor problem (1,000 arms in [0, 1]², GP sample, noise 0.1).
 
 Data provenance and licences: ``torchbkb/datasets/data/README.md``.
 

@@ -1,4 +1,4 @@
-"""Named benchmark problems: the DESIGN §6 anchor problem and discretized BoTorch test functions.
+"""Named benchmark problems: the anchor problem and discretized BoTorch test functions.
 
 Example:
     >>> from torchbkb.datasets import anchor_problem, botorch_problem
@@ -20,7 +20,7 @@ from torchbkb.errors import InputDataError
 
 __all__ = ["anchor_problem", "botorch_problem", "BOTORCH_PROBLEMS", "ANCHOR_SETTINGS"]
 
-#: The run settings that go with :func:`anchor_problem` in DESIGN §6 (λ is the GP noise variance).
+#: The run settings that go with :func:`anchor_problem` (λ is the GP noise variance).
 ANCHOR_SETTINGS = {"T": 1000, "noise": 0.01, "q_bar": 2.0, "lengthscale": 0.2}
 
 #: Names accepted by :func:`botorch_problem` -> (botorch class name, constructor kwargs).
@@ -36,7 +36,7 @@ BOTORCH_PROBLEMS = {
 
 
 def anchor_problem(*, dtype: torch.dtype = torch.float64, device: torch.device | str | None = None) -> Problem:
-    """The anchor problem of DESIGN §6, drawn exactly as follows (NumPy, float64)::
+    """The anchor problem, drawn exactly as follows (NumPy, float64)::
 
         rng  = numpy.random.default_rng(0)
         arms = rng.uniform(size=(1000, 2))                          # A = 1,000 arms in [0, 1]²

@@ -109,7 +109,7 @@ def _zscore(a: np.ndarray) -> np.ndarray:
     return (a - a.mean(axis=0)) / np.where(std > 0, std, 1.0)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _abalone(sex: str) -> tuple[np.ndarray, np.ndarray]:
     with open(DATA_DIR / "abalone.csv", newline="") as f:
         rows = list(csv.reader(f))
@@ -129,7 +129,7 @@ def _abalone(sex: str) -> tuple[np.ndarray, np.ndarray]:
     return X, rings
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _cadata() -> tuple[np.ndarray, np.ndarray]:
     with gzip.open(DATA_DIR / "california_housing.csv.gz", "rt", newline="") as f:
         rows = list(csv.reader(f))

@@ -181,7 +181,7 @@ class TitsiasVariationalDistribution(_VariationalDistribution):
         (torch.Size([8]), torch.Size([8, 8]))
     """
 
-    def __init__(self, strategy: "DTCVariationalStrategy", num_inducing_points: int):
+    def __init__(self, strategy: DTCVariationalStrategy, num_inducing_points: int):
         super().__init__(num_inducing_points=num_inducing_points)
         object.__setattr__(self, "_strategy", strategy)  # back-reference, not a submodule
 

@@ -150,7 +150,7 @@ class OnlineLearner(nn.Module):
         with torch.no_grad():
             return self._predict(X).to(X.dtype)
 
-    def update(self, X: torch.Tensor, y: torch.Tensor) -> "OnlineLearner":
+    def update(self, X: torch.Tensor, y: torch.Tensor) -> OnlineLearner:
         """Reveal inputs and outputs, in order (the forecasts are not needed, so none are returned).
 
         Args:

@@ -1,6 +1,6 @@
 """The one numerics helper module: safe Cholesky, PSD inverse square roots, SPD inverses.
 
-Rules (DESIGN.md §5.5):
+Rules:
 
 * small matrices (``n <= UPCAST_MAX``) coming in as float32/float16/bfloat16 are factorized in
   float64 and the result is returned in float64 -- callers cast back for the big products;

@@ -1,0 +1,249 @@
+"""The kernel rows a sketched bandit scores from: ``k(x, arms)`` of the pulled arms and ``k(S, arms)`` of the dictionary.
+
+Two caches, both `(rows, A)` in the arms' dtype:
+
+* **pulled rows** -- ``k(x, arms)`` of every pulled arm, computed alone at its first pull. Only pulled arms
+  enter a dictionary, and Bernoulli resampling changes a large part of it at every step, so an entering
+  point is copied from here instead of re-evaluated. Dropped for good when the pulled arms outgrow
+  ``row_cache_bytes``.
+* **dictionary rows** -- ``k(s, arms)`` for the current dictionary, in *slot order* (:attr:`KernelRowCache.order`):
+  rows of points that stay are not touched when the dictionary changes. Past ``kernel_cache_bytes`` they are
+  recomputed on demand instead (:class:`~torchbkb.bandits.kernel_rows.StreamedKernelRows`).
+
+A kernel block can differ in its last bits from its rows computed alone, so the cache records which rows were
+evaluated together (:meth:`KernelRowCache.blocks`); a bandit resumed from a checkpoint passes them back to
+:meth:`KernelRowCache.set_dictionary` and rebuilds the same rows bitwise, hence the same choices.
+
+Example:
+    >>> import torch
+    >>> from torchbkb.kernels import GaussianKernel
+    >>> arms = torch.rand(50, 2, dtype=torch.float64)
+    >>> cache = KernelRowCache(GaussianKernel(0.5), arms)
+    >>> cache.add_pulled([3, 7])
+    >>> cache.set_dictionary(torch.tensor([3, 7]))
+    >>> cache.order, bool(torch.allclose(cache.rows(), GaussianKernel(0.5)(arms[[3, 7]], arms)))
+    ([3, 7], True)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from torchbkb.bandits.kernel_rows import StreamedKernelRows, finite_rows
+from torchbkb.nystrom import DEFAULT_CHUNK
+
+__all__ = ["KERNEL_CACHE_BYTES", "REFILL_BYTES", "ROW_CACHE_BYTES", "KernelRowCache"]
+
+#: default memory for the kernel rows of the pulled arms.
+ROW_CACHE_BYTES = 256 * 2**20
+#: the dictionary's kernel rows are cached up to ``max(KERNEL_CACHE_BYTES, 10 × the arms' bytes)`` by default.
+KERNEL_CACHE_BYTES = 256 * 2**20
+#: dictionary kernel rows up to this size are refilled whole from the pulled-row cache when the dictionary changes.
+REFILL_BYTES = 4 * 2**20
+
+
+class KernelRowCache:
+    """Kernel rows of the pulled arms and of the dictionary, for an arm set ``arms`` `(A, d)`.
+
+    Args:
+        kernel: callable ``(X1, X2) -> Tensor`` (a :class:`~torchbkb.kernels.KernelAdapter`).
+        arms: `(A, d)` the arm set.
+        chunk_size: arms per kernel call when the dictionary's rows are streamed.
+        row_cache_bytes: memory for the pulled arms' rows (see the module docstring).
+        kernel_cache_bytes: memory for the dictionary's rows; default ``max(KERNEL_CACHE_BYTES, 10 × arms' bytes)``.
+
+    Attributes:
+        order: the dictionary's arms in slot order (row ``j`` of :meth:`rows` is ``k(arms[order[j]], arms)``).
+        order_index: ``order`` as a `(m,)` long tensor.
+    """
+
+    def __init__(self, kernel: Callable, arms: torch.Tensor, *, chunk_size: int = DEFAULT_CHUNK, row_cache_bytes: int = ROW_CACHE_BYTES, kernel_cache_bytes: int | None = None):
+        self.kernel, self.arms, self.chunk_size = kernel, arms, int(chunk_size)
+        self.row_cache_bytes = int(row_cache_bytes)
+        self.kernel_cache_bytes = max(KERNEL_CACHE_BYTES, 10 * arms.numel() * arms.element_size()) if kernel_cache_bytes is None else int(kernel_cache_bytes)
+        self._P_row = torch.full((arms.shape[0],), -1, dtype=torch.long, device=arms.device)  # arm -> row of _P_buf (-1: none)
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget every row (pulled and dictionary); the pulled-row cache is enabled again."""
+        self._P_buf: torch.Tensor | None = None  # (capacity, A) k(x, arms) of the pulled arms, by first pull
+        self._P_pos: dict[int, int] | None = {}  # arm -> row of _P_buf; None once the cache is dropped
+        self._P_row.fill_(-1)
+        self.clear()
+        self._next_block = 0
+
+    def clear(self) -> None:
+        """Forget the dictionary's rows (an empty dictionary); the pulled rows stay."""
+        self._K_buf: torch.Tensor | None = None  # (capacity, A), the first m rows used
+        self.order: list[int] = []
+        self.order_index = self._long([])
+        self._slot_block: list[int] = []  # for each slot, the id of the kernel block its row was computed in (-1: alone)
+        self._blocks: dict[int, list[int]] = {}  # block id -> the arms evaluated together in that call
+
+    # ------------------------------------------------------------------ reading
+    @property
+    def streams(self) -> bool:
+        """Whether the dictionary's rows are recomputed on demand (they exceed ``kernel_cache_bytes``)."""
+        return self._K_buf is None and bool(self.order)
+
+    @property
+    def caches_pulled_rows(self) -> bool:
+        """Whether the pulled arms' rows are still kept (``False`` once they outgrew ``row_cache_bytes``)."""
+        return self._P_pos is not None
+
+    @property
+    def num_pulled_rows(self) -> int:
+        """How many pulled arms' rows are cached (0 once the cache is dropped)."""
+        return 0 if self._P_pos is None else len(self._P_pos)
+
+    def pulled_row(self, arm: int) -> torch.Tensor | None:
+        """`(A,)` the cached ``k(arms[arm], arms)``, or ``None`` when it is not cached."""
+        if self._P_pos is None or arm not in self._P_pos:
+            return None
+        return self._P_buf[self._P_pos[arm]]
+
+    def rows(self) -> torch.Tensor | StreamedKernelRows:
+        """The `(m, A)` kernel rows of the dictionary in slot order: a view of the cache, or streamed."""
+        if self._K_buf is not None:
+            return self._K_buf[: len(self.order)]
+        return StreamedKernelRows(self.kernel, self.arms[self.order_index], self.arms, chunk_size=self.chunk_size)
+
+    def blocks(self) -> list[list[int]]:
+        """The arms whose rows were evaluated together, one list per kernel call (rows computed alone: one each)."""
+        together = [self._blocks[b] for b in sorted(set(self._slot_block) - {-1})]
+        return together + [[a] for a, b in zip(self.order, self._slot_block) if b == -1]
+
+    # ------------------------------------------------------------------ writing
+    def add_pulled(self, arms: list[int]) -> None:
+        """Add ``k(x, arms)`` of newly pulled arms, each row computed alone (a resumed run recomputes it
+        bitwise); drop the pulled-row cache for good when it would outgrow ``row_cache_bytes``."""
+        if self._P_pos is None:
+            return
+        new = [a for a in dict.fromkeys(arms) if a not in self._P_pos]
+        if not new:
+            return
+        A, size = self.arms.shape[0], self.arms.element_size()
+        n = len(self._P_pos) + len(new)
+        if n * A * size > self.row_cache_bytes:
+            self._P_buf, self._P_pos = None, None
+            self._P_row.fill_(-1)
+            return
+        buf = self._P_buf
+        if buf is None or buf.shape[0] < n:  # grow geometrically, within the budget
+            cap = min(max(16, 2 * n), max(n, self.row_cache_bytes // (A * size)))
+            grown = self.arms.new_empty((cap, A))
+            if buf is not None:
+                grown[: len(self._P_pos)] = buf[: len(self._P_pos)]
+            buf = self._P_buf = grown
+        with torch.no_grad():
+            first = len(self._P_pos)
+            for a in new:
+                row = len(self._P_pos)
+                buf[row] = finite_rows(self.kernel(self.arms[a : a + 1], self.arms), [a])[0]
+                self._P_pos[a] = row
+            self._P_row[self._long(new)] = torch.arange(first, first + len(new), device=self.arms.device)
+
+    def set_dictionary(self, dictionary: torch.Tensor, order: list[int] | None = None, blocks: list[list[int]] | None = None) -> None:
+        """Make :meth:`rows` hold ``k(s, arms)`` for every point ``s`` of ``dictionary`` `(m,)` (ascending arm indices).
+
+        ``order`` and ``blocks`` (resuming from a checkpoint: a saved :attr:`order` and :meth:`blocks`) rebuild
+        the saved slot order with each row computed in the block it was first computed in.
+        """
+        m = dictionary.numel()
+        with torch.no_grad():
+            if m * self.arms.shape[0] * self.arms.element_size() > self.kernel_cache_bytes:  # streamed: slot order = the dictionary's
+                self._K_buf, self.order = None, list(order) if order is not None else dictionary.tolist()
+                self.order_index, self._slot_block, self._blocks = self._long(self.order), [-1] * len(self.order), {}
+            elif order is None:
+                if self._K_buf is None:  # cached again after streaming: every row enters
+                    self.order, self._slot_block, self._blocks = [], [], {}
+                self._update(dictionary.tolist(), dictionary)
+            else:
+                self._K_buf, self.order, self._slot_block, self._blocks = None, [], [], {}
+                self._update(list(order), blocks=blocks)
+
+    def _update(self, new_dict: list[int], new_idx: torch.Tensor | None = None, *, blocks: list[list[int]] | None = None) -> None:
+        """Bring the rows up to date: rows of points that stay are not touched; a leaving point's slot is given to an
+        entering point (or to the last row, to keep the cache compact). Entering points with a cached pulled row are
+        copied; the others are evaluated together in one ``k(X_entering, arms)`` `(e, A)` call, recorded as a block.
+        When every point's row is a cached pulled row and the rows are small (at most :data:`REFILL_BYTES`) or at
+        least half of the points are new, the cache is refilled whole in ``new_dict``'s order (one ``index_select``).
+        """
+        A = self.arms.shape[0]
+        if blocks is None and self._P_pos is not None:
+            m = len(new_dict)
+            small = m * A * self.arms.element_size() <= REFILL_BYTES
+            wanted = set(new_dict)
+            if self._P_pos.keys() >= wanted and (small or 2 * len(wanted - set(self.order)) >= m):
+                buf = self._K_buf
+                if buf is None or buf.shape[0] < m:  # grow geometrically (every row is rewritten below)
+                    buf = self.arms.new_empty((max(16, 2 * m), A))
+                idx = self._long(new_dict) if new_idx is None else new_idx
+                torch.index_select(self._P_buf, 0, self._P_row[idx], out=buf[:m])
+                self._K_buf, self.order, self.order_index, self._slot_block, self._blocks = buf, list(new_dict), idx, [-1] * m, {}
+                return
+        want = set(new_dict)
+        order, slot_block = list(self.order), list(self._slot_block)  # state changes only at the end
+        have = set(order)
+        entering = [a for a in new_dict if a not in have]  # ascending (new_dict is sorted or a saved order)
+        holes = [p for p, a in enumerate(order) if a not in want]
+        n_fill = min(len(holes), len(entering))
+        compute = holes[:n_fill]  # slots to (re)fill
+        for p, a in zip(compute, entering):
+            order[p] = a
+        buf = self._K_buf
+        for p in reversed(holes[n_fill:]):  # no entering point left for these: compact
+            last = len(order) - 1
+            if p != last:
+                buf[p] = buf[last]
+                order[p], slot_block[p] = order[last], slot_block[last]
+            order.pop()
+            slot_block.pop()
+        for a in entering[n_fill:]:  # the rest go to the end
+            compute.append(len(order))
+            order.append(a)
+            slot_block.append(-1)
+        m = len(order)
+        if buf is None or buf.shape[0] < m:  # grow the cache geometrically
+            grown = self.arms.new_empty((max(16, 2 * m), A))
+            if buf is not None:
+                keep = min(buf.shape[0], m)
+                grown[:keep] = buf[:keep]
+            buf = grown
+        if compute and blocks is None and self._P_pos is not None and all(order[p] in self._P_pos for p in compute):
+            # every entering point is a pulled arm with a cached row (computed alone): copy the rows
+            buf.index_copy_(0, self._long(compute), self._P_buf[self._long([self._P_pos[order[p]] for p in compute])])
+            for p in compute:
+                slot_block[p] = -1  # a block of one: the row as computed alone
+            compute = []
+        if compute:
+            if blocks is None:  # one block: the points entering now
+                block_list = [[order[p] for p in compute]]
+                slot_of = {order[p]: p for p in compute}
+            else:  # resuming: each row from the block it was first computed in
+                block_list = blocks
+                slot_of = {a: p for p, a in enumerate(order)}
+            for members in block_list:
+                if len(members) == 1:
+                    bid = -1
+                else:
+                    bid = self._next_block
+                    self._next_block += 1
+                    self._blocks[bid] = list(members)
+                rows = finite_rows(self.kernel(self.arms[self._long(members)], self.arms), members)  # (e, A): one call per block
+                js = [j for j, a in enumerate(members) if a in slot_of]
+                slots = [slot_of[members[j]] for j in js]
+                if len(js) < len(members):
+                    rows = rows[self._long(js)]
+                buf.index_copy_(0, self._long(slots), rows)  # one scatter for the whole block
+                for p in slots:
+                    slot_block[p] = bid
+        if self._blocks:
+            live = set(slot_block)
+            self._blocks = {b: mem for b, mem in self._blocks.items() if b in live}
+        self._K_buf, self.order, self.order_index, self._slot_block = buf, order, self._long(order), slot_block
+
+    def _long(self, values) -> torch.Tensor:
+        return torch.as_tensor(values, dtype=torch.long, device=self.arms.device).reshape(-1)

@@ -1,0 +1,354 @@
+"""The sketched-bandit engine: an RLS dictionary, the DTC posterior on it, every arm scored from kernel rows.
+
+What BKB and BBKB share. At every :meth:`~SketchedKernelBandit._update` (the end of a step for BKB, of a batch for
+BBKB):
+
+1. the dictionary ``S`` is resampled from the pulled arms (:class:`~torchbkb.RLSDictionary`) with the RLS
+   variances of the posterior the last selection used; at ``t = 1``, ``S = {x_1}``;
+2. if ``S`` changed, its kernel rows ``k(S, arms)`` `(m, A)` are brought up to date
+   (:class:`~torchbkb.bandits.kernel_row_cache.KernelRowCache`) and ``K_S`` is factored once (``Wᵀ W = K_S⁺``);
+3. the DTC posterior is refit from the pull counts and every arm is scored from its kernel row
+   (:mod:`torchbkb.functional`): ``μ̃`` and ``σ̃²`` (RLS scale) in one `(m + 1, m)·(m, A)` product -- or, when the
+   next selection's width is known, the means first and the variances only of the arms whose UCB can still be
+   the largest (:mod:`torchbkb.bandits.pruning`; the same choices).
+
+A bandit built on it implements ``_select`` from the public read-outs: :attr:`~SketchedKernelBandit.arm_means`,
+:attr:`~SketchedKernelBandit.arm_rls`, :attr:`~SketchedKernelBandit.scored_arms`, :meth:`~SketchedKernelBandit.scores`,
+:meth:`~SketchedKernelBandit.feature_rows`, :meth:`~SketchedKernelBandit.V_inverse` and
+:attr:`~SketchedKernelBandit.posterior`. Precision: kernel rows and scoring run in the arms' dtype, the `m × m`
+factorizations in float64; with float32 arms, a small ``λ`` and an ill-conditioned ``K_S`` the subtraction
+``k/λ - k_Sᵀ M k_S`` cancels (a :class:`~torchbkb.errors.NumericsWarning` says so).
+
+Example:
+    >>> import torch
+    >>> from torchbkb.kernels import GaussianKernel
+    >>> class Greedy(SketchedKernelBandit):          # a new bandit: the posterior mean, no exploration
+    ...     def _select(self):
+    ...         return self._random_arm() if self.t == 0 else self._mask_excluded(self.arm_means).argmax().reshape(1)
+    >>> arms = torch.rand(100, 2, dtype=torch.float64)
+    >>> bandit = Greedy(arms, GaussianKernel(0.3), noise=0.1, seed=0)
+    >>> for _ in range(5):
+    ...     i = bandit.ask(); bandit.tell(i, -arms[i].sum(-1))
+    >>> bandit.dictionary_size >= 1, tuple(bandit.scores()[1].shape)
+    (True, (100,))
+"""
+
+from __future__ import annotations
+
+from typing import Any
+from collections.abc import Callable
+
+import torch
+
+from torchbkb.bandits.base import KernelBandit
+from torchbkb.bandits.kernel_row_cache import ROW_CACHE_BYTES, KernelRowCache
+from torchbkb.bandits.kernel_rows import FeatureRows, StreamedKernelRows
+from torchbkb.bandits.pruning import PruningSchedule, ucb_survivors
+from torchbkb.dtc_posterior import DTCPosterior
+from torchbkb.errors import TorchBKBError, check_int, check_positive
+from torchbkb.functional import fit_kernel_row_operator, rls_kernel_columns, score_kernel_columns
+from torchbkb.nystrom import DEFAULT_CHUNK, NystromEmbedding
+from torchbkb.rls_dictionary import DEFAULT_INCLUSION, RLSDictionary, check_inclusion
+from torchbkb.stable_scoring import AccuracyMonitor
+from torchbkb.utils.linalg import inv_sqrt_factor
+
+__all__ = ["SketchedKernelBandit"]
+
+
+class SketchedKernelBandit(KernelBandit):
+    """A kernel bandit on the DTC posterior of an adaptively resampled dictionary (subclasses: ``_select``).
+
+    Args:
+        arms: `(A, d)` arm set.
+        kernel: a ``gpytorch.kernels.Kernel`` or callable ``(X1, X2) -> Tensor``.
+        noise: ``λ > 0``.
+        q_bar: oversampling ``q̄`` of the dictionary resampling.
+        beta: a name in :attr:`beta_modes` or a constant width (RLS scale).
+        seed, F, delta, noise_std: see :class:`~torchbkb.bandits.base.KernelBandit`.
+        chunk_size: arms scored at once.
+        row_cache_bytes: memory for the pulled arms' kernel rows, past which entering rows are computed
+            (:class:`~torchbkb.bandits.kernel_row_cache.KernelRowCache`).
+        prune: score the variance only of the arms whose UCB bound reaches the largest mean when the width is
+            known before scoring (:mod:`torchbkb.bandits.pruning`; ``False`` scores every arm: the same choices).
+        inclusion: ``"count_scaled"`` (default, ``min(1, q̄·n·σ̃²)``, the authors' code) or ``"per_pull"``
+            (``1 - (1 - p)^n``, 000 Algorithm 1 read literally); see :mod:`torchbkb.rls_dictionary`.
+        kernel_cache_bytes: memory for the dictionary's kernel rows `(m, A)`; past it they are recomputed chunk by
+            chunk at every update. Default ``max(256 MiB, 10 × the arms' bytes)``.
+
+    Attributes:
+        dictionary: `(m,)` long, arm indices of the current dictionary (ascending).
+        rows: the :class:`~torchbkb.bandits.kernel_row_cache.KernelRowCache`.
+        pruning: the :class:`~torchbkb.bandits.pruning.PruningSchedule`.
+        beta: the width used for the last selection.
+        deff: ``Σ_i n_i σ̃²_t(x_i)``, the estimate of ``d_eff`` (000 Eq. 5).
+        embeddings_computed: how many times the dictionary changed (kernel rows updated, ``K_S`` refactored).
+        arms_scored: how many arm variances the last update computed (``A`` when nothing was skipped).
+        arms_scored_total: the same, summed over all updates.
+    """
+
+    def __init__(
+        self,
+        arms: torch.Tensor,
+        kernel: Callable,
+        *,
+        noise: float,
+        q_bar: float = 2.0,
+        beta: float | str = "theory",
+        seed: int | None = None,
+        F: float = 1.0,
+        delta: float = 0.01,
+        noise_std: float | None = None,
+        chunk_size: int = DEFAULT_CHUNK,
+        row_cache_bytes: int = ROW_CACHE_BYTES,
+        prune: bool = True,
+        inclusion: str = DEFAULT_INCLUSION,
+        kernel_cache_bytes: int | None = None,
+    ):
+        super().__init__(arms, kernel, noise=noise, beta=beta, seed=seed, noise_std=noise_std, F=F, delta=delta)
+        if kernel_cache_bytes is not None:
+            check_int(kernel_cache_bytes, "kernel_cache_bytes", minimum=0)
+        self.prune = bool(prune)
+        self.inclusion = check_inclusion(inclusion)
+        self.q_bar = check_positive(q_bar, "q_bar")
+        self.chunk_size = int(chunk_size)
+        self.rows = KernelRowCache(self.kernel, self.arms, chunk_size=self.chunk_size, row_cache_bytes=check_int(row_cache_bytes, "row_cache_bytes", minimum=0), kernel_cache_bytes=kernel_cache_bytes)
+        self.pruning = PruningSchedule()
+        self.sampler = RLSDictionary(self.q_bar, generator=self.generator, inclusion=self.inclusion)
+        self.dictionary = self._long([])
+        self.beta = float("nan")
+        self.deff = 0.0
+        self.embeddings_computed = 0
+        self.arms_scored = self.arms_scored_total = 0
+        self._pulled: torch.Tensor | None = None  # (p,) the pulled arms, ascending (None: to be found again)
+        self._pulled_set: set[int] = set()
+        self._prior_rls = self.kdiag / self.lam  # (A,) prior σ̃² = k(a, a)/λ, the largest σ̃² can be
+        self._bonus_cache: tuple[float, torch.Tensor] | None = None  # (width, width·√(k/λ)) for the UCB bound
+        self._accuracy = AccuracyMonitor(type(self).__name__)  # variances vs a float64 reference, as the dictionary grows
+        self._clear_posterior()
+
+    def _clear_posterior(self) -> None:
+        """The prior: an empty dictionary, ``z ≡ 0``."""
+        self.rows.clear()
+        self._W: torch.Tensor | None = None  # (r, m) whitening of K_S in slot order (Wᵀ W = K_S⁺)
+        self._V_inv: torch.Tensor | None = None  # (r, r) V⁻¹, V = Zᵀ N Z + λ I on the pulled arms
+        self._Z: torch.Tensor | None = None  # (A, r) the arms' features, formed on demand
+        self._posterior: DTCPosterior | None = None  # built on demand
+        self._mean = torch.zeros(self.num_arms, dtype=self.arms.dtype, device=self.arms.device)
+        self._rls = self._prior_rls.clone()  # σ̃²; exact for the scored arms, the prior bound for the others
+        self._scored = self._rls_full = self._M = self._K_scored = None
+        self.arms_scored = 0
+
+    # ------------------------------------------------------------------ read-outs
+    @property
+    def dictionary_size(self) -> int:
+        """``m = |S_t|``."""
+        return int(self.dictionary.numel())
+
+    @property
+    def streams_kernel_rows(self) -> bool:
+        """Whether the dictionary's kernel rows are recomputed on demand (they exceed ``kernel_cache_bytes``)."""
+        return self.rows.streams
+
+    @property
+    def arm_means(self) -> torch.Tensor:
+        """`(A,)` ``μ̃_t`` of every arm."""
+        return self._mean
+
+    @property
+    def arm_rls(self) -> torch.Tensor:
+        """`(A,)` ``σ̃²_t`` (RLS scale) of the :attr:`scored_arms`; the others hold the prior bound ``k(a,a)/λ``
+        (:meth:`scores` fills them in)."""
+        return self._rls
+
+    @property
+    def scored_arms(self) -> torch.Tensor | None:
+        """`(k,)` ascending, the arms whose variance the last update computed (``None``: every arm)."""
+        return self._scored
+
+    @property
+    def posterior(self) -> DTCPosterior | None:
+        """The current DTC posterior as a :class:`~torchbkb.DTCPosterior` on the dictionary and all pulls
+        (``None`` while the dictionary is empty); built (one embedding and one fit) on first access after each update."""
+        if self._posterior is None and self._W is not None:
+            pulled = (self.counts > 0).nonzero().squeeze(1)
+            emb = NystromEmbedding(self.kernel, self.arms[self.rows.order_index], chunk_size=self.chunk_size)
+            n = self.counts[pulled].to(self.arms.dtype)
+            y_mean = (self.reward_sums[pulled] / self.counts[pulled]).to(self.arms.dtype)
+            self._posterior = DTCPosterior(emb, noise=self.lam, chunk_size=self.chunk_size).fit(self.arms[pulled], y_mean, n)
+        return self._posterior
+
+    def scores(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(μ̃_t, σ̃²_t)`` of all arms, `(A,)` each (RLS scale); the variances the last update skipped are computed
+        here, once per update."""
+        if self._scored is None:
+            return self._mean, self._rls
+        if self._rls_full is None:
+            with torch.no_grad():
+                rest = torch.ones_like(self.excluded)
+                rest[self._scored] = False
+                rest = rest.nonzero().squeeze(1)  # (A - k,)
+                rls = self._rls.clone()
+                rls[rest] = rls_kernel_columns(self.rows.rows()[:, rest], self.kdiag[rest], self._M, self.lam, self.chunk_size)
+                self._rls_full = rls
+        return self._mean, self._rls_full
+
+    def arm_features(self) -> torch.Tensor:
+        """`(A, r)` Nyström features ``z(arms)`` of the current dictionary (one `(A × m)·(m × r)` product, kept
+        until the dictionary changes)."""
+        if self._Z is None:
+            self._Z = self.feature_rows()[:]  # (A, r)
+        return self._Z
+
+    def feature_rows(self, index: torch.Tensor | None = None) -> FeatureRows:
+        """The arms' features as :class:`~torchbkb.bandits.kernel_rows.FeatureRows`: ``rows[idx]`` is ``z(arms[idx])``
+        `(M, r)`, computed on demand (`M·m·r`); with ``index`` `(k,)`, row ``i`` is ``z(arms[index[i]])``."""
+        self._check_dictionary()
+        return FeatureRows(self.rows.rows(), self._W, index)
+
+    def scored_features(self) -> torch.Tensor:
+        """`(k, r)` features of the :attr:`scored_arms`, from the kernel columns the update kept."""
+        if self._scored is None or self._W is None:
+            raise TorchBKBError(f"{type(self).__name__}: expected an update that skipped arms (prune), got none")
+        if isinstance(self._K_scored, StreamedKernelRows):
+            return FeatureRows(self._K_scored, self._W)[:]  # (k, r)
+        return self._K_scored.T @ self._W.T.to(self._K_scored.dtype)  # (k, m)·(m, r)
+
+    def V_inverse(self) -> torch.Tensor:
+        """`(r, r)` ``V⁻¹`` of the current posterior (``V = Zᵀ N Z + λ I`` on the pulled arms' features)."""
+        self._check_dictionary()
+        return self._V_inv
+
+    def _check_dictionary(self) -> None:
+        if self._W is None:
+            raise TorchBKBError(f"{type(self).__name__}: expected a dictionary (after the first reward), got none")
+
+    # ------------------------------------------------------------------ resparsification
+    def _update(self) -> None:
+        told = self.last_told[0].tolist()
+        self.rows.add_pulled(told)
+        pulled = self._pulled_arms(told)
+        n = self.counts[pulled].to(torch.float64)  # (p,) their pull counts
+        if self.dictionary.numel() == 0 and self.t <= len(told):
+            new_dict = self.last_told[0][:1]  # S_1 = {x_1}
+        else:
+            keep = self.sampler.resample(self._rls[pulled].to(torch.float64), n, validate=False)
+            new_dict = pulled[keep]  # ascending, like pulled
+        self._rebuild(new_dict, pulled=pulled, counts=n)
+
+    def _pulled_arms(self, told: list[int]) -> torch.Tensor:
+        """`(p,)` long, the arms pulled so far, ascending; found again only after a first pull (in ``told``)."""
+        if self._pulled is None or any(a not in self._pulled_set for a in told):
+            self._pulled = (self.counts > 0).nonzero().squeeze(1)
+            self._pulled_set = set(self._pulled.tolist())
+        return self._pulled
+
+    def _rebuild(self, new_dict: torch.Tensor, order=None, blocks=None, *, pulled: torch.Tensor | None = None, counts: torch.Tensor | None = None) -> None:
+        """Set the dictionary, update kernel rows and ``W`` if it changed, refit ``V`` from all pulls, rescore the arms.
+
+        ``order`` and ``blocks`` (checkpoint loading) are the saved slot order and kernel blocks; ``pulled`` (the
+        ascending pulled arms, with their float64 ``counts``) comes with a ``new_dict`` that is already sorted.
+        """
+        if pulled is None:
+            new_dict = torch.sort(new_dict).values
+            pulled = self._pulled_arms([])
+        n = self.counts[pulled].to(torch.float64) if counts is None else counts
+        with torch.no_grad():
+            if new_dict.numel() == 0:  # S = ∅: z ≡ 0, the DTC posterior is the prior
+                self._clear_posterior()
+            else:
+                changed = self._W is None or not torch.equal(new_dict, self.dictionary)
+                if changed:
+                    self.rows.set_dictionary(new_dict, order, blocks)
+                    K_SS = self.rows.rows().T[self.rows.order_index]  # (m, m): a row gather of the transposed view
+                    self._W = inv_sqrt_factor(K_SS, name="K_S")  # (r, m): one m×m factorization
+                    self._Z = None
+                    self.embeddings_computed += 1
+                K_SA = self.rows.rows()  # (m, A), cached or streamed
+                Zt = self._W @ K_SA.T[pulled].to(self._W.dtype).T  # (r, p) features of the pulled arms
+                Ma, self._V_inv = fit_kernel_row_operator(self._W, Zt, n, self.reward_sums[pulled], self.lam)
+                if changed:
+                    self._check_accuracy(K_SA, Ma[:-1].to(K_SA.dtype), pulled, n)
+                self._score(K_SA, Ma.to(K_SA.dtype), pulled)
+                self._posterior = None
+        self.dictionary = new_dict
+        self.deff = float((n * self._rls[pulled].to(torch.float64)).sum())
+
+    def _check_accuracy(self, K_SA, M: torch.Tensor, pulled: torch.Tensor, n: torch.Tensor) -> None:
+        """Warn once (:class:`~torchbkb.errors.NumericsWarning`) when the variances at the dictionary points, scored as
+        the bandit scores them, are off the float64 reference (:mod:`torchbkb.stable_scoring`); checked when the
+        dictionary has grown by a quarter since the last check, changing no state."""
+        if not self._accuracy.due(len(self.rows.order)):
+            return
+        S = self.rows.order_index  # (m,) the dictionary's arms in slot order
+        fast = rls_kernel_columns(K_SA.index_select(1, S), self.kdiag[S], M, self.lam, self.chunk_size)
+        self._accuracy.check(self.kernel, fast, self.arms[S], self.arms[pulled], n, self.lam, self.arms.dtype, stacklevel=7)
+
+    def _ucb_width(self) -> float | None:
+        """The multiplier of ``σ̃`` in the next selection's UCB when it is known before scoring (``None``: it
+        depends on the scores, and every arm is scored)."""
+        return None
+
+    def _score(self, K_SA, Ma: torch.Tensor, pulled: torch.Tensor) -> None:
+        """``μ̃`` of every arm and ``σ̃²`` of the arms that can still be selected and of the pulled ones: every arm in
+        one `(m + 1, m)·(m, A)` product, or the means first and the variances of the arms that pass the bound."""
+        M, a = Ma[:-1], Ma[-1]
+        width = self._ucb_width() if self.prune else None
+        attempt = self.pruning.should_attempt(width is not None)
+        idx = K_scored = None
+        if attempt:
+            mean = a @ K_SA  # (A,)
+            if self._bonus_cache is None or self._bonus_cache[0] != width:  # width·√(k/λ), the largest bonus
+                self._bonus_cache = (width, width * self._prior_rls.sqrt())
+            idx = ucb_survivors(mean, self._bonus_cache[1], self.excluded, pulled)  # (k,) ascending
+            if not self.pruning.record_attempt(idx.numel(), self.num_arms):
+                idx = None
+        if idx is not None:
+            rls = self._prior_rls.clone()  # σ̃² <= k/λ for the arms not scored
+            K_scored = K_SA.index_select(1, idx)  # (m, k): kept for the scored arms' features
+            rls[idx] = rls_kernel_columns(K_scored, self.kdiag[idx], M, self.lam, self.chunk_size)
+        elif attempt:  # the means are there already
+            rls = rls_kernel_columns(K_SA, self.kdiag, M, self.lam, self.chunk_size)
+        else:
+            mean, rls = score_kernel_columns(K_SA, self.kdiag, Ma, self.lam, self.chunk_size)
+        self._mean, self._rls, self._scored, self._K_scored = mean, rls, idx, K_scored
+        self._M, self._rls_full = M, None
+        self.arms_scored = self.num_arms if idx is None else int(idx.numel())
+        self.arms_scored_total += self.arms_scored
+
+    # ------------------------------------------------------------------ checkpoints
+    def _algorithm_state(self) -> dict[str, Any]:
+        return {
+            "dictionary": self.dictionary.cpu().clone(),
+            "order": list(self.rows.order),
+            "blocks": self.rows.blocks(),
+            "beta": self.beta,
+            "rls": self._rls.cpu().clone(),
+            "scored": None if self._scored is None else self._scored.cpu().clone(),
+            "embeddings_computed": self.embeddings_computed,
+            "arms_scored_total": self.arms_scored_total,
+            "prune": self.pruning.state(),
+        }
+
+    def _load_algorithm_state(self, state: dict[str, Any]) -> None:
+        self.rows.reset()
+        self._pulled = None
+        self.rows.add_pulled(list(dict.fromkeys(self.history["index"])))  # each row alone, as first computed
+        self._clear_posterior()
+        self.dictionary = self._long([])
+        saved = state.get("prune", (False, 0, 0))  # absent before pruning
+        if self.t > 0:  # no order/blocks: an older checkpoint (rows recomputed in one block)
+            self.pruning.forced = bool(saved[0])  # the refit takes the scoring path the saved one took
+            try:
+                self._rebuild(state["dictionary"].to(self.arms.device), order=state.get("order"), blocks=state.get("blocks"))
+            finally:
+                self.pruning.forced = None
+        self.pruning.load(saved)
+        self._rls = state["rls"].to(self.arms.device)
+        scored = state.get("scored")  # absent in checkpoints written before pruning: every arm was scored
+        self._scored = None if scored is None else scored.to(self.arms.device)
+        if self._scored is not None:  # the refit above found the same arms; their kernel columns, to be sure
+            self._K_scored = self.rows.rows().index_select(1, self._scored)
+        self._rls_full = None
+        self.beta = float(state["beta"])
+        self.embeddings_computed = int(state["embeddings_computed"])
+        self.arms_scored_total = int(state.get("arms_scored_total", 0))  # absent before pruning

@@ -1,0 +1,63 @@
+"""Validation of weighted observations ``(X, y, counts)`` before a posterior conditions on them.
+
+Example:
+    >>> import torch
+    >>> from torchbkb import NystromEmbedding
+    >>> from torchbkb.kernels import GaussianKernel
+    >>> emb = NystromEmbedding(GaussianKernel(0.5), torch.rand(3, 2, dtype=torch.float64))
+    >>> X = torch.rand(4, 2, dtype=torch.float64)
+    >>> check_weighted_data(emb, X, torch.zeros(4, dtype=torch.float64), None)[2].tolist()
+    [1.0, 1.0, 1.0, 1.0]
+    >>> check_weighted_data(emb, X, torch.zeros(3, dtype=torch.float64), None)
+    Traceback (most recent call last):
+    ...
+    torchbkb.errors.InputDataError: y: expected shape (4,) (matching X), got (3,)
+"""
+
+from __future__ import annotations
+
+import torch
+
+from torchbkb.errors import InputDataError, check_finite
+
+__all__ = ["check_weighted_data"]
+
+
+def check_weighted_data(emb, X, y, counts, xname: str = "X", yname: str = "y", *, allow_none_y: bool = False, batch: tuple = ()):
+    """Check ``X`` `(*b, n, d)` against the embedding ``emb``, ``y`` `(*b, n)` (finite, same dtype/device; ``None``
+    only with ``allow_none_y``) and ``counts`` `(*b, n)` (positive, finite; default ones); with a training batch
+    shape ``batch``, new points ``x`` must broadcast against it. Returns detached ``(X, y, counts)``, ``counts``
+    in ``X``'s dtype; raises :class:`~torchbkb.errors.InputDataError` ("expected X, got Y") otherwise.
+    """
+    emb.check_input(X, xname)
+    shape = X.shape[:-1]
+    if y is None and not allow_none_y:
+        raise InputDataError(f"{yname}: expected a tensor of shape {tuple(shape)}, got None")
+    if y is not None:
+        if not isinstance(y, torch.Tensor):
+            raise InputDataError(f"{yname}: expected a torch.Tensor of shape {tuple(shape)}, got {type(y).__name__}")
+        if y.shape != shape:
+            raise InputDataError(f"{yname}: expected shape {tuple(shape)} (matching {xname}), got {tuple(y.shape)}")
+        if y.dtype != X.dtype or y.device != X.device:
+            raise InputDataError(f"{yname}: expected dtype {X.dtype} on {X.device}, got {y.dtype} on {y.device}")
+        check_finite(y, yname)
+    if counts is None:
+        counts = torch.ones(shape, dtype=X.dtype, device=X.device)
+    else:
+        if not isinstance(counts, torch.Tensor) or counts.shape != shape:
+            got = tuple(counts.shape) if isinstance(counts, torch.Tensor) else type(counts).__name__
+            raise InputDataError(f"counts: expected shape {tuple(shape)}, got {got}")
+        if counts.device != X.device:
+            raise InputDataError(f"counts: expected device {X.device}, got {counts.device}")
+        counts = counts.to(X.dtype)
+        check_finite(counts, "counts")
+        if bool((counts <= 0).any()):
+            raise InputDataError(f"counts: expected positive weights, got min {float(counts.min())}")
+    if tuple(batch) and X.shape[:-2] != batch and xname == "x":
+        try:
+            torch.broadcast_shapes(X.shape[:-2], batch)
+        except RuntimeError:
+            raise InputDataError(
+                f"{xname}: expected batch shape broadcastable with {tuple(batch)}, got {tuple(X.shape[:-2])}"
+            ) from None
+    return X.detach(), (None if y is None else y.detach()), counts.detach()
