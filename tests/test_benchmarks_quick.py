@@ -130,8 +130,8 @@ def test_registry_and_helpers():
     "name, args, outputs",
     [
         ("batch", ["--T", "300", "--skip-float32-check", "--threads", "1"], ["batch.json", "batch.png"]),
-        ("batch", ["--T", "200", "--c-scan", "1.5,2"], ["batch_c_scan.json"]),
-        ("batch", ["--T", "200", "--q-scan", "2,4"], ["batch_q_scan.json"]),
+        ("batch_studies", ["--T", "200", "--c-scan", "1.5,2"], ["batch_c_scan.json"]),
+        ("batch_studies", ["--T", "200", "--q-scan", "2,4"], ["batch_q_scan.json"]),
         ("botorch_peer", ["--sizes", "100"], ["botorch_peer_quick.json", "botorch_peer_quick.png"]),
         ("botorch_iteration", ["--sizes", "60", "--dims", "2"], ["botorch_iteration.json", "botorch_iteration.png"]),
         ("botorch_candidates", ["--candidates", "20000"], ["botorch_candidates.json", "botorch_candidates.png"]),
@@ -147,7 +147,7 @@ def test_issue_benchmarks_quick(tmp_path, name, args, outputs):
     """The per-issue benchmarks run end to end at smoke size and write their JSON (with the machine) and PNG."""
     import importlib
 
-    importlib.import_module(BENCHMARKS[name]).main(["--quick", "--out", str(tmp_path), *args])
+    importlib.import_module(BENCHMARKS.get(name, f"benchmarks.{name}")).main(["--quick", "--out", str(tmp_path), *args])
     for out in outputs:
         assert (tmp_path / out).stat().st_size > 0, out
     doc = json.loads((tmp_path / outputs[0]).read_text())
