@@ -75,7 +75,8 @@ def regret_suite(cfg: dict, log) -> dict:
             f = rkhs_sample(kernel, arms, cfg["C"], cfg["J"], g)
             for width in cfg["widths"]:
                 for algo in cfg["algorithms"]:
-                    bandit = make_bandit(*settings_for(algo, width, kname, cfg["lam"], cfg["R"], cfg["C"], cfg["T"], cfg["lengthscale"]), rep)
+                    name, settings = settings_for(algo, width, kname, cfg["lam"], cfg["R"], cfg["C"], cfg["T"], cfg["lengthscale"])
+                    bandit = make_bandit(name, arms, settings, rep)
                     obj = ArmObjective(f, noise_std=cfg["R"], seed=rep)
                     t0 = time.perf_counter()
                     hist = torchbkb.run(bandit, obj, budget=cfg["T"], progress=False)
