@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> list[Path]:
             continue
         doc = json.loads(path.read_text())
         tmp = out / ".drawing"
-        png = draw(doc.get("payload", doc), tmp)
+        png = draw(doc, tmp)
         shutil.move(str(png), out / f"{name}.png")
         shutil.rmtree(tmp, ignore_errors=True)
         written.append(out / f"{name}.png")

@@ -57,18 +57,18 @@ def test_no_private_name_crosses_a_module():
     bad = []
     for name, tree in TREES.items():
         bad += [f"{name}: from {n.module} import {a.name}" for n in _imports(tree) for a in n.names if a.name.startswith("_")]
-        for node in ast.walk(tree):
+        nodes = list(ast.walk(tree))
+        # a private member of a class of this very module is fine: the methods and attributes the module defines
+        has_class = any(isinstance(n, ast.ClassDef) for n in nodes)
+        own = {n.name for n in nodes if isinstance(n, ast.FunctionDef)} | {n.attr for n in nodes if isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Store)}
+        for node in nodes:
             if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__") and node.attr not in TORCH_HOOKS | BOTORCH_STATE:
                 owner = node.value
                 if isinstance(owner, ast.Name) and owner.id in ("self", "cls"):
                     continue
                 if isinstance(owner, ast.Call) and isinstance(owner.func, ast.Name) and owner.func.id == "super":
                     continue
-                cls_names = {c.name for c in ast.walk(tree) if isinstance(c, ast.ClassDef)}
-                defined_here = any(isinstance(f, ast.FunctionDef) and f.name == node.attr for f in ast.walk(tree)) or any(
-                    isinstance(t, ast.Attribute) and t.attr == node.attr and isinstance(t.ctx, ast.Store) for t in ast.walk(tree)
-                )
-                if not (cls_names and defined_here):  # a private member of a class of this very module is fine
+                if not (has_class and node.attr in own):
                     bad.append(f"{name}:{node.lineno}: {ast.unparse(node)}")
     assert not bad, "private names used across modules:\n" + "\n".join(bad)
 

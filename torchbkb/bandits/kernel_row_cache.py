@@ -98,12 +98,6 @@ class KernelRowCache:
         """How many pulled arms' rows are cached (0 once the cache is dropped)."""
         return 0 if self._P_pos is None else len(self._P_pos)
 
-    def pulled_row(self, arm: int) -> torch.Tensor | None:
-        """`(A,)` the cached ``k(arms[arm], arms)``, or ``None`` when it is not cached."""
-        if self._P_pos is None or arm not in self._P_pos:
-            return None
-        return self._P_buf[self._P_pos[arm]]
-
     def rows(self) -> torch.Tensor | StreamedKernelRows:
         """The `(m, A)` kernel rows of the dictionary in slot order: a view of the cache, or streamed."""
         if self._K_buf is not None:

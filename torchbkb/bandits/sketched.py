@@ -118,7 +118,7 @@ class SketchedKernelBandit(KernelBandit):
         self.beta = float("nan")
         self.deff = 0.0
         self.embeddings_computed = 0
-        self.arms_scored = self.arms_scored_total = 0
+        self.arms_scored_total = 0  # (arms_scored: set with the empty posterior below)
         self._pulled: torch.Tensor | None = None  # (p,) the pulled arms, ascending (None: to be found again)
         self._pulled_set: set[int] = set()
         self._prior_rls = self.kdiag / self.lam  # (A,) prior σ̃² = k(a, a)/λ, the largest σ̃² can be
