@@ -17,7 +17,7 @@ Benchmarks (name -> module):
   GP-BUCB, ε-greedy and the BoTorch exact-GP peer on Cadata (and Abalone with ``--full``);
 * ``variance_starvation`` -- BKB paper Fig. 1 (exact GP vs DTC/BKB vs SoR);
 * ``scaling`` -- BKB per-step time vs A (10³..10⁶) and vs t (to 10⁴), log-log slopes;
-* ``sequential`` -- issue 3: BKB vs GPUCB per-step time vs t and A; the DESIGN §6 anchor with BoTorch;
+* ``sequential`` -- BKB vs GPUCB per-step time vs t and A; the anchor problem with the authors' and BoTorch's times;
 * ``core_throughput`` -- issue 2: embed/score A = 10⁵..10⁶ arms vs a bare GEMM, peak memory;
 * ``batch`` -- issue 8: BBKB vs GP-BUCB/GP-UCB/BKB at T = 10⁴ on Cadata, extrapolated exact peers;
 * ``botorch_peer`` -- issue 4: one BO iteration, BKBModel vs SingleTaskGP, n = 500..5,000;
@@ -34,7 +34,8 @@ Benchmarks (name -> module):
 * ``sbpe`` -- issue 6: S-BPE vs exact BPE, interval coverage and time;
 * ``online`` -- issue 7: PKAWV vs Kernel-AWV / online KRR / FOGD, regret and time per round.
 
-Algorithms are looked up in a registry (:mod:`benchmarks.common`, entries in :mod:`benchmarks.algorithms`).
+Algorithms are looked up in :mod:`benchmarks.registry`. Studies that are run on demand, not by ``--all``, have their own
+modules: ``sequential_studies``, ``batch_studies``, ``float32_check`` (``python -m benchmarks.<name>``).
 """
 
 MAIN = "regret"  # what `python -m benchmarks` runs without --only/--all

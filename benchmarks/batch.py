@@ -31,16 +31,13 @@ OpenMP thread that gets descheduled stalls every parallel region.
 
 Usage (from the repository root)::
 
-    PYTHONPATH=. python benchmarks/batch.py             # ~10 minutes on 2 cores
-    PYTHONPATH=. python benchmarks/batch.py --quick     # smoke test, < 60 s
-    PYTHONPATH=. python benchmarks/batch.py --device cuda
-    PYTHONPATH=. python benchmarks/batch.py --c-scan 1.1,1.25,1.5,2   # BBKB only, several C̃
-    PYTHONPATH=. python benchmarks/batch.py --q-scan 2,4,10,30        # BBKB only, several q̄
-    PYTHONPATH=. python benchmarks/batch.py --seed-study 30           # regret of GP-UCB, BBKB, BKB, GP-BUCB over 30 seeds
+    python -m benchmarks.batch             # ~10 minutes on 2 cores
+    python -m benchmarks.batch --quick     # smoke test, < 60 s
+    python -m benchmarks.batch --device cuda
 
-Writes ``results/batch.json`` and ``results/batch.png`` (``--out`` changes the folder); the scans write
-``batch_c_scan.json`` / ``batch_q_scan.json`` with exact GP-UCB's regret at T on the same seeds from
-``results/cuda/batch.json`` (uncapped H100 runs) when it is there.
+Writes ``results/batch.json`` and ``results/batch.png`` (``--out`` changes the folder). The studies on the
+same settings have their own modules: :mod:`benchmarks.batch_studies` (seed study, q̄ and C̃ scans) and
+:mod:`benchmarks.float32_check` (BBKB on float32 arms against the float64 posterior).
 """
 
 from __future__ import annotations
@@ -60,7 +57,6 @@ import torch
 import torchbkb
 import torchbkb.datasets
 from torchbkb import BBKB, GPBUCB
-from torchbkb.kernels import GaussianKernel
 
 from benchmarks.registry import BanditSettings, make_bandit
 from benchmarks.report import git_commit
@@ -100,32 +96,6 @@ def build(method: str, beta: str, arms: torch.Tensor, T: int, seed: int, batch_b
     bound = C_TILDE if method == "GP-BUCB" else batch_bound
     settings = BanditSettings(width=WIDTH, lam=LAM, q_bar=q_bar, F=F_NORM, delta=1.0 / T, beta=ALPHA_CONST, batch_bound=bound)
     return make_bandit(name, arms, settings, seed)
-
-
-def float32_check(arms32, arms64, f, T: int, seed: int, device: str) -> dict:
-    """BBKB (constant width) with float32 arms ``arms32``: time and regret, and how far its final RLS variances
-    are from the float64 DTC posterior (arms ``arms64``) on the same dictionary and pulls (``scores()``, every
-    arm): float32 kernel values carry a relative error of ~6e-8, which ``cond(K_S)`` amplifies in
-    ``k/λ - k_Sᵀ M k_S``."""
-    from torchbkb import DTCPosterior, NystromEmbedding
-
-    bandit = build("BBKB", "constant", arms32, T, seed)
-    _sync(device)
-    t0 = time.perf_counter()
-    hist = torchbkb.run(bandit, f, T, progress=False)
-    _sync(device)
-    wall = time.perf_counter() - t0
-    pulled = (bandit.counts > 0).nonzero().squeeze(1)
-    emb = NystromEmbedding(GaussianKernel.from_width(WIDTH).to(device), arms64[bandit.dictionary])
-    n = bandit.counts[pulled].to(torch.float64)
-    post = DTCPosterior(emb, noise=LAM).fit(arms64[pulled], bandit.reward_sums[pulled] / n, n)
-    rls64 = post(arms64)[1] / LAM
-    rel = (bandit.scores()[1].to(torch.float64) - rls64).abs() / rls64  # (A,)
-    return {
-        "seed": seed, "wall_s": wall, "normalized_regret": hist.normalized_regret[-1], "batches": len(bandit.batch_sizes),
-        "dictionary_size": bandit.dictionary_size, "rls_rel_err_max": float(rel.max()), "rls_rel_err_median": float(rel.median()),
-        "rls_rel_err_pulled_max": float(rel[pulled].max()),
-    }
 
 
 def _sync(device: str) -> None:
@@ -357,13 +327,11 @@ def prepare(argv: list[str] | None = None) -> dict:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype", default="float64", choices=["float32", "float64"],
                     help="dtype of the arms (the m×m factorizations are float64 anyway; float32 kernel rows lose the small "
-                         "variances to rounding once K_S is ill-conditioned, see the float32 check)")
+                         "variances to rounding once K_S is ill-conditioned: python -m benchmarks.float32_check)")
     ap.add_argument("--seeds", type=int, default=None, help="BBKB (constant β) seeds (default 3; 1 with --quick)")
     ap.add_argument("--threads", type=int, default=1,
                     help="torch.set_num_threads (default 1: most operations are small, and on a shared 2-core VM a second "
                          "OpenMP thread that gets descheduled makes every parallel region wait -- measured 8x slower)")
-    ap.add_argument("--skip-float32-check", action="store_true",
-                    help="skip the extra BBKB runs with float32 arms (their time, regret and variance error against float64)")
     ap.add_argument("--methods", default=None, help="comma-separated METHOD:BETA subset, e.g. BBKB:constant,GP-UCB:constant")
     ap.add_argument("--no-caps", action="store_true", help="run every method to T (on a GPU the exact GP-UCB gets there)")
     ap.add_argument("--c-scan", default=None,
@@ -436,18 +404,8 @@ def main(argv: list[str] | None = None) -> None:
             t, how = time_at_T(r)
             print(f"  {method:8s} {beta:8s} seed {seed}: t = {r['t_reached']:6d}  wall {r['wall_s']:7.1f} s  cpu {r['cpu_s']:7.1f} s  "
                   f"time@T {t:9.1f} s ({how})  R/Runif {r['normalized_regret']:.4f}  batches {r['batches']}  m {r['dictionary_size']}", flush=True)
-    f32 = []
-    if not args.skip_float32_check and dtype == torch.float64:
-        arms32, _ = load_cadata(torch.float32, args.device)
-        for seed in range(seeds):
-            c = float32_check(arms32, arms, f, T, seed, args.device)
-            f32.append(c)
-            print(f"  BBKB float32 arms seed {seed}: wall {c['wall_s']:.2f} s  R/Runif {c['normalized_regret']:.4f}  batches {c['batches']}  "
-                  f"σ̃² relative error vs float64: max {c['rls_rel_err_max']:.1e}, pulled arms max {c['rls_rel_err_pulled_max']:.1e}", flush=True)
     machine["load_average_at_end"] = os.getloadavg()
     summary = summarize(results, T)
-    if f32:
-        summary["bbkb_constant_float32_arms"] = f32
     payload = {
         "benchmark": "BBKB on California housing (001 Sec. 4)",
         "settings": {

@@ -63,7 +63,7 @@ def scan(param: str, values: list[float], arms, f, T: int, seeds: int, args, mac
               f"wall {[round(r['wall_s'], 1) for r in rs]} s, batches {row['batches']}, m {row['dictionary_size']}", flush=True)
     flag, name = ("--c-scan", "batch_c_scan.json") if param == "C_tilde" else ("--q-scan", "batch_q_scan.json")
     payload = {"benchmark": f"BBKB constant width, {param} scan (001 Sec. 4 settings otherwise)",
-               "command": f"python benchmarks/batch.py {flag} " + ",".join(str(v) for v in values),
+               "command": f"python -m benchmarks.batch_studies {flag} " + ",".join(str(v) for v in values),
                "gpucb_reference": {str(k): v for k, v in sorted(gpucb_source.items())}, "machine": machine, "T": T, "rows": rows, "runs": runs,
                "total_benchmark_s": time.perf_counter() - start}
     with open(out / name, "w") as fh:
@@ -111,7 +111,7 @@ def seed_study(n: int, arms, f, T: int, args, machine: dict, out: Path, start: f
 
     def save(summary=None):
         payload = {"benchmark": "seed study: exact GP-UCB, BBKB, BKB, GP-BUCB with the constant width on Cadata (001 Sec. 4 settings)",
-                   "command": f"python benchmarks/batch.py --seed-study {n}", "machine": machine, "T": T, "lock_in_threshold": LOCK_IN,
+                   "command": f"python -m benchmarks.batch_studies --seed-study {n}", "machine": machine, "T": T, "lock_in_threshold": LOCK_IN,
                    "summary": summary, "runs": runs, "total_benchmark_s": time.perf_counter() - start}
         path.write_text(json.dumps(payload, indent=1, default=float))
 

@@ -17,8 +17,8 @@ the speed ratio of the medians. Writes ``results/botorch_peer.json`` and ``resul
 
 Usage::
 
-    python benchmarks/botorch_peer.py --threads 1          # n = 500, 1000, 2000, 5000 (about 5-8 min)
-    python benchmarks/botorch_peer.py --quick --threads 1  # n = 200, 500, fewer repeats (< 60 s)
+    python -m benchmarks.botorch_peer --threads 1          # n = 500, 1000, 2000, 5000 (about 5-8 min)
+    python -m benchmarks.botorch_peer --quick --threads 1  # n = 200, 500, fewer repeats (< 60 s)
 
 On a machine shared with other jobs use ``--threads 1``: oversubscribed OpenMP threads slow the many
 small BKB operations far more than the big GPyTorch ones, which says nothing about either method.
@@ -216,7 +216,7 @@ def main(argv=None):
     out.mkdir(parents=True, exist_ok=True)
     meta = {
         "benchmark": "botorch_peer",
-        "command": "python benchmarks/botorch_peer.py" + (" --quick" if args.quick else "") + (f" --threads {args.threads}" if args.threads else ""),
+        "command": "python -m benchmarks.botorch_peer" + (" --quick" if args.quick else "") + (f" --threads {args.threads}" if args.threads else ""),
         "task": "build model (fixed hyperparameters) + optimize_acqf_discrete(UpperConfidenceBound(beta=4), q=1) over 20,640 California housing rows",
         "setting": {"kernel": "ScaleKernel(RBFKernel), lengthscale sqrt(5), outputscale 1", "noise": NOISE, "q_bar": Q_BAR,
                     "outcome_transform": "Standardize(m=1)", "features": "standardized", "dtype": str(dtype), "candidates": A},

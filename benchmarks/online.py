@@ -19,8 +19,8 @@ addition) are capped by wall time; the JSON says where they stopped.
 
 Usage (from the repository root)::
 
-    PYTHONPATH=. python benchmarks/online.py            # ~10 minutes on 2 cores
-    PYTHONPATH=. python benchmarks/online.py --quick    # smoke test, < 60 s
+    python -m benchmarks.online            # ~10 minutes on 2 cores
+    python -m benchmarks.online --quick    # smoke test, < 60 s
 
 Writes ``results/online.json`` and ``results/online.png`` (``--out`` changes the folder).
 """

@@ -3,8 +3,8 @@ Matérn-5/2 kernels, and the L∞ error of the uncertainty-reduction regression 
 
 Not a test. Standalone::
 
-    PYTHONPATH=. python benchmarks/sbpe.py            # default, ≲ 10 min on 2 CPU cores
-    PYTHONPATH=. python benchmarks/sbpe.py --quick    # < 60 s
+    python -m benchmarks.sbpe            # default, ≲ 10 min on 2 CPU cores
+    python -m benchmarks.sbpe --quick    # < 60 s
 
 Writes ``results/sbpe.json`` and ``results/sbpe.png``.
 

@@ -23,7 +23,7 @@ from benchmarks.timing import time_call
 def _run(name, tmp_path, *extra):
     import importlib
 
-    payload = importlib.import_module(BENCHMARKS[name]).main(["--quick", "--out", str(tmp_path), "--no-progress", *extra])
+    payload = importlib.import_module(BENCHMARKS.get(name, f"benchmarks.{name}")).main(["--quick", "--out", str(tmp_path), "--no-progress", *extra])
     doc = json.loads((tmp_path / f"{name}.json").read_text())
     assert doc["benchmark"] == name and doc["machine"]["torch"] == torch.__version__
     assert doc["size"] == "quick"
@@ -66,16 +66,28 @@ def test_sequential_quick(tmp_path):
     runs = doc["anchor"]["runs"]
     # same UCB, same posterior: the BoTorch peer and exact GP-UCB pick the same arms, hence same regret
     assert runs["BoTorch-UCB"][0]["regret"] == pytest.approx(runs["GPUCB"][0]["regret"], rel=1e-9)
+
+
+def test_sequential_studies_quick(tmp_path):
+    _, doc = _run("sequential_studies", tmp_path)
     # the regret study: q̄ = 10⁶ keeps every pulled arm, so BKB pulls exact GP-UCB's arms on every seed
     study = doc["regret_study"]
     assert (tmp_path / "sequential_regret.png").exists() and len(study["seeds"]) == 2
     exact = study["summary"]["BKB q̄=1e6"]
     assert exact["seeds_same_arms_as_reference"] == 2 and exact["ratio_of_medians"] == 1.0
     assert study["summary"]["BKB theory q̄=2"]["reference"] == "GP-UCB theory"
+    rows = doc["width_scan"]["rows"]
+    assert [r["beta"] for r in rows] == [0.1, 0.2, 0.3, 0.5, 1.0] and all(r["gpucb_median"] > 0 for r in rows)
+
+
+def test_float32_check_quick(tmp_path):
+    _, doc = _run("float32_check", tmp_path, "--T", "400")
+    (row,) = doc["rows"]
+    assert 0 <= row["rls_rel_err_median"] <= row["rls_rel_err_max"] and row["dictionary_size"] > 0
 
 
 def test_off_mode_fraction_counts_steps_away_from_the_exploited_arm():
-    from benchmarks.sequential import off_mode_fraction
+    from benchmarks.sequential_studies import off_mode_fraction
 
     # before step 2 arm 7 leads (2 pulls); steps 2, 3, 4 pull arm 3, which takes the lead after step 4
     # (3 pulls against 2), so step 5 is on the exploited arm again: 3 of the 4 counted steps are off it
@@ -129,7 +141,7 @@ def test_registry_and_helpers():
 @pytest.mark.parametrize(
     "name, args, outputs",
     [
-        ("batch", ["--T", "300", "--skip-float32-check", "--threads", "1"], ["batch.json", "batch.png"]),
+        ("batch", ["--T", "300", "--threads", "1"], ["batch.json", "batch.png"]),
         ("batch_studies", ["--T", "200", "--c-scan", "1.5,2"], ["batch_c_scan.json"]),
         ("batch_studies", ["--T", "200", "--q-scan", "2,4"], ["batch_q_scan.json"]),
         ("botorch_peer", ["--sizes", "100"], ["botorch_peer_quick.json", "botorch_peer_quick.png"]),

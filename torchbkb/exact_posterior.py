@@ -30,6 +30,7 @@ from torch import nn
 
 from torchbkb.errors import InputDataError, NumericsError, check_finite, check_matrix, check_positive, check_same_device_dtype
 from torchbkb.kernels import as_kernel
+from torchbkb.observations import check_targets
 from torchbkb.utils.linalg import compute_dtype, safe_cholesky
 
 __all__ = ["ExactPosterior"]
@@ -355,24 +356,5 @@ class ExactPosterior(nn.Module):
             raise InputDataError(f"{xname}: expected shape (n, d), got {tuple(X.shape)}")
         if not fitting:
             check_same_device_dtype(self._X, X, xname, "the training data")
-        n = X.shape[0]
-        if y is None and fitting:
-            raise InputDataError(f"{yname}: expected a tensor of shape ({n},), got None")
-        if y is not None:
-            if not isinstance(y, torch.Tensor) or y.shape != (n,):
-                got = tuple(y.shape) if isinstance(y, torch.Tensor) else type(y).__name__
-                raise InputDataError(f"{yname}: expected shape ({n},), got {got}")
-            if y.dtype != X.dtype or y.device != X.device:
-                raise InputDataError(f"{yname}: expected dtype {X.dtype} on {X.device}, got {y.dtype} on {y.device}")
-            check_finite(y, yname)
-        if counts is None:
-            counts = torch.ones(n, dtype=X.dtype, device=X.device)
-        else:
-            if not isinstance(counts, torch.Tensor) or counts.shape != (n,):
-                got = tuple(counts.shape) if isinstance(counts, torch.Tensor) else type(counts).__name__
-                raise InputDataError(f"counts: expected shape ({n},), got {got}")
-            counts = counts.to(device=X.device, dtype=X.dtype)
-            check_finite(counts, "counts")
-            if bool((counts <= 0).any()):
-                raise InputDataError(f"counts: expected positive counts, got min {float(counts.min())}")
-        return X.detach(), None if y is None else y.detach(), counts
+        y, counts = check_targets(X, y, counts, yname, allow_none_y=not fitting)
+        return X.detach(), y, counts

@@ -20,7 +20,7 @@ import torch
 
 from torchbkb.errors import InputDataError, check_finite
 
-__all__ = ["check_weighted_data"]
+__all__ = ["check_targets", "check_weighted_data"]
 
 
 def check_weighted_data(emb, X, y, counts, xname: str = "X", yname: str = "y", *, allow_none_y: bool = False, batch: tuple = ()):
@@ -30,6 +30,22 @@ def check_weighted_data(emb, X, y, counts, xname: str = "X", yname: str = "y", *
     in ``X``'s dtype; raises :class:`~torchbkb.errors.InputDataError` ("expected X, got Y") otherwise.
     """
     emb.check_input(X, xname)
+    y, counts = check_targets(X, y, counts, yname, allow_none_y=allow_none_y)
+    if tuple(batch) and X.shape[:-2] != batch and xname == "x":
+        try:
+            torch.broadcast_shapes(X.shape[:-2], batch)
+        except RuntimeError:
+            raise InputDataError(
+                f"{xname}: expected batch shape broadcastable with {tuple(batch)}, got {tuple(X.shape[:-2])}"
+            ) from None
+    return X.detach(), y, counts
+
+
+def check_targets(X, y, counts, yname: str = "y", *, allow_none_y: bool = False):
+    """Check observations ``y`` `(*b, n)` and weights ``counts`` `(*b, n)` against checked inputs ``X`` `(*b, n, d)`:
+    the same leading shape, ``X``'s device, ``y`` in ``X``'s dtype, all finite, counts positive (default ones).
+    Returns detached ``(y, counts)``, ``counts`` in ``X``'s dtype; raises :class:`~torchbkb.errors.InputDataError`.
+    """
     shape = X.shape[:-1]
     if y is None and not allow_none_y:
         raise InputDataError(f"{yname}: expected a tensor of shape {tuple(shape)}, got None")
@@ -37,7 +53,7 @@ def check_weighted_data(emb, X, y, counts, xname: str = "X", yname: str = "y", *
         if not isinstance(y, torch.Tensor):
             raise InputDataError(f"{yname}: expected a torch.Tensor of shape {tuple(shape)}, got {type(y).__name__}")
         if y.shape != shape:
-            raise InputDataError(f"{yname}: expected shape {tuple(shape)} (matching {xname}), got {tuple(y.shape)}")
+            raise InputDataError(f"{yname}: expected shape {tuple(shape)} (matching the inputs), got {tuple(y.shape)}")
         if y.dtype != X.dtype or y.device != X.device:
             raise InputDataError(f"{yname}: expected dtype {X.dtype} on {X.device}, got {y.dtype} on {y.device}")
         check_finite(y, yname)
@@ -53,11 +69,4 @@ def check_weighted_data(emb, X, y, counts, xname: str = "X", yname: str = "y", *
         check_finite(counts, "counts")
         if bool((counts <= 0).any()):
             raise InputDataError(f"counts: expected positive weights, got min {float(counts.min())}")
-    if tuple(batch) and X.shape[:-2] != batch and xname == "x":
-        try:
-            torch.broadcast_shapes(X.shape[:-2], batch)
-        except RuntimeError:
-            raise InputDataError(
-                f"{xname}: expected batch shape broadcastable with {tuple(batch)}, got {tuple(X.shape[:-2])}"
-            ) from None
-    return X.detach(), (None if y is None else y.detach()), counts.detach()
+    return (None if y is None else y.detach()), counts.detach()
