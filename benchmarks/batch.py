@@ -440,3 +440,7 @@ def main(argv: list[str] | None = None) -> None:
     print(table(results, T))
     print(json.dumps(summary, indent=1, default=float))
     print(f"wrote {out / 'batch.json'} and {out / 'batch.png'} in {time.perf_counter() - start:.0f} s")
+
+
+if __name__ == "__main__":
+    main()

@@ -206,3 +206,14 @@ def test_runner_does_not_leak_one_benchmarks_thread_count_into_the_next(monkeypa
     finally:
         torch.set_num_threads(before)
     assert seen == [3, 3]
+
+
+def test_every_benchmark_runs_as_a_module():
+    """``python -m benchmarks.<name>`` runs ``main``: every benchmark and study module has the guard."""
+    import ast
+
+    names = set(BENCHMARKS.values()) | {f"benchmarks.{n}" for n in ("batch_studies", "sequential_studies", "float32_check", "figures")}
+    for module in sorted(names):
+        tree = ast.parse((REPO / (module.replace(".", "/") + ".py")).read_text())
+        guards = [n for n in tree.body if isinstance(n, ast.If) and "__main__" in ast.unparse(n.test)]
+        assert guards and "main(" in ast.unparse(guards[0]), module
