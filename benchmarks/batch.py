@@ -29,6 +29,9 @@ the tensor objective); the process CPU time is recorded too, since this machine 
 Runs with one torch thread by default (``--threads``): most operations are small, and on a shared VM an
 OpenMP thread that gets descheduled stalls every parallel region.
 
+The authors' code is not run here: it is compared in one process, interleaved, one thread each, by the harness
+in ``../shared/peers/`` (docs/performance.md, "Against the authors' code").
+
 Usage (from the repository root)::
 
     python -m benchmarks.batch             # ~10 minutes on 2 cores
@@ -70,15 +73,6 @@ GROWTH = {  # exponent of the per-step cost in t (see run_one's extrapolation)
     "BKB": {"constant": 0, "theory": 0},
     "BBKB": {"constant": 0, "theory": 0},
     "BBKB-all-arms": {"constant": 0, "theory": 0},
-}
-ANCHORS = {  # the authors' NumPy BBKB measured on this kind of machine (issue 8)
-    "bbkb_constant_time_s": 340.0,
-    "bbkb_constant_batches": 418,
-    "bbkb_constant_mean_batch": 24,
-    "bbkb_constant_dictionary": 170,
-    "bbkb_constant_normalized_regret": 0.004,
-    "bbkb_theory_t_in_300s": 550,
-    "bbkb_theory_dictionary": 330,
 }
 
 
@@ -217,7 +211,6 @@ def summarize(results: list[dict], T: int) -> dict:
         "bbkb_constant_median_wall_s": bbkb_time,
         "bbkb_constant_median_cpu_s": bbkb_cpu,
         "bbkb_constant_median_normalized_regret": bbkb_regret,
-        "speedup_vs_authors_numpy_bbkb": ANCHORS["bbkb_constant_time_s"] / bbkb_time,
         "target_under_20s": bbkb_time < 20.0,
     }
     gps = by.get(("GP-UCB", "constant"), [])
@@ -248,14 +241,6 @@ def summarize(results: list[dict], T: int) -> dict:
             "per_seed": {r["seed"]: {"all_arms_wall_s": f["wall_s"], "pruned_wall_s": r["wall_s"], "arms_scored_fraction": r.get("arms_scored_fraction")} for f, r in pairs},
             "same_regret_and_batches": all(f["normalized_regret"] == r["normalized_regret"] and f["batches"] == r["batches"] for f, r in pairs),
         }
-    th = by.get(("BBKB", "theory"), [None])[0]
-    if th is not None:
-        t_anchor = ANCHORS["bbkb_theory_t_in_300s"]
-        ts, times = th["curve"]["t"], th["curve"]["time_s"]
-        j = int(np.searchsorted(ts, t_anchor))
-        if j < len(ts):
-            s["bbkb_theory_time_to_t550_s"] = times[j]
-            s["bbkb_theory_speedup_vs_authors_at_t550"] = 300.0 / times[j]
     return s
 
 
@@ -429,7 +414,6 @@ def main(argv: list[str] | None = None) -> None:
             "time": "wall seconds of torchbkb.run (selection + updates + tensor objective); capped runs are extrapolated to T with a power law",
         },
         "machine": machine,
-        "anchors_authors_numpy": ANCHORS,
         "summary": summary,
         "results": results,
         "total_benchmark_s": time.perf_counter() - start,

@@ -15,7 +15,15 @@ Cases (steps counted after a warm-up, the median per step over the measured wind
 * ``bkb_anchor`` -- BKB on the anchor problem (A = 1,000, d = 2), constant width, one ``ask`` + ``tell`` per step;
 * ``bbkb_anchor`` -- BBKB on the anchor (C̃ = 2): operations per pick (one batch's ``ask`` + ``tell`` divided
   by its size);
-* ``bkb_large`` -- BKB on ``--arms`` random arms in d = 8 (default 10⁵).
+* ``bkb_large`` -- BKB on ``--arms`` random arms in d = 8 (default 10⁵); ``bkb_large_all`` the same with every arm's
+  variance scored at every step (``prune=False``: the step the floor below describes).
+
+Beside the counts, each case times its steps without the profiler (the median over ``--timed-steps`` steps)
+and, interleaved with them, its **arithmetic floor**: the ``(A × m)·(m × m)`` product that scores every arm at
+the final dictionary size ``m`` (the least a step must compute), timed as a bare GEMM on the same device (the
+fastest of the `(A, m)·(m, m)` and `(m, m)·(m, A)` layouts and of a 4,096-column slice scaled to A, which stays
+in cache as the library's chunked scoring does). The
+ratio step / floor says how much of a step is arithmetic; at A = 1,000 it is dispatch and bookkeeping.
 
 Usage::
 
@@ -26,6 +34,7 @@ Usage::
 from __future__ import annotations
 
 import statistics
+import time
 import warnings
 from collections import Counter
 
@@ -36,6 +45,8 @@ from benchmarks.cli import base_parser, setup
 from benchmarks.report import new_figure, print_table, save_figure, write_json
 from benchmarks.timing import sync
 
+CHUNK = 4096  # columns of a cache-resident slice of the floor product, timed and scaled to A
+CASES = ("bkb_anchor", "bbkb_anchor", "bkb_large", "bkb_large_all")
 SYNC_OPS = ("aten::_local_scalar_dense", "aten::nonzero", "aten::masked_select", "aten::unique", "aten::_unique2",
             "aten::is_nonzero", "aten::item")
 
@@ -45,11 +56,11 @@ def bandit(case: str, device, dtype, arms_large: int):
     from torchbkb.datasets import ANCHOR_SETTINGS, anchor_problem
     from torchbkb.kernels import GaussianKernel
 
-    if case == "bkb_large":
+    if case.startswith("bkb_large"):
         g = torch.Generator().manual_seed(0)
         arms = torch.rand(arms_large, 8, generator=g, dtype=torch.float64).to(device=device, dtype=dtype)
         values = torch.sin(6 * arms).sum(-1)
-        return BKB(arms, GaussianKernel(0.5), noise=0.01, beta=0.5, seed=0), values, 0.1
+        return BKB(arms, GaussianKernel(0.5), noise=0.01, beta=0.5, seed=0, prune=case == "bkb_large"), values, 0.1
     arms, values, noise_std, _ = anchor_problem(dtype=dtype, device=device)
     kernel = GaussianKernel(ANCHOR_SETTINGS["lengthscale"])
     if case == "bkb_anchor":
@@ -97,26 +108,60 @@ def count(case: str, args, device, dtype) -> dict:
         ops.append(len(names) / k)
         syncs.append((cuda_syncs if device.type == "cuda" else forecast) / k)
         last = Counter(names)
-    return {"case": case, "device": str(device), "ops_per_pick": statistics.median(ops), "syncs_per_pick": statistics.median(syncs),
+    step_s, floor_s = time_steps(b, step, device, dtype, args.timed_steps)
+    return {"step_s": step_s, "floor_s": floor_s, "step_over_floor": step_s / floor_s, "num_arms": b.num_arms,
+            "case": case, "device": str(device), "ops_per_pick": statistics.median(ops), "syncs_per_pick": statistics.median(syncs),
             "sync_kind": "measured (set_sync_debug_mode)" if device.type == "cuda" else "forecast (data-dependent ops)",
             "picks_per_step": statistics.median(picks), "dictionary_size": b.dictionary_size,
             "top_ops_last_step": dict(last.most_common(12))}
 
 
+def time_steps(b, step, device, dtype, n: int) -> tuple[float, float]:
+    """Median seconds per pick over ``n`` steps, and of the ``(A × m)·(m × m)`` floor GEMM at the current ``m``,
+    timed alternately (step, floor, step, ...) so that both see the same phase of the machine."""
+    A, m = b.num_arms, max(b.dictionary_size, 1)
+    K = torch.randn(A, m, device=device, dtype=dtype)
+    Kt = K.T.contiguous()  # (m, A): the product in either layout, the faster one is the floor
+    M = torch.randn(m, m, device=device, dtype=dtype)
+    steps, floors = [], []
+    for _ in range(n):
+        sync(device)
+        t0 = time.perf_counter()
+        k = step()
+        sync(device)
+        t1 = time.perf_counter()
+        K @ M
+        sync(device)
+        t2 = time.perf_counter()
+        M @ Kt
+        sync(device)
+        t3 = time.perf_counter()
+        M @ Kt[:, :CHUNK]
+        sync(device)
+        t4 = time.perf_counter()
+        steps.append((t1 - t0) / k)
+        floors.append(min(t2 - t1, t3 - t2, (t4 - t3) * A / min(A, CHUNK)))
+    return statistics.median(steps), statistics.median(floors)
+
+
 def main(argv=None):
     p = base_parser(__doc__.splitlines()[0])
-    p.add_argument("--cases", nargs="*", default=["bkb_anchor", "bbkb_anchor", "bkb_large"])
+    p.add_argument("--cases", nargs="*", choices=CASES, default=list(CASES))
     p.add_argument("--arms", type=int, default=100_000)
     p.add_argument("--warmup", type=int, default=200)
-    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--steps", type=int, default=20, help="profiled steps")
+    p.add_argument("--timed-steps", type=int, default=50, help="steps timed without the profiler, beside the floor GEMM")
     args = p.parse_args(argv)
     device, dtype = setup(args, default_threads=1)
     if args.quick:
-        args.arms, args.warmup, args.steps = 5000, 20, 3
+        args.arms, args.warmup, args.steps, args.timed_steps = 5000, 20, 3, 5
     rows = [count(case, args, device, dtype) for case in args.cases]
     for r in rows:
         print(r, flush=True)
-    print_table(rows, ["case", "device", "ops_per_pick", "syncs_per_pick", "sync_kind", "picks_per_step", "dictionary_size"], "launches")
+    for r in rows:
+        r["step_ms"], r["floor_ms"] = 1e3 * r["step_s"], 1e3 * r["floor_s"]
+    print_table(rows, ["case", "device", "num_arms", "ops_per_pick", "syncs_per_pick", "sync_kind", "picks_per_step", "dictionary_size",
+                       "step_ms", "floor_ms", "step_over_floor"], f"launches ({torch.get_num_threads()} threads)")
     print(write_json(args.out, "launches", {"settings": vars(args), "rows": rows}))
     fig, axes = new_figure(ncols=2, width=4.2)
     names = [r["case"] for r in rows]

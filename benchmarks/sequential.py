@@ -8,12 +8,10 @@ time (``ask`` + ``tell``) is binned over log-spaced windows of t (median per win
 Part 2 (anchor). :func:`torchbkb.datasets.anchor_problem` (A = 1,000 arms, T = 1,000, λ = 0.01, q̄ = 2)
 with BKB (theory β: F = 1, δ = 1/T; constant β), GPUCB (same two widths) and the BoTorch peer
 (SingleTaskGP + UpperConfidenceBound(beta = β²/λ) + optimize_acqf_discrete, fixed hyperparameters),
-next to the anchors of DESIGN §6 measured for the authors' NumPy BKB (19 s theory / 1.2 s constant,
-dictionary ≈ 57 / ≈ 21) and BoTorch (39 s). Targets: BKB < 1 s in both settings, GPUCB < 5 s, regret
-as the exact method's.
+Targets: BKB < 1 s in both settings, GPUCB < 5 s, regret as the exact method's. The authors' NumPy code
+is compared by the harness in ``../shared/peers/`` (one thread each, interleaved; docs/performance.md).
 
-Threads: torch's default (both cores here) unless ``--threads`` is given -- the anchors were measured on
-this kind of machine with NumPy, whose BLAS uses both cores, and BKB's theory-β run is bound by the
+Threads: torch's default (both cores here) unless ``--threads`` is given: BKB's theory-β run is bound by the
 ``(A × m)·(m × m)`` scoring product at ``m ≈ 90``, which the second core speeds up.
 
 The constant width is ``β = 0.5`` on the RLS scale (``μ + 0.5 σ̃ = μ + 5 σ_GP`` at λ = 0.01; BoTorch's
@@ -57,11 +55,6 @@ SIZES = {
     "quick": {"scan_A": [500, 2000], "scan_T": 60, "scan_cap": 20.0, "anchor_T": 60, "anchor_reps": 1, "peer_reps": 1, "anchor_cap": 30.0},
     "default": {"scan_A": [1000, 10_000, 100_000], "scan_T": 1000, "scan_cap": 60.0, "anchor_T": 1000, "anchor_reps": 5, "peer_reps": 1, "anchor_cap": 120.0},
     "full": {"scan_A": [1000, 10_000, 100_000], "scan_T": 3000, "scan_cap": 600.0, "anchor_T": 1000, "anchor_reps": 10, "peer_reps": 3, "anchor_cap": 600.0},
-}
-ANCHORS = {
-    "BKB-theory": {"time": 19.0, "dictionary_size": 57},
-    "BKB": {"time": 1.2, "dictionary_size": 21},
-    "BoTorch-UCB": {"time": 39.0},
 }
 TARGETS = {"BKB-theory": 1.0, "BKB": 1.0, "GPUCB": 5.0, "GPUCB-theory": 5.0}
 ANCHOR_ALGORITHMS = ["BKB-theory", "BKB", "GPUCB-theory", "GPUCB", "BoTorch-UCB"]
@@ -249,18 +242,14 @@ def main(argv: list[str] | None = None) -> dict:
     if not args.skip_anchor:
         anc = anchor(cfg, device, dtype, args.seed, progress)
         rows = bandit_table_rows(anc["summaries"])
-        comparable = cfg["anchor_T"] == 1000  # the anchors and targets are for T = 1,000
+        comparable = cfg["anchor_T"] == 1000  # the targets are for T = 1,000
         for row, s in zip(rows, anc["summaries"]):
-            a = ANCHORS.get(s["algorithm"], {}) if comparable else {}
             row["min [s]"] = s["time_min"]
             row["cold run [s]"] = anc["cold_time"][s["algorithm"]]
-            row["anchor time [s]"] = a.get("time")
-            row["time / anchor"] = s["time_median"] / a["time"] if "time" in a else None
-            row["anchor dict."] = a.get("dictionary_size")
             target = TARGETS.get(s["algorithm"]) if comparable else None
             row["target [s]"] = target
             row["time / target"] = s["time_median"] / target if target else None
-        cols = BANDIT_COLUMNS[:3] + ["min [s]", "cold run [s]"] + BANDIT_COLUMNS[3:-1] + ["anchor time [s]", "time / anchor", "anchor dict.", "target [s]", "time / target", "note"]
+        cols = BANDIT_COLUMNS[:3] + ["min [s]", "cold run [s]"] + BANDIT_COLUMNS[3:-1] + ["target [s]", "time / target", "note"]
         title = f"anchor: A=1,000 in [0,1]², GP ℓ=0.2, noise 0.1, T={cfg['anchor_T']}, λ=0.01, q̄=2, β={BETA} | theory (F=1, δ=1/T); {device}, {args.dtype}"
         print_table(rows, cols, title)
         floor = statistics.median(r["time"] for r in anc["idealized_bkb_theory"])
@@ -272,7 +261,6 @@ def main(argv: list[str] | None = None) -> dict:
         payload["anchor"] = anc
         payload["anchor_table"] = rows
         payload["anchor_plot"] = str(plot_bandit_runs(anc["runs"], args.out, f"{NAME}_anchor", title))
-    payload["anchors_design"] = ANCHORS
     payload["targets"] = TARGETS
     payload["total_time"] = time.perf_counter() - t0
     path = write_json(args.out, NAME, payload, device)

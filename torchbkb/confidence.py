@@ -32,6 +32,7 @@ import math
 from torchbkb.errors import InputDataError, check_int
 
 __all__ = [
+    "check_beta",
     "bkb_beta",
     "bbkb_beta",
     "gpucb_beta",
@@ -374,3 +375,19 @@ def _vakili_scale(beta: float, tau: float, scale: str) -> float:
     if scale == "rls":
         return beta * tau
     raise InputDataError(f"scale: expected 'gp' or 'rls', got {scale!r}")
+
+
+def check_beta(beta, modes: tuple[str, ...] = ("theory",)) -> float | str:
+    """One of the named ``modes`` or a float ``>= 0``; anything else is an :class:`~torchbkb.errors.InputDataError`."""
+    names = " or ".join(repr(m) for m in modes)
+    if isinstance(beta, str):
+        if beta not in modes:
+            raise InputDataError(f"beta: expected {names} or a float >= 0, got {beta!r}")
+        return beta
+    try:
+        b = float(beta)
+    except (TypeError, ValueError):
+        raise InputDataError(f"beta: expected {names} or a float >= 0, got {beta!r}") from None
+    if not (b >= 0.0) or b == float("inf"):
+        raise InputDataError(f"beta: expected {names} or a finite float >= 0, got {beta!r}")
+    return b

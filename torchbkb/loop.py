@@ -138,6 +138,7 @@ def run(
     if f is not None:
         f64 = f.detach().to("cpu", torch.float64)
         best = float(f64.max())
+        values_host = f64.tolist()  # per-step regret from the host copy, no tensor indexing in the loop
         hist.uniform_regret_rate = best - float(f64.mean())
     batches_done = 0
     if checkpoint is not None and os.path.exists(checkpoint):
@@ -189,7 +190,7 @@ def run(
                 i = todo[j]
                 hist.index.append(i)
                 hist.reward.append(out.rewards[j])
-                r = best - float(f64[i]) if f is not None else float("nan")
+                r = best - values_host[i] if f is not None else float("nan")
                 hist.regret.append(r)
                 cum_regret += r
                 hist.time.append(now)

@@ -29,6 +29,7 @@ Example:
 from __future__ import annotations
 
 import copy
+import math
 from collections import Counter
 from typing import Any
 from collections.abc import Callable
@@ -39,6 +40,7 @@ from torch import nn
 from torchbkb.bandits.fingerprint import bandit_fingerprint, check_fingerprint
 from torchbkb.bandits.saved_state import check_algorithm_state, check_saved_state
 from torchbkb.errors import CheckpointError, InputDataError, TorchBKBError, check_finite, check_generator, check_matrix, check_positive
+from torchbkb.confidence import check_beta
 from torchbkb.kernels import KernelAdapter, as_kernel
 from torchbkb.utils.linalg import check_units
 
@@ -79,6 +81,7 @@ class Bandit:
         self._pending: list[int] = []
         self.last_told: tuple[torch.Tensor, torch.Tensor] = (self._long([]), torch.zeros(0, dtype=torch.float64, device=arms.device))
         self._told_idx: list[int] = []
+        self.last_told_ids: list[int] = []  # last_told's indices on the host
         self._told_y: list[float] = []
         self.excluded = torch.zeros(A, dtype=torch.bool, device=arms.device)
         self.exclusions: dict[int, str] = {}
@@ -102,9 +105,10 @@ class Bandit:
             batched ones). While some asked arms are not told yet, the same pending arms are returned.
         """
         if not self._pending:
-            idx = self._select()
-            self._pending = [int(i) for i in idx.tolist()]
+            idx = self._select().reshape(-1)
+            self._pending = idx.tolist()  # the step's one read of the device
             self.batch_id += 1
+            return idx.clone() if idx.dtype == torch.long else idx.long()
         return self.pending
 
     def tell(self, indices: torch.Tensor, y: torch.Tensor) -> None:
@@ -115,9 +119,9 @@ class Bandit:
                 (an arm asked twice in a batch may be told twice).
             y: `(k,)` finite rewards, in the same order.
         """
-        idx, y, remaining = self._check_tell(indices, y)
+        idx, ids, y, ys, remaining = self._check_tell(indices, y)
         self._pending = remaining
-        self._record(idx, y)
+        self._record(idx, ids, y, ys)
         if not self._pending:
             self._finish_batch()
 
@@ -132,11 +136,11 @@ class Bandit:
                 objective failed all their retries (never for infrastructure failures).
             reason: why they are excluded (kept in :attr:`exclusions` and in checkpoints).
         """
-        idx = self._check_indices(indices, "indices")
-        remaining = self._check_pending(idx)
+        idx, ids = self._check_indices(indices, "indices")
+        remaining = self._check_pending(ids)
         if exclude:
             self.excluded[idx] = True
-            for a in idx.tolist():
+            for a in ids:
                 self.exclusions[a] = "excluded" if reason is None else str(reason)
         self._pending = remaining
         if not self._pending:
@@ -148,8 +152,8 @@ class Bandit:
         if indices is None:
             idx = self.excluded.nonzero().squeeze(1)
         else:
-            idx = self._check_indices(indices, "indices")
-            bad = [a for a in idx.tolist() if not bool(self.excluded[a])]
+            idx, ids = self._check_indices(indices, "indices")
+            bad = [a for a in ids if not bool(self.excluded[a])]
             if bad:
                 raise InputDataError(f"indices: expected excluded arms (excluded: {sorted(self.exclusions)}), got arms {bad} that are not")
         arms = sorted(set(idx.tolist()))
@@ -253,11 +257,10 @@ class Bandit:
         self._allowed()
         return scores.masked_fill(self.excluded, -torch.inf)
 
-    def _record(self, idx: torch.Tensor, y: torch.Tensor) -> None:
-        y64 = y.to(torch.float64)
+    def _record(self, idx: torch.Tensor, ids: list[int], y: torch.Tensor, ys: list[float]) -> None:
+        """Add the checked rewards ``y`` `(k,)` float64 (``ys`` on the host) of the arms ``idx`` (``ids``)."""
         self.counts.index_add_(0, idx, torch.ones_like(idx))
-        self.reward_sums.index_add_(0, idx, y64)
-        ids, ys = idx.tolist(), y64.tolist()  # Python ints and floats
+        self.reward_sums.index_add_(0, idx, y)
         self.t += len(ids)
         self.history["index"].extend(ids)
         self.history["reward"].extend(ys)
@@ -267,31 +270,31 @@ class Bandit:
 
     def _finish_batch(self) -> None:
         self.last_told = (self._long(self._told_idx), torch.tensor(self._told_y, dtype=torch.float64, device=self.arms.device))
+        self.last_told_ids = self._told_idx
         self._told_idx, self._told_y = [], []
         self._update()
 
     def _long(self, values) -> torch.Tensor:
         return torch.as_tensor(values, dtype=torch.long, device=self.arms.device).reshape(-1)
 
-    def _check_indices(self, indices, name: str) -> torch.Tensor:
+    def _check_indices(self, indices, name: str) -> tuple[torch.Tensor, list[int]]:
+        """``(idx, ids)``: the indices as a `(k,)` long tensor on the arms' device and as Python ints, in range."""
         if isinstance(indices, (list, tuple, int)):
             indices = torch.as_tensor(indices)
         if not isinstance(indices, torch.Tensor):
             raise InputDataError(f"{name}: expected a LongTensor of arm indices, got {type(indices).__name__}")
         if indices.is_floating_point() or indices.is_complex() or indices.dtype == torch.bool:
             raise InputDataError(f"{name}: expected an integer tensor of arm indices, got dtype {indices.dtype}")
-        idx = indices.reshape(-1).to(device=self.arms.device, dtype=torch.long)
-        if idx.numel():
-            lo, hi = (int(v) for v in torch.aminmax(idx))
-            if lo < 0 or hi >= self.num_arms:
-                raise InputDataError(f"{name}: expected arm indices in [0, {self.num_arms}), got {idx.tolist()}")
-        return idx
+        idx = indices.reshape(-1)
+        ids = idx.tolist()  # the one read of the indices: range, pending and history all use the host copy
+        if ids and (min(ids) < 0 or max(ids) >= self.num_arms):
+            raise InputDataError(f"{name}: expected arm indices in [0, {self.num_arms}), got {ids}")
+        return idx.to(device=self.arms.device, dtype=torch.long), ids
 
-    def _check_pending(self, idx: torch.Tensor) -> list[int]:
-        """The pending arms left once ``idx`` `(k,)` is taken out -- each index takes out one pending
+    def _check_pending(self, ids: list[int]) -> list[int]:
+        """The pending arms left once the arms ``ids`` are taken out -- each index takes out one pending
         occurrence, the earliest -- in ``O(k + pending)`` (a batch can hold thousands of arms, told in any
         order); an error naming the first index that is not pending. Changes no state."""
-        ids = idx.tolist()
         available = Counter(self._pending)
         for i in ids:
             if available[i] == 0:
@@ -308,8 +311,8 @@ class Bandit:
                 remaining.append(a)
         return remaining
 
-    def _check_tell(self, indices, y) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
-        idx = self._check_indices(indices, "indices")
+    def _check_tell(self, indices, y) -> tuple[torch.Tensor, list[int], torch.Tensor, list[float], list[int]]:
+        idx, ids = self._check_indices(indices, "indices")
         if isinstance(y, (list, tuple, float, int)):
             y = torch.as_tensor(y, dtype=torch.float64)
         if not isinstance(y, torch.Tensor) or not (y.is_floating_point() or y.dtype in (torch.int32, torch.int64)):
@@ -317,11 +320,15 @@ class Bandit:
         y = y.reshape(-1) if y.dim() <= 1 or (y.dim() == 2 and y.shape[-1] == 1) else y
         if y.dim() != 1 or y.shape[0] != idx.shape[0]:
             raise InputDataError(f"y: expected {idx.shape[0]} rewards (one per index), got shape {tuple(y.shape)}")
-        check_finite(y, "y")
-        if idx.numel() == 0:
+        y = y.to(dtype=torch.float64)
+        ys = y.tolist()  # the one read of the rewards: finiteness and history use the host copy
+        bad = sum(1 for v in ys if not math.isfinite(v))
+        if bad:
+            raise InputDataError(f"y: expected finite values, got {bad} NaN/inf entries out of {len(ys)}")
+        if not ids:
             raise InputDataError("indices: expected at least one arm index, got none")
-        remaining = self._check_pending(idx)
-        return idx, y.to(device=self.arms.device), remaining
+        remaining = self._check_pending(ids)
+        return idx, ids, y.to(device=self.arms.device), ys, remaining
 
 
 class KernelBandit(Bandit):
@@ -383,18 +390,3 @@ class KernelBandit(Bandit):
         j = torch.randint(0, int(allowed.numel()), (1,), generator=self.generator)
         return allowed[j.to(allowed.device)]
 
-
-def check_beta(beta, modes: tuple[str, ...] = ("theory",)) -> float | str:
-    """One of the named ``modes`` or a float ``>= 0``; anything else is an :class:`~torchbkb.errors.InputDataError`."""
-    names = " or ".join(repr(m) for m in modes)
-    if isinstance(beta, str):
-        if beta not in modes:
-            raise InputDataError(f"beta: expected {names} or a float >= 0, got {beta!r}")
-        return beta
-    try:
-        b = float(beta)
-    except (TypeError, ValueError):
-        raise InputDataError(f"beta: expected {names} or a float >= 0, got {beta!r}") from None
-    if not (b >= 0.0) or b == float("inf"):
-        raise InputDataError(f"beta: expected {names} or a finite float >= 0, got {beta!r}")
-    return b

@@ -80,7 +80,6 @@ class SketchedKernelBandit(KernelBandit):
         rows: the :class:`~torchbkb.bandits.kernel_row_cache.KernelRowCache`.
         pruning: the :class:`~torchbkb.bandits.pruning.PruningSchedule`.
         beta: the width used for the last selection.
-        deff: ``Σ_i n_i σ̃²_t(x_i)``, the estimate of ``d_eff`` (000 Eq. 5).
         embeddings_computed: how many times the dictionary changed (kernel rows updated, ``K_S`` refactored).
         arms_scored: how many arm variances the last update computed (``A`` when nothing was skipped).
         arms_scored_total: the same, summed over all updates.
@@ -116,7 +115,8 @@ class SketchedKernelBandit(KernelBandit):
         self.sampler = RLSDictionary(self.q_bar, generator=self.generator, inclusion=self.inclusion)
         self.dictionary = self._long([])
         self.beta = float("nan")
-        self.deff = 0.0
+        self._deff: float | None = 0.0  # None: computed from _deff_inputs when read
+        self._deff_inputs: tuple | None = None
         self.embeddings_computed = 0
         self.arms_scored_total = 0  # (arms_scored: set with the empty posterior below)
         self._pulled: torch.Tensor | None = None  # (p,) the pulled arms, ascending (None: to be found again)
@@ -143,6 +143,14 @@ class SketchedKernelBandit(KernelBandit):
     def dictionary_size(self) -> int:
         """``m = |S_t|``."""
         return int(self.dictionary.numel())
+
+    @property
+    def deff(self) -> float:
+        """``Σ_i n_i σ̃²_t(x_i)`` over the pulled arms at the last update, the estimate of ``d_eff`` (000 Eq. 5)."""
+        if self._deff is None:
+            pulled, n, rls = self._deff_inputs
+            self._deff = float((n * rls[pulled].to(torch.float64)).sum())
+        return self._deff
 
     @property
     def streams_kernel_rows(self) -> bool:
@@ -224,7 +232,7 @@ class SketchedKernelBandit(KernelBandit):
 
     # ------------------------------------------------------------------ resparsification
     def _update(self) -> None:
-        told = self.last_told[0].tolist()
+        told = self.last_told_ids
         self.rows.add_pulled(told)
         pulled = self._pulled_arms(told)
         n = self.counts[pulled].to(torch.float64)  # (p,) their pull counts
@@ -271,7 +279,7 @@ class SketchedKernelBandit(KernelBandit):
                 self._score(K_SA, Ma.to(K_SA.dtype), pulled)
                 self._posterior = None
         self.dictionary = new_dict
-        self.deff = float((n * self._rls[pulled].to(torch.float64)).sum())
+        self._deff, self._deff_inputs = None, (pulled, n, self._rls)  # read only by the widths that need it
 
     def _check_accuracy(self, K_SA, M: torch.Tensor, pulled: torch.Tensor, n: torch.Tensor) -> None:
         """Warn once (:class:`~torchbkb.errors.NumericsWarning`) when the variances at the dictionary points, scored as
