@@ -356,5 +356,5 @@ class ExactPosterior(nn.Module):
             raise InputDataError(f"{xname}: expected shape (n, d), got {tuple(X.shape)}")
         if not fitting:
             check_same_device_dtype(self._X, X, xname, "the training data")
-        y, counts = check_targets(X, y, counts, yname, allow_none_y=not fitting)
+        y, counts = check_targets(X, y, counts, yname, xname=xname, allow_none_y=not fitting)
         return X.detach(), y, counts

@@ -30,7 +30,7 @@ def check_weighted_data(emb, X, y, counts, xname: str = "X", yname: str = "y", *
     in ``X``'s dtype; raises :class:`~torchbkb.errors.InputDataError` ("expected X, got Y") otherwise.
     """
     emb.check_input(X, xname)
-    y, counts = check_targets(X, y, counts, yname, allow_none_y=allow_none_y)
+    y, counts = check_targets(X, y, counts, yname, xname=xname, allow_none_y=allow_none_y)
     if tuple(batch) and X.shape[:-2] != batch and xname == "x":
         try:
             torch.broadcast_shapes(X.shape[:-2], batch)
@@ -41,7 +41,7 @@ def check_weighted_data(emb, X, y, counts, xname: str = "X", yname: str = "y", *
     return X.detach(), y, counts
 
 
-def check_targets(X, y, counts, yname: str = "y", *, allow_none_y: bool = False):
+def check_targets(X, y, counts, yname: str = "y", *, xname: str = "X", allow_none_y: bool = False):
     """Check observations ``y`` `(*b, n)` and weights ``counts`` `(*b, n)` against checked inputs ``X`` `(*b, n, d)`:
     the same leading shape, ``X``'s device, ``y`` in ``X``'s dtype, all finite, counts positive (default ones).
     Returns detached ``(y, counts)``, ``counts`` in ``X``'s dtype; raises :class:`~torchbkb.errors.InputDataError`.
@@ -53,7 +53,7 @@ def check_targets(X, y, counts, yname: str = "y", *, allow_none_y: bool = False)
         if not isinstance(y, torch.Tensor):
             raise InputDataError(f"{yname}: expected a torch.Tensor of shape {tuple(shape)}, got {type(y).__name__}")
         if y.shape != shape:
-            raise InputDataError(f"{yname}: expected shape {tuple(shape)} (matching the inputs), got {tuple(y.shape)}")
+            raise InputDataError(f"{yname}: expected shape {tuple(shape)} (matching {xname}), got {tuple(y.shape)}")
         if y.dtype != X.dtype or y.device != X.device:
             raise InputDataError(f"{yname}: expected dtype {X.dtype} on {X.device}, got {y.dtype} on {y.device}")
         check_finite(y, yname)
