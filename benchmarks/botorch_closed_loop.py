@@ -57,15 +57,17 @@ def loop(name: str, fname: str, seed: int, args) -> dict:
     observe = lambda Z: (f(Z) + sd * torch.randn(Z.shape[0], generator=g, dtype=torch.float64)).unsqueeze(-1)  # noqa: E731
     Y = observe(X)
     t0 = time.perf_counter()
+    sizes = []  # (n, m) at each fit: m = n means the DTC posterior is the exact GP's
     for it in range(args.iterations):
         model = fit(name, X, Y)
+        sizes.append((X.shape[0], getattr(model, "dictionary_size", X.shape[0])))
         acq = qLogNoisyExpectedImprovement(model, X, sampler=SobolQMCNormalSampler(torch.Size([128]), seed=seed * 1000 + it))
         choices = torch.rand(args.choices, d, generator=g, dtype=torch.float64)
         new, _ = optimize_acqf_discrete(acq, q=args.q, choices=choices)
         X, Y = torch.cat([X, new]), torch.cat([Y, observe(new)])
     best = f(X).cummax(0).values
     return {"function": fname, "model": name, "seed": seed, "n": X.shape[0], "best": float(best[-1]),
-            "best_curve": best.tolist(), "noise_sd": sd, "time_s": time.perf_counter() - t0}
+            "best_curve": best.tolist(), "noise_sd": sd, "time_s": time.perf_counter() - t0, "n_and_dictionary_size": sizes}
 
 
 def summarize(rows: list[dict]) -> list[dict]:
@@ -81,7 +83,8 @@ def summarize(rows: list[dict]) -> list[dict]:
                     "best_SingleTaskGP": statistics.median(by["SingleTaskGP", s]["best"] for s in seeds),
                     "best_BKBModel": statistics.median(by["BKBModel", s]["best"] for s in seeds),
                     "diff_median": statistics.median(diffs), "diff_q25": q[0], "diff_q75": q[2],
-                    "bkb_better_or_equal": sum(x >= 0 for x in diffs)})
+                    "bkb_better_or_equal": sum(x >= 0 for x in diffs),
+                    "bkb_final_m_median": statistics.median(by["BKBModel", s]["n_and_dictionary_size"][-1][1] for s in seeds if ("BKBModel", s) in by)})
     return out
 
 
