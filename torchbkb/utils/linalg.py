@@ -181,8 +181,9 @@ def inv_sqrt_factor(K: torch.Tensor, rtol: float | None = None, *, name: str = "
         rtol = default_rtol(m, K.dtype)
     dtype = compute_dtype(K.dtype, m)
     L, info = torch.linalg.cholesky_ex(K.to(dtype))  # reads the lower triangle only
-    if int(info) == 0:
-        lo, hi = (float(v) for v in torch.aminmax(L.diagonal()))  # pivots L_ii² > 0: compared through L_ii
+    lo, hi = torch.aminmax(L.diagonal())  # pivots L_ii² > 0: compared through L_ii
+    failed, lo, hi = torch.stack((info.to(dtype), lo, hi)).tolist()  # one read of the device
+    if failed == 0:
         if lo * lo > 100.0 * rtol * hi * hi:
             eye = torch.eye(m, dtype=dtype, device=K.device)
             return torch.linalg.solve_triangular(L, eye, upper=False)  # (m, m), L⁻¹
