@@ -108,7 +108,8 @@ class Bandit:
             idx = self._select().reshape(-1)
             self._pending = idx.tolist()  # the step's one read of the device
             self.batch_id += 1
-            return idx.clone() if idx.dtype == torch.long else idx.long()
+            out = idx.to(device=self.arms.device, dtype=torch.long)
+            return out.clone() if out is idx else out  # the caller's own tensor, as `pending` gives
         return self.pending
 
     def tell(self, indices: torch.Tensor, y: torch.Tensor) -> None:
