@@ -63,6 +63,7 @@ from torchbkb import BBKB, GPBUCB
 
 from benchmarks.registry import BanditSettings, make_bandit
 from benchmarks.report import git_commit
+from benchmarks.timing import sync
 
 ROOT = Path(__file__).resolve().parents[1]
 WIDTH, LAM, Q_BAR, F_NORM, C_TILDE, B_GP = 5.0, 0.2, 2.0, 20.0, 2.0, 2.0
@@ -92,11 +93,6 @@ def build(method: str, beta: str, arms: torch.Tensor, T: int, seed: int, batch_b
     return make_bandit(name, arms, settings, seed)
 
 
-def _sync(device: str) -> None:
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
-
-
 def _curve_points(n: int, k: int = 250) -> list[int]:
     """~k indices in [0, n), log-spaced at the start and linear after (for compact curves)."""
     if n == 0:
@@ -118,10 +114,10 @@ def power_law(ts: list[float], times: list[float]) -> tuple[float, float] | None
 
 def run_one(method: str, beta: str, arms, f, T: int, cap: float | None, seed: int, device: str, batch_bound: float = C_TILDE, q_bar: float = Q_BAR) -> dict:
     bandit = build(method, beta, arms, T, seed, batch_bound, q_bar)
-    _sync(device)
+    sync(device)
     cpu0, wall0 = time.process_time(), time.perf_counter()
     hist = torchbkb.run(bandit, f, T, progress=False, time_limit=cap)
-    _sync(device)
+    sync(device)
     cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
     n = len(hist)
     norm = hist.normalized_regret

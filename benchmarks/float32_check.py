@@ -24,24 +24,20 @@ from torchbkb.kernels import GaussianKernel
 from benchmarks.batch import LAM, WIDTH, build, load_cadata
 from benchmarks.cli import base_parser, setup, size_of
 from benchmarks.report import print_table, write_json
+from benchmarks.timing import sync
 
 NAME = "float32_check"
 SIZES = {"quick": {"T": 2000, "seeds": 1}, "default": {"T": 10_000, "seeds": 3}, "full": {"T": 10_000, "seeds": 10}}
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def float32_check(arms32: torch.Tensor, arms64: torch.Tensor, f: torch.Tensor, T: int, seed: int, device: torch.device) -> dict:
     """BBKB (constant width) on ``arms32`` `(A, d)` for T steps; its final ``σ̃²`` `(A,)` against the float64 DTC
     posterior on ``arms64`` with the same dictionary and pulls: relative errors (max, median, max over pulled arms)."""
     bandit = build("BBKB", "constant", arms32, T, seed)
-    _sync(device)
+    sync(device)
     t0 = time.perf_counter()
     hist = torchbkb.run(bandit, f, T, progress=False)
-    _sync(device)
+    sync(device)
     wall = time.perf_counter() - t0
     pulled = (bandit.counts > 0).nonzero().squeeze(1)
     emb = NystromEmbedding(GaussianKernel.from_width(WIDTH).to(device), arms64[bandit.dictionary])

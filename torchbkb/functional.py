@@ -241,10 +241,7 @@ def fit_kernel_row_operator(
         True
     """
     m = W.shape[1]
-    V = (Zt * counts.to(Zt.dtype)) @ Zt.T  # (r, r), a new tensor: λ is added in place
-    V.diagonal().add_(lam)
-    V_inv = spd_inverse(V, name="V")
-    weights = (V_inv @ (Zt @ reward_sums.to(Zt.dtype)).to(V_inv.dtype).unsqueeze(-1)).squeeze(-1)
+    V_inv, weights = ridge_solve((Zt * counts.to(Zt.dtype)) @ Zt.T, Zt @ reward_sums.to(Zt.dtype), lam)
     Ma = W.new_empty((m + 1, m))
     torch.matmul(weights.unsqueeze(0), W, out=Ma[m:])  # aᵀ = (V⁻¹ Zᵀ N y)ᵀ W
     inner = V_inv.neg()

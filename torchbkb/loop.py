@@ -138,7 +138,6 @@ def run(
     if f is not None:
         f64 = f.detach().to("cpu", torch.float64)
         best = float(f64.max())
-        values_host = f64.tolist()  # per-step regret from the host copy, no tensor indexing in the loop
         hist.uniform_regret_rate = best - float(f64.mean())
     batches_done = 0
     if checkpoint is not None and os.path.exists(checkpoint):
@@ -181,16 +180,16 @@ def run(
             hist.errors.extend((batch, todo[j], kind, msg) for j, kind, msg in out.errors)
             ok = sorted(out.rewards)
             a0 = time.perf_counter()
+            told = [todo[j] for j in ok]
             if ok:
-                bandit.tell(torch.tensor([todo[j] for j in ok], dtype=torch.long), torch.tensor([out.rewards[j] for j in ok], dtype=torch.float64))
+                bandit.tell(torch.tensor(told, dtype=torch.long), torch.tensor([out.rewards[j] for j in ok], dtype=torch.float64))
             algo += time.perf_counter() - a0
             now, a_now = t_offset + time.perf_counter() - start, a_offset + algo
             dsize = bandit.dictionary_size
-            for j in ok:
-                i = todo[j]
+            regrets = (best - f64[told]).tolist() if f is not None else [float("nan")] * len(ok)  # one read per batch
+            for j, i, r in zip(ok, told, regrets):
                 hist.index.append(i)
                 hist.reward.append(out.rewards[j])
-                r = best - values_host[i] if f is not None else float("nan")
                 hist.regret.append(r)
                 cum_regret += r
                 hist.time.append(now)
