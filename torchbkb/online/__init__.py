@@ -2,7 +2,8 @@
 
 * :class:`PKAWV` -- Kernel-AWV projected on Taylor features (:class:`TaylorEmbedding`) or on a
   Nyström subspace grown by :class:`KORSDictionary`, ``O(D²)`` / ``O(m²)`` per round;
-* baselines: :class:`KernelAWV` (exact, ``O(t²)`` per round), :class:`OnlineKRR`, :class:`FOGD`;
+* baselines: :class:`KernelAWV` (exact, ``O(t²)`` per round), :class:`OnlineKRR`, :class:`FOGD`,
+  :class:`ProsNKONS` (KONS on a KORS embedding with restarts, 004 Fig. 3);
 * :meth:`OnlineLearner.fit_stream` plays a stream and returns a :class:`StreamResult`.
 
 Example:
@@ -20,11 +21,13 @@ from torchbkb.online.kernel_awv import KernelAWV, OnlineKRR
 from torchbkb.online.kors import KORSDictionary
 from torchbkb.online.nystrom_basis import IncrementalNystromBasis
 from torchbkb.online.pkawv import PKAWV
+from torchbkb.online.pros_n_kons import ProsNKONS
 from torchbkb.online.stream import OnlineLearner, StreamResult
 from torchbkb.online.taylor import TaylorEmbedding, taylor_degree, taylor_kernel_error_bound, taylor_num_features
 
 __all__ = [
     "PKAWV",
+    "ProsNKONS",
     "TaylorEmbedding",
     "taylor_degree",
     "taylor_num_features",
