@@ -14,8 +14,9 @@ FOGD with 1000 random frequencies and η = 1/√n):
    (sum of 30 Gaussian bumps) plus noise N(0, 0.1²), clipped to [-1, 1].
 
 Learners: PKAWV with Taylor features (M = 2, 3, 4), PKAWV with a KORS Nyström dictionary, exact
-Kernel-AWV and FOGD. Kernel-AWV (``O(t²)`` per round) and PKAWV-KORS (``O(t·m)`` per dictionary
-addition) are capped by wall time; the JSON says where they stopped.
+Kernel-AWV, Pros-N-KONS (004's competitor in Fig. 3: ``α = λ``, ``C = 1``, KORS as above) and FOGD.
+Kernel-AWV (``O(t²)`` per round), PKAWV-KORS (``O(t·m)`` per dictionary addition) and Pros-N-KONS (one
+Python-level round at a time) are capped by wall time; the JSON says where they stopped.
 
 Usage (from the repository root)::
 
@@ -42,7 +43,7 @@ import numpy as np
 import torch
 
 from torchbkb.kernels import GaussianKernel
-from torchbkb.online import FOGD, PKAWV, KernelAWV, TaylorEmbedding
+from torchbkb.online import FOGD, PKAWV, KernelAWV, ProsNKONS, TaylorEmbedding
 
 ROOT = Path(__file__).resolve().parents[1]
 CALIFORNIA = ROOT / "torchbkb" / "datasets" / "data" / "california_housing.csv.gz"
@@ -59,6 +60,7 @@ def make_learners(d: int, n: int, taylor_degrees=(2, 3, 4)) -> dict:
         kernel=GaussianKernel(SIGMA), lam=LAM, dictionary="kors", mu=MU, beta=BETA, epsilon=EPS, seed=0
     )
     out["Kernel-AWV"] = lambda: KernelAWV(GaussianKernel(SIGMA), lam=LAM)
+    out["Pros-N-KONS"] = lambda: ProsNKONS(GaussianKernel(SIGMA), alpha=LAM, C=1.0, mu=MU, beta=BETA, epsilon=EPS, seed=0)
     out["FOGD"] = lambda: FOGD(d, lengthscale=SIGMA, num_features=FOGD_FEATURES, lr=1.0 / math.sqrt(n), seed=0)
     return out
 
@@ -73,6 +75,8 @@ def describe(f) -> dict:
             grid = log_grid(f.num_rounds, 60)
             idx = f.dictionary.indices.cpu().numpy()
             info["dictionary_growth"] = {"round": grid.tolist(), "size": np.searchsorted(np.sort(idx), grid).tolist()}
+    if isinstance(f, ProsNKONS):
+        info.update(num_features=f.num_features, dictionary_size=len(f.dictionary), restarts=f.num_restarts)
     if isinstance(f, KernelAWV):
         info["kernel_matrix_size"] = f.size
     return info
@@ -126,7 +130,7 @@ def summarize(name: str, res, f, extra: dict | None = None) -> dict:
 
 def run_stream(name: str, factory, X, y, cap: float | None, log) -> dict:
     f = factory()
-    capped = name in ("Kernel-AWV", "PKAWV Nyström-KORS")
+    capped = name in ("Kernel-AWV", "PKAWV Nyström-KORS", "Pros-N-KONS")
     t0 = time.perf_counter()
     res = f.fit_stream(X, y, max_time=cap if capped else None, chunk_size=256)
     wall = time.perf_counter() - t0
