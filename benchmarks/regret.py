@@ -33,9 +33,9 @@ import time
 
 from benchmarks.cli import base_parser, setup, size_of
 from benchmarks.harness import run_bandit, summarize_runs
+from benchmarks.paper_readings import rewards_at
 from benchmarks.registry import ALGORITHMS, BanditSettings
 from benchmarks.report import BANDIT_COLUMNS, bandit_table_rows, plot_bandit_runs, print_table, write_json
-from torchbkb.datasets import load
 
 NAME = "regret"
 DEFAULT_ALGORITHMS = ["BBKB", "BBKB-theory", "BKB", "BKB-theory", "GPUCB", "GPBUCB", "BoTorch-UCB", "EpsGreedy", "Random"]
@@ -56,6 +56,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--repetitions", type=int, default=None)
     p.add_argument("--time-limit", type=float, default=None, help="wall-time cap of every run [s]")
     p.add_argument("--beta", type=float, default=1.0, help="constant β (RLS scale)")
+    p.add_argument("--rewards", default="z", help="z (z-scored targets, the default) or a factor on the raw targets "
+                   "(Cadata's are in $100,000: 100 = thousands of dollars; see benchmarks.paper_readings)")
     args = p.parse_args(argv)
     cfg = dict(SIZES[size_of(args)])
     for key, val in (("T", args.T), ("repetitions", args.repetitions), ("time_limit", args.time_limit)):
@@ -68,10 +70,10 @@ def main(argv: list[str] | None = None) -> dict:
     device, dtype = setup(args, default_threads=1)
     T = int(cfg["T"])
     settings = BanditSettings(lengthscale=5.0**0.5, lam=0.2, q_bar=2.0, F=20.0, delta=1.0 / T, beta=args.beta)
-    payload = {"size": size_of(args), "config": cfg, "settings": settings.to_dict(), "algorithms": algorithms, "datasets": {}}
+    payload = {"size": size_of(args), "rewards": args.rewards, "config": cfg, "settings": settings.to_dict(), "algorithms": algorithms, "datasets": {}}
     t_start = time.perf_counter()
     for ds in cfg["datasets"]:
-        arms, rewards = load(ds, dtype=dtype, device=device)
+        arms, rewards = rewards_at(ds, args.rewards, dtype, device)
         results: dict[str, list] = {}
         for alg in algorithms:
             if alg not in ALGORITHMS:
@@ -83,7 +85,8 @@ def main(argv: list[str] | None = None) -> dict:
                     run_bandit(alg, arms, rewards, rewards, settings, T, seed=args.seed + rep, time_limit=limit, progress=not args.no_progress)
                 )
         summaries = [summarize_runs(r) for r in results.values()]
-        title = f"{ds}: A={arms.shape[0]}, d={arms.shape[1]}, T={T}, σ²=5, λ=0.2, q̄=2, β={args.beta} / theory (F=20, δ=1/T); {device}, {args.dtype}"
+        units = "z-scored rewards" if args.rewards == "z" else f"rewards = raw × {args.rewards}"
+        title = f"{ds}: A={arms.shape[0]}, d={arms.shape[1]}, T={T}, σ²=5, λ=0.2, q̄=2, β={args.beta} / theory (F=20, δ=1/T), {units}; {device}, {args.dtype}"
         print_table(bandit_table_rows(summaries), BANDIT_COLUMNS, title)
         png = plot_bandit_runs(results, args.out, f"{NAME}_{ds}", title)
         payload["datasets"][ds] = {"A": arms.shape[0], "d": arms.shape[1], "summaries": summaries, "runs": results, "plot": str(png)}

@@ -105,6 +105,31 @@ def test_regret_quick(tmp_path):
     assert (tmp_path / "regret_cadata.png").exists()
 
 
+def test_paper_readings_quick(tmp_path):
+    from benchmarks.paper_readings import rewards_at, summarize
+    from torchbkb.datasets import load
+
+    _, doc = _run("paper_readings", tmp_path)
+    rows = {(r["rewards"], r["width"]): r for r in doc["table"]}
+    assert set(rows) == {("z", "practical"), ("100", "practical")} and (tmp_path / "paper_readings.png").exists()
+    assert all(r["largest batch"] >= 1 and r["t"] <= 300 for r in rows.values())
+    arms, z = rewards_at("abalone", "z", torch.float64, "cpu")
+    _, raw = load("abalone", standardize_rewards=False)
+    assert torch.equal(z, load("abalone")[1]) and torch.equal(rewards_at("abalone", "10", torch.float64, "cpu")[1], raw * 10)
+    run = {"normalized_regret": 0.01, "growth": 1.1, "largest_batch": 3000, "batches": 20, "dictionary_size": 5, "t": 10, "time": 1.0, "capped": False}
+    assert summarize([run])["shows_paper_figures"]
+    assert not summarize([run | {"growth": 1.9}])["shows_paper_figures"]  # linear regret
+    assert not summarize([run | {"largest_batch": 300}])["shows_paper_figures"]  # small batches
+    assert not summarize([run | {"capped": True}])["shows_paper_figures"]  # did not reach T
+
+
+def test_regret_takes_the_reward_units(tmp_path):
+    _, doc = _run("regret", tmp_path, "--algorithms", "BBKB-practical,Random", "--rewards", "100")
+    assert doc["rewards"] == "100"
+    s = {x["algorithm"]: x for x in doc["datasets"]["cadata"]["summaries"]}
+    assert s["Random"]["normalized_regret"] > 0.5  # R/R_unif is unit-free
+
+
 def test_cli_lists_and_rejects(tmp_path):
     env_cmd = [sys.executable, "-m", "benchmarks"]
     out = subprocess.run(env_cmd + ["--list"], cwd=REPO, capture_output=True, text=True, timeout=120)
@@ -212,7 +237,7 @@ def test_every_benchmark_runs_as_a_module():
     """``python -m benchmarks.<name>`` runs ``main``: every benchmark and study module has the guard."""
     import ast
 
-    names = set(BENCHMARKS.values()) | {f"benchmarks.{n}" for n in ("batch_studies", "sequential_studies", "float32_check", "figures")}
+    names = set(BENCHMARKS.values()) | {f"benchmarks.{n}" for n in ("batch_studies", "sequential_studies", "float32_check", "figures", "paper_readings")}
     for module in sorted(names):
         tree = ast.parse((REPO / (module.replace(".", "/") + ".py")).read_text())
         guards = [n for n in tree.body if isinstance(n, ast.If) and "__main__" in ast.unparse(n.test)]
