@@ -35,7 +35,8 @@ Benchmarks (name -> module):
 * ``online`` -- issue 7: PKAWV vs Kernel-AWV / online KRR / FOGD, regret and time per round.
 
 Algorithms are looked up in :mod:`benchmarks.registry`. Studies that are run on demand, not by ``--all``, have their own
-modules: ``sequential_studies``, ``batch_studies``, ``float32_check`` (``python -m benchmarks.<name>``).
+modules: ``sequential_studies``, ``batch_studies``, ``float32_check``, ``paper_readings`` (the readings of 001 Sec. 4
+under which the paper's figures appear) (``python -m benchmarks.<name>``).
 """
 
 MAIN = "regret"  # what `python -m benchmarks` runs without --only/--all
