@@ -84,3 +84,41 @@ def single_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
+
+
+def learner_state(f):
+    """A copy of a learner's ``state_dict`` and its round count, to check that a failed call changed nothing."""
+    return {k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in f.state_dict().items()} | {"t": f.num_rounds}
+
+
+def same_state(a, b):
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) if isinstance(a[k], torch.Tensor) else a[k] == b[k] for k in a)
+
+
+def corrupt_batch(X, y, bad):
+    """``(X, y)`` of ``n`` good rows turned into the bad input named ``bad`` (a copy; the originals are kept)."""
+    n = X.shape[0]
+    Xb, yb = X.clone(), y.clone()
+    if bad == "nan_x":
+        Xb[-1, 0] = float("nan")
+    elif bad == "inf_y":
+        yb[-1] = float("inf")
+    elif bad == "wrong_d":
+        Xb = torch.rand(n, X.shape[1] + 1, dtype=torch.float64)
+    elif bad == "y_len":
+        yb = torch.zeros(n + 1, dtype=torch.float64)
+    elif bad == "y_2d":
+        yb = yb[:, None]
+    elif bad == "dtype":
+        Xb, yb = Xb.float(), yb.float()
+    elif bad == "int_x":
+        Xb = torch.ones(n, X.shape[1], dtype=torch.long)
+    elif bad == "x_1d":
+        Xb = Xb[0]
+    elif bad == "list_y":
+        yb = yb.tolist()
+    elif bad == "empty":
+        Xb, yb = Xb[:0], yb[:0]
+    else:
+        raise ValueError(f"bad: unknown kind {bad!r}")
+    return Xb, yb

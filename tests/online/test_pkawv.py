@@ -5,7 +5,7 @@ from hypothesis import given, settings, strategies as st
 from torchbkb.errors import InputDataError
 from torchbkb.online import PKAWV, KernelAWV, TaylorEmbedding
 
-from ._refs import DEVICES, DTYPES, awv_direct, close, kernel_forecasts_direct, nystrom_pkawv_paper, rbf, tol, single_thread  # noqa: F401 (autouse fixture)
+from ._refs import DEVICES, DTYPES, awv_direct, close, corrupt_batch, kernel_forecasts_direct, learner_state, nystrom_pkawv_paper, rbf, same_state, tol, single_thread  # noqa: F401 (autouse fixture)
 
 
 def _stream(n, d, seed=0, scale=1.0):
@@ -17,16 +17,6 @@ def _stream(n, d, seed=0, scale=1.0):
 
 def _kernel(A, B):  # float64-exact Gaussian kernel, σ = 1
     return torch.exp(-0.5 * ((A.unsqueeze(-2) - B.unsqueeze(-3)) ** 2).sum(-1))
-
-
-def _state(f):
-    return {k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in f.state_dict().items()} | {"t": f.num_rounds}
-
-
-def _same_state(a, b):
-    return a.keys() == b.keys() and all(
-        torch.equal(a[k], b[k]) if isinstance(a[k], torch.Tensor) else a[k] == b[k] for k in a
-    )
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -81,9 +71,9 @@ def test_predict_is_pure_and_is_the_next_forecast():
     X, y = _stream(40, 2, seed=4)
     f = PKAWV(embedding=TaylorEmbedding(2, 3), lam=1.0)
     f.update(X[:30], y[:30])
-    before = _state(f)
+    before = learner_state(f)
     q = f.predict(X[30:])
-    assert _same_state(before, _state(f)) and q.shape == (10,)
+    assert same_state(before, learner_state(f)) and q.shape == (10,)
     assert torch.allclose(f.step(X[30:31], y[30:31]), q[:1], atol=1e-14)
     g = PKAWV(embedding=TaylorEmbedding(2, 3), lam=1.0)
     assert close(g.fit_stream(X[:31], y[:31]).predictions[-1:], q[:1], atol=1e-12)
@@ -239,36 +229,16 @@ def test_bad_inputs_raise_and_leave_the_state_untouched(which, bad, n):
     f = _learners()[which]
     X, y = _stream(12, 2, seed=12)
     f.update(X[:6], y[:6])
-    before = _state(f)
-    Xb, yb = X[6 : 6 + n].clone(), y[6 : 6 + n].clone()
-    if bad == "nan_x":
-        Xb[-1, 0] = float("nan")
-    elif bad == "inf_y":
-        yb[-1] = float("inf")
-    elif bad == "wrong_d":
-        Xb = torch.rand(n, 3, dtype=torch.float64)
-    elif bad == "y_len":
-        yb = torch.zeros(n + 1, dtype=torch.float64)
-    elif bad == "y_2d":
-        yb = yb[:, None]
-    elif bad == "dtype":
-        Xb, yb = Xb.float(), yb.float()
-    elif bad == "int_x":
-        Xb = torch.ones(n, 2, dtype=torch.long)
-    elif bad == "x_1d":
-        Xb = Xb[0]
-    elif bad == "list_y":
-        yb = yb.tolist()
-    elif bad == "empty":
-        Xb, yb = Xb[:0], yb[:0]
+    before = learner_state(f)
+    Xb, yb = corrupt_batch(X[6 : 6 + n], y[6 : 6 + n], bad)
     for call in (lambda: f.update(Xb, yb), lambda: f.fit_stream(Xb, yb), lambda: f.predict(Xb) if bad not in ("inf_y", "y_len", "y_2d", "list_y") else f.update(Xb, yb)):
         with pytest.raises(InputDataError, match="expected"):
             call()
-        assert _same_state(before, _state(f))
+        assert same_state(before, learner_state(f))
     if n > 1 and bad not in ("x_1d", "empty"):
         with pytest.raises(InputDataError, match="expected"):
             f.step(Xb, yb)
-    assert _same_state(before, _state(f))
+    assert same_state(before, learner_state(f))
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")

@@ -5,7 +5,7 @@ from hypothesis import given, settings, strategies as st
 from torchbkb.errors import InputDataError
 from torchbkb.online import ProsNKONS
 
-from ._refs import DEVICES, DTYPES, close, rbf, single_thread  # noqa: F401 (autouse fixture)
+from ._refs import DEVICES, DTYPES, close, corrupt_batch, learner_state, rbf, same_state, single_thread  # noqa: F401 (autouse fixture)
 
 
 def _stream(n, d, seed=0):
@@ -109,22 +109,8 @@ def test_bad_hyperparameters(kwargs):
 def test_bad_inputs_raise_and_leave_the_state_untouched(bad, n):
     X, y = _stream(12, 2, seed=12)
     f = ProsNKONS(_kernel, mu=0.1, seed=0).update(X[:6], y[:6])
-    before = {k: v.clone() for k, v in f.state_dict().items()}
-    Xb, yb = X[6 : 6 + n].clone(), y[6 : 6 + n].clone()
-    if bad == "nan_x":
-        Xb[-1, 0] = float("nan")
-    elif bad == "inf_y":
-        yb[-1] = float("inf")
-    elif bad == "wrong_d":
-        Xb = torch.rand(n, 3, dtype=torch.float64)
-    elif bad == "y_len":
-        yb = torch.zeros(n + 1, dtype=torch.float64)
-    elif bad == "dtype":
-        Xb, yb = Xb.float(), yb.float()
-    elif bad == "empty":
-        Xb, yb = Xb[:0], yb[:0]
+    before = learner_state(f)
+    Xb, yb = corrupt_batch(X[6 : 6 + n], y[6 : 6 + n], bad)
     with pytest.raises(InputDataError, match="expected"):
         f.update(Xb, yb)
-    after = f.state_dict()
-    assert before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in before)
-    assert f.num_rounds == 6
+    assert same_state(before, learner_state(f)) and f.num_rounds == 6
