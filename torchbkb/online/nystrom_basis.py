@@ -44,7 +44,7 @@ from torchbkb.errors import InputDataError, check_int
 from torchbkb.kernels import KernelAdapter, as_kernel
 from torchbkb.online._storage import GrowableRows
 
-__all__ = ["IncrementalNystromBasis"]
+__all__ = ["IncrementalNystromBasis", "offer_to_kors"]
 
 
 class IncrementalNystromBasis(nn.Module):
@@ -172,3 +172,29 @@ class IncrementalNystromBasis(nn.Module):
             self._y = GrowableRows((), torch.float64, X.device)
         self._X.append(X.to(torch.float64))
         self._y.append(y.to(torch.float64))
+
+
+def offer_to_kors(kors, basis: IncrementalNystromBasis, cols: torch.Tensor, x: torch.Tensor, index: int, rtol: float) -> tuple[torch.Tensor, bool, float | None]:
+    """Offer `(1, d)` ``x`` to a KORS dictionary whose points ``cols`` span ``basis``: the step PKAWV and
+    Pros-N-KONS share.
+
+    Args:
+        kors: the :class:`~torchbkb.online.KORSDictionary` (``x`` joins it when sampled).
+        basis: the orthonormal coordinates of the span of the KORS points at positions ``cols``.
+        cols: `(m,)` long, the KORS positions of the basis points.
+        x: `(1, d)` the new input. index: its stream position.
+        rtol: a sampled point whose squared residual is below ``rtol · k(x, x)`` adds no direction.
+
+    Returns:
+        ``(l, added, delta)``: `(m,)` ``φ̃(x)`` in the current basis, whether KORS added ``x``, and the residual
+        norm ``δ > 0`` when ``x`` is a new direction (``None`` otherwise). The caller appends it to ``basis``.
+    """
+    k_all = kors.kernel_to_dictionary(x)[0]  # (m_kors,) float64
+    kxx = float(kors.kernel_diag(x).reshape(()))
+    p = kors.probability_from_kernel(k_all, kxx)
+    l = basis.features(x, k_all[cols].reshape(1, -1))[0]  # (m,)
+    if not kors.draw_uniform() < p:
+        return l, False, None
+    kors.add(x, p, index, k_xI=k_all, k_xx=kxx)
+    delta2 = kxx - float(l @ l)
+    return l, True, (delta2**0.5 if delta2 > rtol * kxx else None)

@@ -48,7 +48,7 @@ import torch
 from torchbkb.errors import InputDataError, check_positive
 from torchbkb.nystrom import NystromEmbedding
 from torchbkb.online.kors import KORSDictionary
-from torchbkb.online.nystrom_basis import IncrementalNystromBasis
+from torchbkb.online.nystrom_basis import IncrementalNystromBasis, offer_to_kors
 from torchbkb.online.stream import OnlineLearner
 from torchbkb.utils.linalg import compute_dtype, safe_cholesky
 
@@ -256,21 +256,11 @@ class PKAWV(OnlineLearner):
     def _kors_features(self, x: torch.Tensor) -> torch.Tensor:
         """Offer ``x`` to KORS, grow ``H̃`` if it is sampled, return ``φ̃(x)`` `(m,)` in the current basis."""
         kors, basis = self.dictionary, self.basis
-        k_all = kors.kernel_to_dictionary(x)[0]  # (m_kors,) float64
-        kxx = float(kors.kernel_diag(x).reshape(()))
-        p = kors.probability_from_kernel(k_all, kxx)
-        index = self._offered
+        l, added, delta = offer_to_kors(kors, basis, self._cols, x, self._offered, self.new_direction_rtol)
         self._offered += 1
-        kI = k_all[self._cols]  # (m,): the basis directions are a subset of the KORS points
-        l = basis.features(x, kI.reshape(1, -1))[0]  # (m,)
-        if not kors.draw_uniform() < p:
+        if delta is None:  # not sampled, or numerically in H̃ already: the span does not change
+            self.num_skipped += int(added)
             return l
-        kors.add(x, p, index, k_xI=k_all, k_xx=kxx)
-        delta2 = kxx - float(l @ l)
-        if not delta2 > self.new_direction_rtol * kxx:  # numerically in H̃ already: the span does not change
-            self.num_skipped += 1
-            return l
-        delta = delta2**0.5
         c, ee, ye = basis.new_direction_moments(x, l, delta)  # over the rounds s < t
         self._grow(c, ee + float(self.lam), ye)
         basis.append(x, l, delta)

@@ -38,7 +38,7 @@ import torch
 
 from torchbkb.errors import InputDataError, check_positive
 from torchbkb.online.kors import KORSDictionary
-from torchbkb.online.nystrom_basis import IncrementalNystromBasis
+from torchbkb.online.nystrom_basis import IncrementalNystromBasis, offer_to_kors
 from torchbkb.online.stream import OnlineLearner
 
 __all__ = ["ProsNKONS"]
@@ -142,9 +142,9 @@ class ProsNKONS(OnlineLearner):
         nu = float(phi @ u) if phi.numel() else 0.0
         C = float(self.C)
         yhat = min(max(nu, -C), C)
-        Pphi = P @ phi  # (m,)
         excess = nu - yhat  # h(ν)
         if excess != 0.0:
+            Pphi = P @ phi  # (m,)
             u = u - Pphi * (excess / float(phi @ Pphi))  # A-norm projection on |φ̃ᵀw| <= C
         self.weights = u
         g = phi * (2.0 * (yhat - float(y[0])))  # (m,): ∇(ŷ - y)² = 2(ŷ - y) φ̃
@@ -156,21 +156,14 @@ class ProsNKONS(OnlineLearner):
 
     def _offer(self, x: torch.Tensor) -> torch.Tensor:
         """Offer ``x`` to KORS; on an addition grow the coordinates and restart. Returns ``φ̃(x)`` `(m,)`."""
-        kors, basis = self.dictionary, self.basis
-        k_all = kors.kernel_to_dictionary(x)[0]  # (m_kors,)
-        kxx = float(kors.kernel_diag(x).reshape(()))
-        p = kors.probability_from_kernel(k_all, kxx)
-        index = self._offered
+        l, added, delta = offer_to_kors(self.dictionary, self.basis, self._cols, x, self._offered, self.new_direction_rtol)
         self._offered += 1
-        l = basis.features(x, k_all[self._cols].reshape(1, -1))[0]  # (m,)
-        if not kors.draw_uniform() < p:
+        if not added:
             return l
-        kors.add(x, p, index, k_xI=k_all, k_xx=kxx)
-        delta2 = kxx - float(l @ l)
-        if delta2 > self.new_direction_rtol * kxx:
-            basis.append(x, l, delta2**0.5)
-            self._cols = torch.cat([self._cols, self._cols.new_tensor([len(kors) - 1])])
-            l = torch.cat([l, l.new_tensor([delta2**0.5])])
+        if delta is not None:
+            self.basis.append(x, l, delta)
+            self._cols = torch.cat([self._cols, self._cols.new_tensor([len(self.dictionary) - 1])])
+            l = torch.cat([l, l.new_tensor([delta])])
         self.num_phases += 1
         self._restart(int(l.shape[0]), x.device)
         return l
