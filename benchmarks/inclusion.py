@@ -60,11 +60,9 @@ def _problem(name: str, seed: int, dtype, device):
 @functools.cache
 def _table(name: str, dtype, device) -> tuple[torch.Tensor, torch.Tensor]:
     """Standardized arms and raw rewards of a bundled table, read once per run of the study."""
-    import torchbkb.datasets
+    from benchmarks.paper_readings import rewards_at
 
-    arms, _ = torchbkb.datasets.load(name, dtype=dtype, device=device)
-    _, f = torchbkb.datasets.load(name, dtype=torch.float64, device=device, standardize_rewards=False)
-    return arms, f
+    return rewards_at(name, "1", dtype, device)
 
 
 def _run(method: str, prob, T: int, seed: int) -> dict:
