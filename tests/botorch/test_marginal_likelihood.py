@@ -13,7 +13,7 @@ from hypothesis import given, settings, strategies as st
 from helpers import spy_factorizations
 from torchbkb.botorch import BKBModel, DTCMarginalLogLikelihood
 from torchbkb.botorch.dictionary_sampling import sample_dictionary
-from torchbkb.botorch.fitting import EXACT_FIT, FIT_INDUCING, MAX_ROUNDS, WARM_START, hyperparameter_change, hyperparameters
+from torchbkb.botorch.fitting import EXACT_FIT, FIT_INDUCING, FIT_POINTS, MAX_ROUNDS, WARM_START, hyperparameter_change, hyperparameters
 from torchbkb.errors import InputDataError
 from torchbkb.evidence_bound import dtc_evidence_bound, exact_evidence
 
@@ -110,7 +110,8 @@ def test_only_m_by_m_matrices_are_factorized(monkeypatch):
     assert sizes and max(max(s) for s in sizes) <= 25, sorted(set(sizes))
 
 
-def test_fit_recovers_the_hyperparameters_of_a_gp_sample():
+@pytest.mark.parametrize("fit_points", [None, EXACT_FIT])  # every point, or rounds on a subset of 1,000 of 1,300
+def test_fit_recovers_the_hyperparameters_of_a_gp_sample(fit_points):
     g = torch.Generator().manual_seed(3)
     n, ls, noise = EXACT_FIT + 300, 0.15, 0.01  # past EXACT_FIT: the rounds maximize the bound
     X = torch.rand(n, 1, generator=g, dtype=F64)
@@ -119,7 +120,7 @@ def test_fit_recovers_the_hyperparameters_of_a_gp_sample():
     f = torch.linalg.cholesky(k(X, X).to_dense() + 1e-8 * torch.eye(n, dtype=F64)) @ torch.randn(n, generator=g, dtype=F64)
     Y = (f + math.sqrt(noise) * torch.randn(n, generator=g, dtype=F64)).unsqueeze(-1)
     model = BKBModel(X, Y, outcome_transform=None, seed=0)
-    fit_gpytorch_mll(DTCMarginalLogLikelihood(model.likelihood, model))
+    fit_gpytorch_mll(DTCMarginalLogLikelihood(model.likelihood, model), fit_points=fit_points)
     assert not model.is_exact and model.dictionary_size < n / 4
     assert 1 <= model.fit_rounds <= MAX_ROUNDS
     assert float(model.covar_module.lengthscale) == pytest.approx(ls, rel=0.2)
@@ -246,3 +247,26 @@ def test_inducing_limit_is_checked_and_bounds_the_fit(monkeypatch):
     sizes = spy_factorizations(monkeypatch)
     fit_gpytorch_mll(mll, warm_start=False, inducing_limit=40)
     assert sizes and max(max(s) for s in sizes) <= 40
+
+
+def test_fit_points_is_checked_and_bounds_the_rounds(monkeypatch):
+    import torchbkb.botorch.marginal_likelihood as ml
+
+    X, Y = _data(n=EXACT_FIT + 150, noise=0.1)
+    model = BKBModel(X, Y, seed=3)
+    mll = DTCMarginalLogLikelihood(model.likelihood, model)
+    before = model.state_dict()
+    for bad in (0, -5, 2.5, True, "all"):
+        with pytest.raises(InputDataError, match="fit_points"):
+            fit_gpytorch_mll(mll, fit_points=bad)
+    assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())  # nothing changed
+    seen = []
+    bound = ml.dtc_evidence_bound
+    monkeypatch.setattr(ml, "dtc_evidence_bound", lambda k, X, *a, **kw: seen.append(X.shape[0]) or bound(k, X, *a, **kw))
+    fit_gpytorch_mll(mll, warm_start=False, fit_points=EXACT_FIT)
+    assert seen and set(seen) == {EXACT_FIT}  # every evaluation of every round: the subset
+    assert model.train_inputs[0].shape[0] == EXACT_FIT + 150  # the model keeps (and its posterior uses) every point
+    seen.clear()
+    fit_gpytorch_mll(mll, warm_start=False, fit_points=None)
+    assert seen and set(seen) == {EXACT_FIT + 150}
+    assert FIT_POINTS > EXACT_FIT

@@ -3,7 +3,9 @@ dictionary fixed, then the dictionary re-drawn by BKB's variance sampling at the
 
 The bound depends on the dictionary, and the dictionary (drawn with probabilities ``q̄·σ̃²``) on the
 hyperparameters, so neither can be fixed first. Past :data:`WARM_START` points the rounds start from the exact
-GP fitted on :data:`WARM_START` random points. Round ``r`` draws inducing points by BKB's variance sampling at
+GP fitted on :data:`WARM_START` random points. Past :data:`FIT_POINTS` points the rounds run on one uniform random
+subset of that many training points (the subset-of-data estimate of the hyperparameters: a fit's cost no longer
+grows with ``n``); the posterior always uses every point. Round ``r`` draws inducing points by BKB's variance sampling at
 the current hyperparameters, thinned to at most :data:`FIT_INDUCING` (:func:`fit_inducing_points`: the bound
 is valid on any inducing set, and its cost is ``O(n·FIT_INDUCING²)`` whatever ``m``), and runs L-BFGS-B
 (BoTorch's ``fit_gpytorch_mll_scipy``) on the bound over them. It stops when a round moves no hyperparameter
@@ -37,8 +39,10 @@ from torch import Tensor
 from torchbkb.botorch.dictionary_sampling import sample_dictionary
 from torchbkb.botorch.marginal_likelihood import DTCMarginalLogLikelihood, training_noise
 from torchbkb.errors import InputDataError
+from torchbkb.evidence_bound import FIT_CHUNK
 
-__all__ = ["fit_rounds", "fit_inducing_points", "hyperparameters", "hyperparameter_change", "MAX_ROUNDS", "HYPER_TOL", "WARM_START", "FIT_INDUCING", "EXACT_FIT"]
+__all__ = ["fit_rounds", "fit_inducing_points", "hyperparameters", "hyperparameter_change", "MAX_ROUNDS", "HYPER_TOL", "WARM_START", "FIT_INDUCING",
+           "EXACT_FIT", "FIT_POINTS"]
 
 #: At most this many rounds of (draw the dictionary, fit).
 MAX_ROUNDS = 3
@@ -53,10 +57,15 @@ FIT_INDUCING = 256
 #: Up to this many training points the rounds maximize the exact evidence (one round: it does not depend on
 #: a dictionary), which costs about what the bound does there and is what an exact posterior needs.
 EXACT_FIT = 1000
+#: Past this many training points the rounds maximize the bound of a uniform random subset of this many of them
+#: (drawn once per fit): one chunk of the bound's sums, so its backward pass recomputes nothing. The
+#: hyperparameters' statistical error shrinks as ``1/√FIT_POINTS``; an evaluation over all ``n`` points costs
+#: ``n / FIT_POINTS`` times more, plus the recomputed chunks. ``fit_gpytorch_mll(mll, fit_points=None)`` uses every point.
+FIT_POINTS = FIT_CHUNK
 
 
 def fit_rounds(model, mll, closure=None, optimizer=None, closure_kwargs=None, optimizer_kwargs=None, max_rounds: int = MAX_ROUNDS,
-               warm_start: bool = True, inducing_limit: int = FIT_INDUCING, **kwargs):
+               warm_start: bool = True, inducing_limit: int = FIT_INDUCING, fit_points: int | None = FIT_POINTS, **kwargs):
     """Fit ``model``'s hyperparameters by maximizing ``mll`` (a :class:`~torchbkb.botorch.DTCMarginalLogLikelihood`
     of ``model``) in rounds; ``model.fit_rounds`` records how many ran.
 
@@ -74,6 +83,8 @@ def fit_rounds(model, mll, closure=None, optimizer=None, closure_kwargs=None, op
             loop, loaded with ``load_state_dict``): ``fit_gpytorch_mll(mll, warm_start=False)``.
         inducing_limit: the most inducing points a round's bound uses (:data:`FIT_INDUCING`): more fit a
             kernel of large effective dimension better, at ``O(n·inducing_limit²)`` per evaluation.
+        fit_points: past this many training points, the rounds run on a uniform random subset of this many
+            (:data:`FIT_POINTS`); ``None``: every round on every point.
 
     Returns:
         ``mll`` in eval mode, the model's posterior rebuilt at the fitted hyperparameters.
@@ -84,6 +95,8 @@ def fit_rounds(model, mll, closure=None, optimizer=None, closure_kwargs=None, op
         )
     if isinstance(inducing_limit, bool) or not isinstance(inducing_limit, int) or inducing_limit < 1:
         raise InputDataError(f"inducing_limit: expected an integer >= 1, got {inducing_limit!r}")
+    if fit_points is not None and (isinstance(fit_points, bool) or not isinstance(fit_points, int) or fit_points < 1):
+        raise InputDataError(f"fit_points: expected None or an integer >= 1, got {fit_points!r}")
     if int(max_rounds) < 1:
         raise InputDataError(f"max_rounds: expected an integer >= 1, got {max_rounds!r}")
     optimizer = fit_gpytorch_mll_scipy if optimizer is None else optimizer
@@ -99,11 +112,18 @@ def fit_rounds(model, mll, closure=None, optimizer=None, closure_kwargs=None, op
         idx = torch.randperm(n, generator=gen)[:WARM_START].to(device)
         mll.train()
         optimizer(mll, closure_kwargs={**(closure_kwargs or {}), "indices": idx}, **(optimizer_kwargs or {}))
+    subset = None  # the rounds' training points: all of them, or one uniform subset past fit_points
+    if not exact and closure is None and fit_points is not None and n > fit_points:
+        subset = torch.randperm(n, generator=gen)[:fit_points].sort().values.to(device)
     for rounds in range(1, 2 if exact else int(max_rounds) + 1):
         before = None if exact else hyperparameters(model)
         round_kwargs = closure_kwargs
         if closure is None:
-            extra = {"indices": torch.arange(n, device=device)} if exact else {"inducing_points": fit_inducing_points(model, gen, inducing_limit)}
+            if exact:
+                extra = {"indices": torch.arange(n, device=device)}
+            else:
+                extra = {"inducing_points": fit_inducing_points(model, gen, inducing_limit, subset)}
+                extra.update({} if subset is None else {"indices": subset})
             round_kwargs = {**(closure_kwargs or {}), **extra}
         mll.train()
         result = optimizer(mll, closure=closure, closure_kwargs=round_kwargs, **(optimizer_kwargs or {}))
@@ -116,14 +136,17 @@ def fit_rounds(model, mll, closure=None, optimizer=None, closure_kwargs=None, op
     return mll.eval()
 
 
-def fit_inducing_points(model, generator: torch.Generator | None = None, limit: int = FIT_INDUCING) -> Tensor:
+def fit_inducing_points(model, generator: torch.Generator | None = None, limit: int = FIT_INDUCING, indices: Tensor | None = None) -> Tensor:
     """`(k, d)` the inducing points a fitting round maximizes the bound over, ``k <= limit``: BKB's variance
-    sampling of the model's training points at its current hyperparameters (``q̄`` and per-point noise as the
-    model's own draw), thinned to a uniform subset of ``limit`` points whenever it grows past them
-    (:func:`~torchbkb.botorch.dictionary_sampling.sample_dictionary` with ``max_size``)."""
+    sampling of the model's training points (those at ``indices`` `(s,)` if given) at its current
+    hyperparameters (``q̄`` and per-point noise as the model's own draw), thinned to a uniform subset of
+    ``limit`` points whenever it grows past them (:func:`~torchbkb.botorch.dictionary_sampling.sample_dictionary`
+    with ``max_size``)."""
     X = model.train_inputs[0].detach()
     with torch.no_grad():  # a transient draw: the live kernel is read, never changed
         noise = training_noise(model).detach().to(X)
+        if indices is not None:
+            X, noise = X[indices], noise[indices]
         lam = float(noise.mean())
         return sample_dictionary(model.covar_module, X, lam, q_bar=model.q_bar, generator=generator, counts=lam / noise, max_size=int(limit), inclusion=model.inclusion)
 

@@ -66,14 +66,15 @@ class DTCMarginalLogLikelihood(Module):
     def forward(self, *args, indices: Tensor | None = None, inducing_points: Tensor | None = None, **kwargs) -> Tensor:
         """`()` the bound per training point plus the priors' log densities per training point; with ``indices``
         `(k,)`, the exact evidence of those training points instead (the fit's warm start); with
-        ``inducing_points`` `(k, d)` (transformed space), the bound over them instead of the model's dictionary."""
+        ``inducing_points`` `(k, d)` (transformed space), the bound over them instead of the model's dictionary
+        (of the points ``indices`` when both are given: a fitting round on a subset)."""
         model = self.model
         X, y = model.train_inputs[0], model.train_targets
         n, noise = X.shape[-2], training_noise(model)
         if indices is not None:
             X, y, noise, n = X[indices], y[indices], noise[indices], int(indices.shape[0])
         resid = y - model.mean_module(X)
-        if inducing_points is not None and indices is None:
+        if inducing_points is not None:
             bound = dtc_evidence_bound(model.covar_module, X, resid, noise, inducing_points)
         elif indices is not None or model.is_exact:  # the posterior is the exact GP: so is its evidence
             bound = exact_evidence(model.covar_module, X, resid, noise)
