@@ -13,7 +13,7 @@ from hypothesis import given, settings, strategies as st
 from helpers import spy_factorizations
 from torchbkb.botorch import BKBModel, DTCMarginalLogLikelihood
 from torchbkb.botorch.dictionary_sampling import sample_dictionary
-from torchbkb.botorch.fitting import EXACT_FIT, FIT_INDUCING, FIT_POINTS, MAX_ROUNDS, WARM_START, hyperparameter_change, hyperparameters
+from torchbkb.botorch.fitting import EXACT_FIT, FIT_INDUCING, FIT_POINTS, MAX_ROUNDS, ROUND_NATS, WARM_START, hyperparameter_change, hyperparameters
 from torchbkb.errors import InputDataError
 from torchbkb.evidence_bound import dtc_evidence_bound, exact_evidence
 
@@ -270,3 +270,21 @@ def test_fit_points_is_checked_and_bounds_the_rounds(monkeypatch):
     fit_gpytorch_mll(mll, warm_start=False, fit_points=None)
     assert seen and set(seen) == {EXACT_FIT + 150}
     assert FIT_POINTS > EXACT_FIT
+
+
+def test_bound_rounds_stop_at_round_nats_unless_told_otherwise(monkeypatch):
+    import torchbkb.botorch.fitting as fitting
+
+    X, Y = _data(n=EXACT_FIT + 150, noise=0.1)
+    model = BKBModel(X, Y, seed=3)
+    mll = DTCMarginalLogLikelihood(model.likelihood, model)
+    seen, real = [], fitting.fit_gpytorch_mll_scipy
+    monkeypatch.setattr(fitting, "fit_gpytorch_mll_scipy", lambda mll, **kw: seen.append(kw.get("options")) or real(mll, **kw))
+    fit_gpytorch_mll(mll, warm_start=False)  # every point: ftol per point of n
+    assert seen and all(o == {"ftol": ROUND_NATS / (EXACT_FIT + 150)} for o in seen)
+    seen.clear()
+    fit_gpytorch_mll(mll, warm_start=False, fit_points=EXACT_FIT)  # a subset: per point of the subset
+    assert seen and all(o == {"ftol": ROUND_NATS / EXACT_FIT} for o in seen)
+    seen.clear()
+    fit_gpytorch_mll(mll, warm_start=False, optimizer_kwargs={"options": {"ftol": 1e-12, "maxiter": 30}})  # the user's wins
+    assert seen and all(o == {"ftol": 1e-12, "maxiter": 30} for o in seen)

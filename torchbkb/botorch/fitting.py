@@ -42,7 +42,7 @@ from torchbkb.errors import InputDataError
 from torchbkb.evidence_bound import FIT_CHUNK
 
 __all__ = ["fit_rounds", "fit_inducing_points", "hyperparameters", "hyperparameter_change", "MAX_ROUNDS", "HYPER_TOL", "WARM_START", "FIT_INDUCING",
-           "EXACT_FIT", "FIT_POINTS"]
+           "EXACT_FIT", "FIT_POINTS", "ROUND_NATS"]
 
 #: At most this many rounds of (draw the dictionary, fit).
 MAX_ROUNDS = 3
@@ -62,6 +62,11 @@ EXACT_FIT = 1000
 #: hyperparameters' statistical error shrinks as ``1/√FIT_POINTS``; an evaluation over all ``n`` points costs
 #: ``n / FIT_POINTS`` times more, plus the recomputed chunks. ``fit_gpytorch_mll(mll, fit_points=None)`` uses every point.
 FIT_POINTS = FIT_CHUNK
+#: A bound round's L-BFGS-B (the default optimizer) stops once a step gains less than about this many nats of
+#: the bound in all (``ftol = ROUND_NATS / points``: the loss is per point). One standard error of a
+#: hyperparameter is worth about ½ nat, so smaller gains are changes the data cannot tell apart; scipy's
+#: default ``ftol`` (2.2e-9) spends most of a round's evaluations on them. ``options={"ftol": ...}`` overrides it.
+ROUND_NATS = 0.1
 
 
 def fit_rounds(model, mll, closure=None, optimizer=None, closure_kwargs=None, optimizer_kwargs=None, max_rounds: int = MAX_ROUNDS,
@@ -76,7 +81,8 @@ def fit_rounds(model, mll, closure=None, optimizer=None, closure_kwargs=None, op
             closure of your own is evaluated as given, on the model's whole dictionary).
         optimizer: a BoTorch fit routine ``(mll, closure=..., closure_kwargs=..., **optimizer_kwargs)``; default
             ``fit_gpytorch_mll_scipy`` (L-BFGS-B).
-        optimizer_kwargs: passed to ``optimizer``.
+        optimizer_kwargs: passed to ``optimizer``; the default optimizer's bound rounds get
+            ``options={"ftol": ROUND_NATS / points}`` unless these options name an ``ftol``.
         max_rounds: the largest number of rounds.
         warm_start: start from the exact GP fitted on :data:`WARM_START` random points (past that many points);
             ``False`` starts from the model's current hyperparameters (e.g. the previous iteration's of a BO
@@ -125,8 +131,12 @@ def fit_rounds(model, mll, closure=None, optimizer=None, closure_kwargs=None, op
                 extra = {"inducing_points": fit_inducing_points(model, gen, inducing_limit, subset)}
                 extra.update({} if subset is None else {"indices": subset})
             round_kwargs = {**(closure_kwargs or {}), **extra}
+        round_opt = optimizer_kwargs or {}
+        if not exact and optimizer is fit_gpytorch_mll_scipy:  # the bound's rounds stop at ROUND_NATS in all
+            points = n if subset is None else int(subset.numel())
+            round_opt = {**round_opt, "options": {"ftol": ROUND_NATS / points, **(round_opt.get("options") or {})}}
         mll.train()
-        result = optimizer(mll, closure=closure, closure_kwargs=round_kwargs, **(optimizer_kwargs or {}))
+        result = optimizer(mll, closure=closure, closure_kwargs=round_kwargs, **round_opt)
         status = getattr(result, "status", None)
         if status is not None and getattr(status, "name", "") == "FAILURE":
             warnings.warn(f"BKBModel fit, round {rounds}: the optimizer failed ({getattr(result, 'message', '')})", OptimizationWarning, stacklevel=3)
