@@ -154,6 +154,7 @@ def _sample_one(kernel, X: Tensor, w: Tensor, lam: float, dic: RLSDictionary, co
         while True:
             final = end == n
             new_end = n if final else min(n, 2 * end)
+            last_next = new_end >= emb.chunk_size  # past a chunk: the last round follows, on this round's dictionary
             rls = _round_rls(emb, X, w, lam, end, new_end)
             idx = _resample(dic, rls, None if groups is None else groups[:new_end]).nonzero().squeeze(-1)
             if max_size is not None and idx.numel() > max_size:
@@ -163,13 +164,13 @@ def _sample_one(kernel, X: Tensor, w: Tensor, lam: float, dic: RLSDictionary, co
                 return X[idx]
             if complete_above is not None:
                 kept = float(dic.inclusion_probability(rls[:end].clamp_min(0.0)).mean())  # of the points conditioned on
-                if 8 * end >= n or new_end >= emb.chunk_size:  # predict the last round's fraction: its trend over the doublings to come
+                if 8 * end >= n or last_next:  # predict the last round's fraction: its trend over the doublings to come
                     if kept * (kept / max(previous, 1e-12)) ** math.log2(n / end) >= complete_above:
                         return None
                     complete_above = None  # sparse: replay to the end
                 previous = kept
             emb.set_inducing_points(X[idx])
-            end = n if new_end >= emb.chunk_size else new_end  # past a chunk: the last round, on this dictionary
+            end = n if last_next else new_end
 
 
 def _round_rls(emb: NystromEmbedding, X: Tensor, w: Tensor, lam: float, end: int, new_end: int) -> Tensor:

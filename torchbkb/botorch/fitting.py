@@ -121,6 +121,10 @@ def fit_rounds(model, mll, closure=None, optimizer=None, closure_kwargs=None, op
     subset = None  # the rounds' training points: all of them, or one uniform subset past fit_points
     if not exact and closure is None and fit_points is not None and n > fit_points:
         subset = torch.randperm(n, generator=gen)[:fit_points].sort().values.to(device)
+    round_opt = optimizer_kwargs or {}
+    if not exact and optimizer is fit_gpytorch_mll_scipy:  # the bound's rounds stop at ROUND_NATS in all
+        points = n if subset is None else int(subset.numel())
+        round_opt = {**round_opt, "options": {"ftol": ROUND_NATS / points, **(round_opt.get("options") or {})}}
     for rounds in range(1, 2 if exact else int(max_rounds) + 1):
         before = None if exact else hyperparameters(model)
         round_kwargs = closure_kwargs
@@ -129,12 +133,9 @@ def fit_rounds(model, mll, closure=None, optimizer=None, closure_kwargs=None, op
                 extra = {"indices": torch.arange(n, device=device)}
             else:
                 extra = {"inducing_points": fit_inducing_points(model, gen, inducing_limit, subset)}
-                extra.update({} if subset is None else {"indices": subset})
+                if subset is not None:
+                    extra["indices"] = subset
             round_kwargs = {**(closure_kwargs or {}), **extra}
-        round_opt = optimizer_kwargs or {}
-        if not exact and optimizer is fit_gpytorch_mll_scipy:  # the bound's rounds stop at ROUND_NATS in all
-            points = n if subset is None else int(subset.numel())
-            round_opt = {**round_opt, "options": {"ftol": ROUND_NATS / points, **(round_opt.get("options") or {})}}
         mll.train()
         result = optimizer(mll, closure=closure, closure_kwargs=round_kwargs, **round_opt)
         status = getattr(result, "status", None)
