@@ -81,6 +81,13 @@ def test_dask_flaky_objective_and_dying_worker_give_the_serial_run(dask_client, 
     retried = [i for i in set(hist.index) if i % 3 == 0]
     assert retried and all(objective.attempts(i) >= 2 for i in retried)  # the failures really happened
     assert (tmp_path / "eval.5").exists()  # the worker did die (its task was rerun elsewhere)
+    runs = {}
+    for i, a in zip(hist.index, hist.attempts):
+        runs[i] = runs.get(i, 0) + a
+    assert runs == {i: objective.attempts(i) for i in runs}  # History reports every run, Dask's own reruns too
+    assert sum(kind == "infrastructure" for _, _, kind, _ in hist.errors) == sum(runs.values()) - len(hist) - sum(
+        kind == "objective" for _, _, kind, _ in hist.errors
+    )
 
 
 def test_dask_arm_that_always_fails_is_reported_and_left_out(dask_client, tmp_path):

@@ -271,6 +271,28 @@ def test_bad_fit_and_update_inputs_leave_state_unchanged(case, as_update):
     assert _same(before, _snapshot(post))
 
 
+@pytest.mark.parametrize("case", ["nan", "width", "y", "counts", "scalar"])
+def test_bad_features_leave_state_unchanged(case):
+    Xg, yg, _ = _data(n=12, seed=3)
+    post = _post(Xg[:5], 0.05).fit(Xg, yg)
+    before = _snapshot(post)
+    r = post.ZtZ.shape[-1]
+    Z, y, counts = torch.rand(2, r, dtype=torch.float64), None, None
+    if case == "nan":
+        Z[0, 0] = float("nan")
+    elif case == "width":
+        Z = torch.rand(2, r + 1, dtype=torch.float64)
+    elif case == "y":
+        y = torch.tensor([0.0, float("inf")], dtype=torch.float64)
+    elif case == "counts":
+        counts = torch.tensor([1.0, -1.0], dtype=torch.float64)
+    else:
+        Z = 1.0
+    with pytest.raises(InputDataError, match="expected"):
+        post.update_features(Z, y, counts)
+    assert _same(before, _snapshot(post))
+
+
 @pytest.mark.parametrize("noise", [0.0, -1.0, float("nan"), float("inf"), "a"])
 def test_bad_noise(noise):
     with pytest.raises(InputDataError, match="noise"):

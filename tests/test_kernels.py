@@ -130,3 +130,11 @@ def test_gaussian_kernel_left_on_the_cpu_follows_its_inputs(dtype, device):
     assert K.device == X.device and K.dtype == dtype and k.diag(X).device == X.device
     assert torch.allclose(k.diag(X).double().cpu(), torch.full((5,), 1.5, dtype=torch.float64))
     assert torch.allclose(K.double().cpu(), 1.5 * rbf(X.double().cpu(), X[:3].double().cpu(), 0.5), atol=1e-5)
+
+
+def test_gaussian_kernel_is_accurate_for_float32_inputs_far_from_the_origin():
+    g = torch.Generator().manual_seed(0)
+    X = (torch.rand(50, 3, generator=g) * 3 + 1e6).float()
+    Y = (torch.rand(20, 3, generator=g) * 3 + 1e6).float()
+    k = GaussianKernel(0.7)
+    assert (k(X, Y).double() - k(X.double(), Y.double())).abs().max() < 1e-5  # centred before scaling

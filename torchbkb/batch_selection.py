@@ -336,8 +336,7 @@ def _check(Z, mean, rls, V_inv, alpha, batch_bound, max_batch_size, stop_rule):
         raise InputDataError(f"alpha: expected alpha >= 0, got {alpha!r}")
     if not float(batch_bound) >= 1.0:
         raise InputDataError(f"batch_bound: expected C̃ >= 1, got {batch_bound!r}")
-    if max_batch_size is not None and int(max_batch_size) < 1:
-        raise InputDataError(f"max_batch_size: expected an integer >= 1 or None, got {max_batch_size!r}")
+    check_batch_limits(batch_bound, max_batch_size)
     if stop_rule not in ("sum", "product"):
         raise InputDataError(f"stop_rule: expected 'sum' or 'product', got {stop_rule!r}")
     return A, r

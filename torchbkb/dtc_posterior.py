@@ -35,7 +35,7 @@ from torch import nn
 from torchbkb.functional import RankOneDowndate, add_diagonal, chunked, downdate, fit_features, score_features, score_kernel_rows, scoring_operator, sherman_morrison
 from torchbkb.errors import InputDataError, TorchBKBError, check_positive
 from torchbkb.nystrom import NystromEmbedding
-from torchbkb.observations import check_weighted_data
+from torchbkb.observations import check_features, check_weighted_data
 from torchbkb.stable_scoring import AccuracyMonitor, feature_rls, stable_factor, whiten_rows
 from torchbkb.utils.linalg import check_units, compute_dtype, keep_dtype_on_apply, safe_cholesky, spd_inverse
 
@@ -170,24 +170,20 @@ class DTCPosterior(nn.Module):
             For a single point, the :class:`RankOneDowndate` that maps old quadratic forms to new ones
             (``None`` when several points were added).
         """
-        if isinstance(x, torch.Tensor) and x.dim() == 1:
-            x = x.unsqueeze(0)  # (1, d)
-            if y is not None and isinstance(y, torch.Tensor) and y.dim() == 0:
-                y = y.reshape(1)
-            if counts is not None and isinstance(counts, torch.Tensor) and counts.dim() == 0:
-                counts = counts.reshape(1)
+        if isinstance(x, torch.Tensor) and x.dim() == 1:  # one point: (d,) -> (1, d), scalars -> (1,)
+            x = x.unsqueeze(0)
+            y, counts = (t.reshape(1) if isinstance(t, torch.Tensor) and t.dim() == 0 else t for t in (y, counts))
         self._check_fresh()
         x, y_chk, counts = check_weighted_data(self.embedding, x, y, counts, "x", "y", allow_none_y=True, batch=self.train_X.shape[:-2])
         with torch.no_grad():
             Z = self.embedding(x)  # (*b, k, r)
         result = self.update_features(Z, y_chk, counts)
+        b = x.shape[:-2]
         if y_chk is None:
-            self.pending_X = torch.cat([self.pending_X.expand(*x.shape[:-2], *self.pending_X.shape[-2:]), x], dim=-2)
-            self.pending_counts = torch.cat([self.pending_counts.expand(*x.shape[:-2], self.pending_counts.shape[-1]), counts], dim=-1)
+            self.pending_X, self.pending_counts = _grow(self.pending_X, x, b, 2), _grow(self.pending_counts, counts, b, 1)
         else:
-            self.train_X = torch.cat([self.train_X.expand(*x.shape[:-2], *self.train_X.shape[-2:]), x], dim=-2)
-            self.train_y = torch.cat([self.train_y.expand(*x.shape[:-2], self.train_y.shape[-1]), y_chk], dim=-1)
-            self.train_counts = torch.cat([self.train_counts.expand(*x.shape[:-2], self.train_counts.shape[-1]), counts], dim=-1)
+            self.train_X, self.train_y = _grow(self.train_X, x, b, 2), _grow(self.train_y, y_chk, b, 1)
+            self.train_counts = _grow(self.train_counts, counts, b, 1)
         return result
 
     def update_features(self, Z: torch.Tensor, y: torch.Tensor | None = None, counts: torch.Tensor | None = None) -> RankOneDowndate | None:
@@ -202,9 +198,7 @@ class DTCPosterior(nn.Module):
         Returns:
             The :class:`RankOneDowndate` of the last point when ``k == 1``, else ``None``.
         """
-        if Z.dim() == 1:
-            Z = Z.unsqueeze(0)
-        Z = Z.to(self.ZtZ.dtype)
+        Z = check_features(Z, y, counts, self.ZtZ.shape[-1]).to(self.ZtZ.dtype)  # (*b, k, r); nothing stored yet
         k = Z.shape[-2]
         c = torch.ones(Z.shape[:-1], dtype=Z.dtype, device=Z.device) if counts is None else counts.to(Z.dtype)
         ZtZ = self.ZtZ + (Z.transpose(-1, -2) * c.unsqueeze(-2)) @ Z  # (*b, r, r)
@@ -232,14 +226,8 @@ class DTCPosterior(nn.Module):
 
     # ------------------------------------------------------------------ prediction
     def forward(self, Xq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Posterior mean and **GP-scale** variance ``λ·σ̃²``.
-
-        Args:
-            Xq: `(*b, q, d)` query points (dtype/device of the inducing points).
-
-        Returns:
-            ``(mean, var)``, each `(*b, q)` in ``Xq``'s dtype; differentiable w.r.t. ``Xq``.
-        """
+        """Posterior mean and **GP-scale** variance ``λ·σ̃²`` at `(*b, q, d)` ``Xq`` (dtype/device of the inducing
+        points): ``(mean, var)``, each `(*b, q)` in ``Xq``'s dtype, differentiable w.r.t. ``Xq``."""
         mean, rls = self._mean_rls(Xq)
         return mean, rls * self.lam
 
@@ -282,15 +270,8 @@ class DTCPosterior(nn.Module):
         return score_kernel_rows(K, kdiag, M, a, self.lam, self.chunk_size)
 
     def joint(self, Xq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Joint DTC posterior over a small set of points, GP scale.
-
-        Args:
-            Xq: `(*b, q, d)`.
-
-        Returns:
-            ``(mean, cov)`` of shapes `(*b, q)` and `(*b, q, q)`:
-            ``cov = K_qq - Z Zᵀ + λ Z V⁻¹ Zᵀ``.
-        """
+        """Joint DTC posterior, GP scale, at a small set `(*b, q, d)` ``Xq``: ``(mean, cov)`` of shapes `(*b, q)` and
+        `(*b, q, q)`, ``cov = K_qq - Z Zᵀ + λ Z V⁻¹ Zᵀ``."""
         self._check_fresh()
         self.embedding.check_input(Xq, "Xq")
         K = self.embedding.kernel(Xq, self.embedding.inducing_points)  # (*b, q, m)
@@ -308,6 +289,17 @@ class DTCPosterior(nn.Module):
         # Z Zᵀ - λ Z V⁻¹ Zᵀ = λ K M Kᵀ
         cov = Kqq - self.lam * (K @ M @ K.transpose(-1, -2))
         return mean, 0.5 * (cov + cov.transpose(-1, -2))
+
+    def joint_factors(self, Xq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Mean `(*b, q)` and features ``Z``, ``U = Z L⁻ᵀ`` `(*b, q, r)` (``L Lᵀ = V``) with the joint GP-scale
+        covariance ``K_qq - Z Zᵀ + λ U Uᵀ``: what a lazy covariance needs, never a `(q, q)` block."""
+        self._check_fresh()
+        self.embedding.check_input(Xq, "Xq")
+        L = safe_cholesky(add_diagonal(self.ZtZ, self.lam), name="V")  # (*b, r, r)
+        w = torch.cholesky_solve(self.Zty.unsqueeze(-1), L)  # (*b, r, 1)
+        K = self.embedding.kernel(Xq, self.embedding.inducing_points)  # (*b, q, m)
+        Z = K.to(L.dtype) @ self.embedding.projection.transpose(-1, -2)  # (*b, q, r)
+        return (Z @ w).squeeze(-1).to(Xq.dtype), Z.to(Xq.dtype), whiten_rows(L, Z).to(Xq.dtype)
 
     def effective_dimension(self) -> torch.Tensor:
         """``Σ_i c_i σ̃²(x_i)`` over the observed rows (RLS scale) -- the estimate of ``d_eff`` of 000 Eq. 5."""
@@ -339,18 +331,20 @@ class DTCPosterior(nn.Module):
         the scoring operator). On float32 inputs it also checks the kernel values' precision (:attr:`_precision`)."""
         self._check_fresh()
         M, _ = self._scoring_operator(self.embedding.inducing_points.dtype)
-        if self._stable is None:
+        cached = self._stable  # read once: another thread may reset the attribute meanwhile
+        if cached is None:
             S = self.embedding.inducing_points
             with torch.no_grad():
                 K_SS = self.embedding.kernel(S, S)  # (m, m)
                 L = stable_factor(K_SS, K_SS.diagonal(), self.embedding.projection, M, self.ZtZ, self.lam, S.dtype)
-                self._stable = (None if L is None else (L, torch.cholesky_solve(self.Zty.unsqueeze(-1), L)),)
+                cached = (None if L is None else (L, torch.cholesky_solve(self.Zty.unsqueeze(-1), L)),)
+                self._stable = cached
                 n = self.num_train + self.pending_X.shape[-2]
                 if S.dtype != torch.float64 and self.batch_shape == torch.Size() and n and self._precision.due(n):
                     X = torch.cat([self.train_X, self.pending_X], dim=-2)
                     counts = torch.cat([self.train_counts, self.pending_counts], dim=-1)
                     self._precision.check(self.embedding.kernel, self.rls(S), S, X, counts, self.lam, S.dtype, stacklevel=5)
-        stable = self._stable[0]
+        stable = cached[0]
         if stable is not None and torch.is_grad_enabled() and (self.ZtZ.requires_grad or self.Zty.requires_grad):
             L = safe_cholesky(add_diagonal(self.ZtZ, self.lam), name="V")  # conditioned on differentiable data
             return L, torch.cholesky_solve(self.Zty.unsqueeze(-1), L)
@@ -363,10 +357,11 @@ class DTCPosterior(nn.Module):
         scored without forming ``z``. Derived from the state on first use after each change (every state
         change goes through :meth:`_set_state`, :meth:`update_features` or ``_apply``, which drop it).
         """
-        if self._op is None:
-            self._op = scoring_operator(self.embedding.projection, self.V_inv, self.weights, self.lam)
-            self._stable = None  # the choice of the scoring form follows the operator
-        M, a = self._op
+        op = self._op  # read once (threads share a built posterior)
+        if op is None:
+            op = scoring_operator(self.embedding.projection, self.V_inv, self.weights, self.lam)
+            self._op, self._stable = op, None  # the choice of the scoring form follows the operator
+        M, a = op
         return M.to(dtype), a.to(dtype)
 
     def _build(self, X, y, counts, n_observed: int | None = None, features: torch.Tensor | None = None) -> dict:
@@ -398,3 +393,8 @@ class DTCPosterior(nn.Module):
                 "DTCPosterior: expected the embedding's dictionary it was fitted with, got a changed one "
                 "(call refit() or set_inducing_points() on the posterior)"
             )
+
+
+def _grow(old: torch.Tensor, new: torch.Tensor, batch: torch.Size, trailing: int) -> torch.Tensor:
+    """``old`` `(*b, n, ...)` expanded to ``batch`` and ``new`` appended along its first of ``trailing`` core dims."""
+    return torch.cat([old.expand(*batch, *old.shape[-trailing:]), new], dim=-trailing)

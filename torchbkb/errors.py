@@ -47,7 +47,10 @@ class InputDataError(TorchBKBError, ValueError):
 
 
 class NumericsError(TorchBKBError, RuntimeError):
-    """A factorization failed even after escalating the jitter."""
+    """A factorization failed even after escalating the jitter; ``nonfinite`` is true when the matrix itself held
+    NaN/inf entries (e.g. a hyperparameter an optimizer pushed out of range)."""
+
+    nonfinite: bool = False
 
 
 class NumericsWarning(UserWarning):

@@ -47,7 +47,8 @@ import torch
 from torchbkb.errors import InfrastructureError, InputDataError, ObjectiveOutputError, check_int
 from torchbkb.objectives import check_rewards
 
-__all__ = ["BatchEvaluator", "BatchOutcome", "INFRASTRUCTURE_ERRORS", "MAX_DELAY", "call_objective", "is_infrastructure_failure"]
+__all__ = ["BatchEvaluator", "BatchOutcome", "INFRASTRUCTURE_ERRORS", "MAX_DELAY", "RERUN_MESSAGE", "call_objective",
+           "is_infrastructure_failure", "scheduler_reruns"]
 
 #: exception types that are the infrastructure's failures, never an arm's.
 INFRASTRUCTURE_ERRORS: tuple[type[BaseException], ...] = (
@@ -55,6 +56,8 @@ INFRASTRUCTURE_ERRORS: tuple[type[BaseException], ...] = (
 )  # fmt: skip
 #: the same, for Dask/Tornado types known by name (no import of distributed needed).
 INFRASTRUCTURE_NAMES = frozenset({"KilledWorker", "CommClosedError", "StreamClosedError", "FutureCancelledError"})
+#: the error recorded for an evaluation the executor ran again after losing its worker
+RERUN_MESSAGE = "worker lost while evaluating: the executor ran the evaluation again"
 #: the longest wait between two rounds of infrastructure retries, seconds (a service that is back is noticed within it).
 MAX_DELAY = 2.0
 
@@ -66,6 +69,13 @@ def is_infrastructure_failure(exc: BaseException, transient: tuple[type[BaseExce
     if any(cls.__name__ in INFRASTRUCTURE_NAMES for cls in type(exc).__mro__):
         return True
     return isinstance(exc, RuntimeError) and _is_shutdown(exc)
+
+
+def scheduler_reruns(dask_scheduler, keys: list) -> dict:
+    """On a Dask scheduler: ``{key: times the task was lost with its worker and run again}`` (module level, so it
+    pickles)."""
+    tasks = dask_scheduler.tasks
+    return {k: tasks[k].suspicious for k in keys if k in tasks}
 
 
 def call_objective(objective: Callable, arm: int) -> Any:
@@ -154,8 +164,11 @@ class BatchEvaluator:
         first_infra: float | None = None
         delay = self.retry_delay
         while todo:
-            results = self._round(arms, todo)
+            results, reruns = self._round(arms, todo)
             retry, infra, fatal, last = [], [], False, None
+            for j, count in reruns.items():  # the executor re-ran a task whose worker was lost: attempts too
+                out.attempts[j] += count
+                out.errors.extend([(j, "infrastructure", RERUN_MESSAGE)] * count)
             for j in todo:
                 out.attempts[j] += 1
                 kind, value = results[j]
@@ -190,15 +203,16 @@ class BatchEvaluator:
         return out
 
     # ------------------------------------------------------------------ internals
-    def _round(self, arms: list[int], todo: list[int]) -> dict[int, tuple[str, Any]]:
+    def _round(self, arms: list[int], todo: list[int]) -> tuple[dict[int, tuple[str, Any]], dict[int, int]]:
         """One attempt at each point of ``todo``: ``{j: ("ok", reward) | ("objective", message) |
-        ("infrastructure", (message, unrecoverable))}``."""
+        ("infrastructure", (message, unrecoverable))}``, and ``{j: count}`` of the tasks the executor itself ran
+        again after losing their worker (Dask reschedules them silently)."""
         if self.in_driver:
             if self.vectorized:
                 done = self._driver_batch(arms, todo)
                 if done is not None:
-                    return done
-            return {j: self._settle(arms[j], lambda j=j: call_objective(self.objective, arms[j])) for j in todo}
+                    return done, {}
+            return {j: self._settle(arms[j], lambda j=j: call_objective(self.objective, arms[j])) for j in todo}, {}
         futures, results = {}, {}
         for j in todo:
             try:
@@ -211,7 +225,19 @@ class BatchEvaluator:
         for j, fut in futures.items():
             wait = None if end is None else max(end - time.monotonic(), 0.0)
             results[j] = self._settle(arms[j], lambda fut=fut, wait=wait: fut.result(timeout=wait), future=fut)
-        return results
+        return results, self._reruns(futures)
+
+    def _reruns(self, futures: dict[int, Any]) -> dict[int, int]:
+        """``{j: count}`` of the Dask tasks the scheduler re-ran after their worker died (its ``suspicious``
+        count; other executors never re-run a task on their own)."""
+        if not futures or not hasattr(self.executor, "run_on_scheduler"):
+            return {}
+        keys = {j: getattr(fut, "key", None) for j, fut in futures.items()}
+        try:
+            counts = self.executor.run_on_scheduler(scheduler_reruns, keys=[k for k in keys.values() if k is not None])
+        except Exception:  # noqa: BLE001 - a scheduler that cannot answer: nothing to report
+            return {}
+        return {j: int(counts[k]) for j, k in keys.items() if counts.get(k)}
 
     def _driver_batch(self, arms: list[int], todo: list[int]) -> dict[int, tuple[str, Any]] | None:
         """One call over the points ``todo``; ``None`` when it raised for the objective's reasons (then

@@ -86,20 +86,29 @@ def dtc_evidence_bound(kernel, X: Tensor, y: Tensor, noise: Tensor, dictionary: 
 
 
 def exact_evidence(kernel, X: Tensor, y: Tensor, noise: Tensor) -> Tensor:
-    """The exact GP's ``log N(y | 0, K + D)`` `()` (one `(n, n)` Cholesky factorization: for small ``n``).
+    """The exact GP's ``log N(y | 0, K + D)`` (one `(n, n)` Cholesky factorization per batch: for small ``n``).
+
+    Args:
+        kernel: a GPyTorch kernel or callable (batched hyperparameters broadcast against the batch).
+        X: `(*b, n, d)` inputs; y: `(*b, n)` centered outcomes; noise: `(*b, n)` positive noise variances.
+
+    Returns:
+        `(*b)` the log evidence of each batch.
 
     Example:
         >>> import torch
         >>> from torchbkb.kernels import GaussianKernel
         >>> X = torch.rand(20, 1, dtype=torch.float64); y = X[:, 0]; d = torch.full_like(y, 0.1)
-        >>> bool(torch.isclose(exact_evidence(GaussianKernel(0.3), X, y, d), dtc_evidence_bound(GaussianKernel(0.3), X, y, d, X)))
+        >>> k = GaussianKernel(0.3)
+        >>> bool(torch.isclose(exact_evidence(k, X, y, d), dtc_evidence_bound(k, X, y, d, X)))
         True
     """
-    _check(X, y, noise, X)
+    _check(X, y, noise, X, batched=True)
     K = as_kernel(kernel)(X, X)
     L = safe_cholesky(K + torch.diag_embed(noise), name="K + D")
     a = torch.linalg.solve_triangular(L, y.unsqueeze(-1), upper=False).squeeze(-1)
-    return -0.5 * (X.shape[0] * math.log(2 * math.pi) + 2.0 * L.diagonal().log().sum() + (a * a).sum())
+    log_det = 2.0 * L.diagonal(dim1=-2, dim2=-1).log().sum(-1)
+    return -0.5 * (X.shape[-2] * math.log(2 * math.pi) + log_det + (a * a).sum(-1))
 
 
 def _chunk_sums(kernel, X: Tensor, y: Tensor, noise: Tensor, S: Tensor, L_inv: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -110,14 +119,15 @@ def _chunk_sums(kernel, X: Tensor, y: Tensor, noise: Tensor, S: Tensor, L_inv: T
     return Vw @ V.transpose(-1, -2), Vw @ y, (k_diag / noise).sum()
 
 
-def _check(X, y, noise, S) -> None:
-    if not isinstance(X, Tensor) or X.dim() != 2 or X.shape[0] < 1:
-        raise InputDataError(f"X: expected shape (n >= 1, d), got {tuple(X.shape) if isinstance(X, Tensor) else type(X).__name__}")
-    n, d = X.shape
-    for name, t, shape in (("y", y, (n,)), ("noise", noise, (n,))):
-        if not isinstance(t, Tensor) or tuple(t.shape) != shape:
-            raise InputDataError(f"{name}: expected shape {shape}, got {tuple(t.shape) if isinstance(t, Tensor) else type(t).__name__}")
-    if not isinstance(S, Tensor) or S.dim() != 2 or S.shape[0] < 1 or S.shape[1] != d:
+def _check(X, y, noise, S, batched: bool = False) -> None:
+    if not isinstance(X, Tensor) or X.dim() < 2 or (X.dim() != 2 and not batched) or X.shape[-2] < 1:
+        want = "(*b, n >= 1, d)" if batched else "(n >= 1, d)"
+        raise InputDataError(f"X: expected shape {want}, got {tuple(X.shape) if isinstance(X, Tensor) else type(X).__name__}")
+    n, d = X.shape[-2:]
+    for name, t in (("y", y), ("noise", noise)):
+        if not isinstance(t, Tensor) or t.dim() < 1 or t.shape[-1] != n or (not batched and t.dim() != 1):
+            raise InputDataError(f"{name}: expected shape {(*X.shape[:-2], n)}, got {tuple(t.shape) if isinstance(t, Tensor) else type(t).__name__}")
+    if not isinstance(S, Tensor) or S.dim() < 2 or S.shape[-2] < 1 or S.shape[-1] != d:
         raise InputDataError(f"dictionary: expected shape (m >= 1, {d}), got {tuple(S.shape) if isinstance(S, Tensor) else type(S).__name__}")
     for name, t in (("X", X), ("y", y), ("noise", noise), ("dictionary", S)):
         check_finite(t.detach(), name)

@@ -63,32 +63,39 @@ class GaussianKernel(nn.Module):
         return cls(lengthscale=math.sqrt(check_positive(sigma2, "sigma2")), outputscale=outputscale)
 
     def forward(self, X1: torch.Tensor, X2: torch.Tensor) -> torch.Tensor:
-        """Args: X1 `(*b, n1, d)`, X2 `(*b, n2, d)`. Returns: `(*b, n1, n2)`."""
-        ls = self.lengthscale.to(X1.dtype)
-        return gaussian_cross(X1 / ls, X2 / ls, self.outputscale.to(X1.dtype))
+        """Args: X1 `(*b, n1, d)`, X2 `(*b, n2, d)`. Returns: `(*b, n1, n2)`.
+
+        Both inputs are centred before they are scaled: ``x - c`` is exact for inputs near ``c``, while ``x / ℓ``
+        would round away the differences of inputs far from the origin (float32 arms offset by 10⁶)."""
+        return gaussian_cross(X1, X2, self.outputscale.to(X1.dtype), self.lengthscale.to(X1.dtype))
 
     def diag(self, X: torch.Tensor) -> torch.Tensor:
         """Args: X `(*b, n, d)`. Returns: `(*b, n)` constant ``outputscale``."""
         return self.outputscale.to(device=X.device, dtype=X.dtype).expand(X.shape[:-1]).clone()
 
 
-def gaussian_cross(A: torch.Tensor, B: torch.Tensor, outputscale: torch.Tensor | None = None) -> torch.Tensor:
-    """``s · exp(-‖a - b‖² / 2)`` for all pairs of rows of already-scaled inputs, via one matrix product.
+def gaussian_cross(A: torch.Tensor, B: torch.Tensor, outputscale: torch.Tensor | None = None,
+                   lengthscale: torch.Tensor | None = None) -> torch.Tensor:
+    """``s · exp(-‖(a - b)/ℓ‖² / 2)`` for all pairs of rows, via one matrix product.
 
     Both inputs are centred on the mean of ``B`` first (``B`` is the small side in torchbkb: inducing
-    points), so the expansion ``‖a‖² + ‖b‖² - 2 aᵀb`` does not cancel catastrophically for inputs far
-    from the origin (GPyTorch's ``sq_dist`` does the same). Without autograd the `(n1, n2)` block is
-    made by one fused ``addmm`` and in-place passes, with ``s`` folded into the exponent.
+    points), *then* scaled: ``a - c`` is exact for inputs near ``c``, so the expansion ``‖a‖² + ‖b‖² - 2 aᵀb`` does
+    not cancel catastrophically for inputs far from the origin (float32 inputs offset by 10⁶ keep their
+    differences, which ``a / ℓ`` first would round away). Without autograd the `(n1, n2)` block is made by one
+    fused ``addmm`` and in-place passes, with ``s`` folded into the exponent.
 
     Args:
         A: `(*b, n1, d)`; B: `(*b, n2, d)`.
         outputscale: optional scalar tensor ``s > 0`` (default 1).
+        lengthscale: optional `()` or `(d,)` tensor ``ℓ > 0`` (default 1: already-scaled inputs).
 
     Returns:
         `(*b, n1, n2)`.
     """
-    c = B.mean(-2, keepdim=True)
+    c = B.detach().mean(-2, keepdim=True)  # (*b, 1, d): the kernel does not depend on it
     A, B = A - c, B - c
+    if lengthscale is not None:
+        A, B = A / lengthscale, B / lengthscale
     an, bn = (A * A).sum(-1).unsqueeze(-1), (B * B).sum(-1).unsqueeze(-2)  # (*b, n1, 1), (*b, 1, n2)
     if torch.is_grad_enabled() and (A.requires_grad or B.requires_grad or (outputscale is not None and outputscale.requires_grad)):
         K = torch.exp(-0.5 * (an + bn - 2.0 * (A @ B.transpose(-1, -2))).clamp_min(0.0))
@@ -142,7 +149,7 @@ class KernelAdapter(nn.Module):
             rbf, scale = self._rbf
             ls = rbf.lengthscale.reshape(-1).to(device=X1.device, dtype=X1.dtype)  # (1,) or (d,)
             if ls.numel() in (1, X1.shape[-1]) and X1.shape[-1] == X2.shape[-1]:
-                return gaussian_cross(X1 / ls, X2 / ls, None if scale is None else scale.outputscale.to(X1.dtype))
+                return gaussian_cross(X1, X2, None if scale is None else scale.outputscale.to(X1.dtype), ls)
         out = self.kernel(X1, X2)
         if hasattr(out, "to_dense"):
             out = out.to_dense()

@@ -20,7 +20,7 @@ import torch
 
 from torchbkb.errors import InputDataError, check_finite
 
-__all__ = ["check_targets", "check_weighted_data"]
+__all__ = ["check_features", "check_targets", "check_weighted_data"]
 
 
 def check_weighted_data(emb, X, y, counts, xname: str = "X", yname: str = "y", *, allow_none_y: bool = False, batch: tuple = ()):
@@ -70,3 +70,36 @@ def check_targets(X, y, counts, yname: str = "y", *, xname: str = "X", allow_non
         if bool((counts <= 0).any()):
             raise InputDataError(f"counts: expected positive weights, got min {float(counts.min())}")
     return (None if y is None else y.detach()), counts.detach()
+
+
+def check_features(Z, y, counts, rank: int) -> torch.Tensor:
+    """Check embedded points before a rank-one update: ``Z`` `(*b, k, r)` (or `(r,)`) floating and finite with
+    ``r == rank``; ``y`` ``None`` or finite with ``k`` trailing entries; ``counts`` ``None`` or positive and finite.
+    Returns ``Z`` as `(*b, k, r)`; raises :class:`~torchbkb.errors.InputDataError` ("expected X, got Y").
+
+    Example:
+        >>> check_features(torch.ones(2, 3), None, None, rank=4)
+        Traceback (most recent call last):
+        ...
+        torchbkb.errors.InputDataError: Z: expected features of shape (*b, k, 4), got (2, 3)
+    """
+    if not isinstance(Z, torch.Tensor) or not Z.is_floating_point():
+        raise InputDataError(f"Z: expected a floating tensor of shape (*b, k, {rank}), got {type(Z).__name__}")
+    if Z.dim() == 1:
+        Z = Z.unsqueeze(0)  # (1, r)
+    if Z.shape[-1] != rank:
+        raise InputDataError(f"Z: expected features of shape (*b, k, {rank}), got {tuple(Z.shape)}")
+    check_finite(Z.detach(), "Z")
+    if y is not None:
+        if not isinstance(y, torch.Tensor) or y.dim() < 1 or y.shape[-1] != Z.shape[-2]:
+            got = tuple(y.shape) if isinstance(y, torch.Tensor) else type(y).__name__
+            raise InputDataError(f"y: expected shape (*b, {Z.shape[-2]}) matching Z, got {got}")
+        check_finite(y.detach(), "y")
+    if counts is not None:
+        if not isinstance(counts, torch.Tensor) or counts.dim() < 1 or counts.shape[-1] != Z.shape[-2]:
+            got = tuple(counts.shape) if isinstance(counts, torch.Tensor) else type(counts).__name__
+            raise InputDataError(f"counts: expected shape (*b, {Z.shape[-2]}) matching Z, got {got}")
+        check_finite(counts.detach(), "counts")
+        if bool((counts.detach() <= 0).any()):
+            raise InputDataError(f"counts: expected positive weights, got min {float(counts.detach().min())}")
+    return Z

@@ -162,3 +162,8 @@ def test_pulled_row_cache_same_choices_and_dropped_past_its_budget():
     assert runs["cache"][1].rows.caches_pulled_rows and runs["cache"][1].rows.num_pulled_rows == int((runs["cache"][1].counts > 0).sum())
     assert not runs["none"][1].rows.caches_pulled_rows
     assert not runs["dropped"][1].rows.caches_pulled_rows and int((runs["dropped"][1].counts > 0).sum()) > 40
+
+
+def test_arms_without_dimensions_are_refused():
+    with pytest.raises(InputDataError, match="d >= 1"):
+        BKB(torch.rand(5, 0, dtype=torch.float64), GaussianKernel(0.3), noise=0.1, seed=0)

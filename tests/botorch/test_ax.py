@@ -70,3 +70,33 @@ def test_ax_client_runs_with_bkb_model(sem):
     cards = client.compute_analyses(analyses=[CrossValidationPlot()], display=False)
     assert cards and not any(isinstance(c, ErrorAnalysisCard) for card in cards for c in _walk(card))
     assert torch.is_tensor(model.inducing_points)
+
+
+def test_a_saved_client_restores_and_continues_with_no_user_code(tmp_path):
+    logging.getLogger("ax").setLevel(logging.WARNING)
+    client = Client(random_seed=0)
+    client.configure_experiment(
+        parameters=[
+            RangeParameterConfig(name="x1", parameter_type="float", bounds=(-5.0, 10.0)),
+            RangeParameterConfig(name="x2", parameter_type="float", bounds=(0.0, 15.0)),
+        ]
+    )
+    client.configure_optimization(objective="-branin")
+    gs = choose_generation_strategy(
+        GenerationStrategyDispatchStruct(method="custom", initialization_budget=4, initialization_random_seed=0),
+        model_config=ModelConfig(botorch_model_class=BKBModel),
+    )
+    client.set_generation_strategy(gs)
+    for _ in range(6):
+        for index, params in client.get_next_trials(max_trials=1).items():
+            client.complete_trial(trial_index=index, raw_data={"branin": _branin(params["x1"], params["x2"])})
+    path = tmp_path / "client.json"
+    client.save_to_json_file(str(path))
+    restored = Client.load_from_json_file(str(path))
+    for c in (client, restored):  # both continue: a BKBModel is fitted on the same data
+        (index, params), = c.get_next_trials(max_trials=1).items()
+        c.complete_trial(trial_index=index, raw_data={"branin": _branin(params["x1"], params["x2"])})
+        assert index == 6
+    assert "BKBModel" in path.read_text()  # the model class is stored by name and found again on load
+    (a,), (b,) = client.predict([{"x1": 1.0, "x2": 2.0}]), restored.predict([{"x1": 1.0, "x2": 2.0}])
+    assert a["branin"][0] == pytest.approx(b["branin"][0], rel=0.05) and math.isfinite(b["branin"][1])

@@ -176,9 +176,6 @@ def test_bad_inputs_give_clear_errors():
         DTCMarginalLogLikelihood(model.likelihood, SingleTaskGP(X, Y))
     with pytest.raises(InputDataError, match="model.likelihood"):
         DTCMarginalLogLikelihood(SingleTaskGP(X, Y).likelihood, model)
-    with pytest.raises(InputDataError, match="unbatched"):
-        batched = BKBModel(X.expand(2, 30, 2), Y.expand(2, 30, 1))
-        DTCMarginalLogLikelihood(batched.likelihood, batched)
     other = BKBModel(X, Y)
     with pytest.raises(InputDataError, match="for this BKBModel"):  # fit_gpytorch_mll calls model.custom_fit
         model.custom_fit(DTCMarginalLogLikelihood(other.likelihood, other))

@@ -67,8 +67,8 @@ class Bandit:
 
     def __init__(self, arms: torch.Tensor, *, seed: int | None = None):
         check_matrix(arms, "arms", min_rows=1)
-        if arms.dim() != 2:
-            raise InputDataError(f"arms: expected shape (A, d), got {tuple(arms.shape)}")
+        if arms.dim() != 2 or arms.shape[1] < 1:
+            raise InputDataError(f"arms: expected shape (A, d) with d >= 1, got {tuple(arms.shape)}")
         self.arms = arms.detach()
         self.seed = seed
         self.generator = check_generator(None, seed)

@@ -281,6 +281,12 @@ class BBKBUpperConfidenceBound(BKBUpperConfidenceBound):
 
     def set_X_pending(self, X_pending: Tensor | None = None) -> None:
         """Condition the variance on ``X_pending`` `(n, d)` (hallucinated rewards); ``None`` clears it."""
+        if X_pending is not None:
+            d = self.model.input_dim
+            if not isinstance(X_pending, Tensor) or X_pending.dim() != 2 or X_pending.shape[-1] != d:
+                got = tuple(X_pending.shape) if isinstance(X_pending, Tensor) else type(X_pending).__name__
+                raise InputDataError(f"X_pending: expected shape (n, {d}), got {got}")
+            self.model.check_query(X_pending, "X_pending")
         if X_pending is None or X_pending.shape[-2] == 0:
             self.X_pending = None if X_pending is None else X_pending.detach().clone()
             self._pending_model = self.model

@@ -2,8 +2,9 @@
 
 Ax fits every surrogate through its ``fit_botorch_model`` dispatcher with an MLL class (by default GPyTorch's
 ``ExactMarginalLogLikelihood``). A :class:`~torchbkb.botorch.BKBModel` is fitted with its own evidence bound,
-:class:`~torchbkb.botorch.DTCMarginalLogLikelihood`, in place of the exact one. Nothing happens when Ax is not
-installed.
+:class:`~torchbkb.botorch.DTCMarginalLogLikelihood`, in place of the exact one. Both classes are registered with
+Ax's storage registries, so ``client.save_to_json_file()`` and ``Client.load_from_json_file()`` work. Nothing
+happens when Ax is not installed.
 
 Example:
     >>> from torchbkb.botorch.ax_support import AX_AVAILABLE
@@ -40,8 +41,11 @@ def fit_bkb_model(model: BKBModel, mll_class: Any = None, mll_options: dict | No
 
 try:
     from ax.generators.torch.botorch_modular.utils import fit_botorch_model
+    from ax.storage.botorch_modular_registry import register_mll, register_model
 except ImportError:  # Ax is optional
     AX_AVAILABLE = False
 else:
     AX_AVAILABLE = True
     fit_botorch_model.register(BKBModel)(fit_bkb_model)
+    register_model(BKBModel)  # Ax's JSON and SQL storage: a saved Client restores with no user code
+    register_mll(DTCMarginalLogLikelihood)

@@ -1,12 +1,14 @@
-"""BBKB's adaptive batches over a discrete candidate set, for BoTorch users.
+"""BBKB's batches over a discrete candidate set, for BoTorch users: ``q`` distinct points, or 001's adaptive batch.
 
-:func:`optimize_acqf_bbkb` is the BBKB counterpart of ``botorch.optim.optimize_acqf_discrete``: instead
-of a fixed ``q`` it returns the adaptive batch of 001 Algorithm 1 (lines 4-8) -- the dictionary and the
-mean are frozen at the batch start, each pick is hallucinated into the variance by a rank-one update,
-UCBs are recomputed lazily, and the batch ends once ``1 + Σ σ̃²_fb(x_s) > C̃``. The selection itself is
-:func:`torchbkb.batch_selection.select_batch`; this module scores the candidates in chunks and lets it read
-their features on demand (:class:`CandidateFeatures`): extra memory ``O(A + chunk·(m + J))``, no `(A, m)`
-tensor.
+:func:`optimize_acqf_bbkb` is the BBKB counterpart of ``botorch.optim.optimize_acqf_discrete``. With ``q`` it
+returns ``q`` distinct candidates, picked greedily by the UCB ``μ̃_fb + α̃ σ̃_t`` where each pick is conditioned on
+exactly as a hallucinated observation of the DTC posterior (:mod:`torchbkb.fantasy_batch`: a pick lowers its own
+and its neighbours' variance as an exact fantasy would; GP-BUCB's greedy batch when the dictionary holds every
+training point). With ``q=None`` it returns the adaptive batch of 001 Algorithm 1 (lines 4-8): each pick
+hallucinated into ``V`` by a rank-one update, UCBs recomputed lazily, the batch ended once
+``1 + Σ σ̃²_fb(x_s) > C̃`` (:func:`torchbkb.batch_selection.select_batch`). Either way the candidates are scored
+in chunks and their features read on demand (:class:`CandidateFeatures`): extra memory ``O(A + chunk·m)`` plus
+``O(q·(m + q))``, no `(A, m)` tensor. The result says why the batch ended (:class:`BBKBBatch`).
 
 Example:
     >>> import torch
@@ -15,9 +17,12 @@ Example:
     >>> X = torch.rand(30, 2, dtype=torch.float64, generator=g)
     >>> model = BKBModel(X, torch.sin(6 * X[:, :1]), seed=0)
     >>> choices = torch.rand(20_000, 2, dtype=torch.float64, generator=g)
-    >>> cand, acq = optimize_acqf_bbkb(model, choices, batch_bound=2.0, beta=1.0)
-    >>> cand.shape[1], cand.shape[0] == acq.shape[0] >= 1
-    (2, True)
+    >>> cand, acq = optimize_acqf_bbkb(model, choices, q=10, beta=1.0)
+    >>> cand.shape, torch.unique(cand, dim=0).shape[0]
+    (torch.Size([10, 2]), 10)
+    >>> batch = optimize_acqf_bbkb(model, choices, batch_bound=2.0, beta=1.0)     # 001's adaptive rule
+    >>> batch.stop_reason in ("batch_bound", "max_batch_size", "stalled")
+    True
 """
 
 from __future__ import annotations
@@ -29,10 +34,11 @@ from torchbkb.batch_selection import check_batch_limits, select_batch
 from torchbkb.botorch.acquisition import beta_rls
 from torchbkb.botorch.training_data import check_candidates
 from torchbkb.errors import InputDataError
+from torchbkb.fantasy_batch import FeatureReader, check_q, select_fixed_batch
 from torchbkb.nystrom import DEFAULT_CHUNK
 from torchbkb.botorch.model import BKBModel
 
-__all__ = ["optimize_acqf_bbkb", "CandidateFeatures"]
+__all__ = ["optimize_acqf_bbkb", "BBKBBatch", "CandidateFeatures"]
 
 
 def optimize_acqf_bbkb(
@@ -42,6 +48,8 @@ def optimize_acqf_bbkb(
     max_batch_size: int | None = None,
     beta: str | float = "theory",
     *,
+    q: int | None = None,
+    unique: bool = True,
     F: float = 1.0,
     delta: float = 0.01,
     epsilon: float = 0.5,
@@ -49,8 +57,8 @@ def optimize_acqf_bbkb(
     chunk_size: int = DEFAULT_CHUNK,
     lazy: bool = True,
     return_indices: bool = False,
-):
-    """Select BBKB's adaptive batch from a discrete set of candidates.
+) -> BBKBBatch:
+    """Select a BBKB batch from a discrete set of candidates: ``q`` distinct points, or 001's adaptive batch.
 
     UCB on the RLS scale: ``μ̃_fb(x) + α̃·σ̃_t(x)``; ``beta="theory"`` gives ``α̃ = C̃·β̃ₜ`` with BKB's
     ``β̃ₜ`` of the model's data (:func:`~torchbkb.botorch.theory_beta`); a number is ``α̃`` itself.
@@ -58,26 +66,33 @@ def optimize_acqf_bbkb(
     Args:
         model: a :class:`~torchbkb.botorch.BKBModel` without batch dimensions.
         choices: `(A, d)` candidates in the original input space (``A`` up to ``10⁶-10⁷``).
-        batch_bound: ``C̃ >= 1``; the batch ends with the first pick for which ``1 + Σ σ̃²_fb > C̃``.
-        max_batch_size: optional cap on the batch length.
+        batch_bound: ``C̃ >= 1``: with ``q=None`` the batch ends with the first pick for which
+            ``1 + Σ σ̃²_fb > C̃``; it multiplies the ``"theory"`` width in both modes.
+        max_batch_size: optional cap on an adaptive batch's length (``q=None``).
         beta: ``"theory"``, ``"vakili"`` (003 Theorem 3.5 with a union bound over ``choices``) or ``α̃ >= 0``.
+        q: the batch size: ``q`` candidates, distinct with ``unique`` (BoTorch's ``optimize_acqf_discrete``
+            convention), each an exact fantasy of the DTC posterior; ``None``: 001's adaptive batch.
+        unique: with ``q``, no candidate twice (``q`` at most the number of candidates).
         F, delta, epsilon, noise_std: parameters of ``"theory"`` (see :func:`~torchbkb.botorch.theory_beta`).
         chunk_size: candidates transformed, embedded and scored at once.
-        lazy: lazy UCB updates (``False`` recomputes every UCB after each pick; same result, slower).
+        lazy: lazy UCB updates of the adaptive batch (``False`` recomputes every UCB after each pick; the same
+            batch, slower).
         return_indices: also return the picked row indices of ``choices``.
 
     Returns:
-        ``(candidates, acq_values)`` -- `(B, d)` picks in order (an arm may repeat: hallucination shrinks
-        its variance but does not remove it) and `(B,)` their UCB at pick time, mapped through the outcome
-        transform's ``untransform`` (original outcome units for ``Standardize``); with
-        ``return_indices=True`` also the `(B,)` long indices into ``choices``.
+        A :class:`BBKBBatch`, which unpacks as ``(candidates, acq_values)`` -- `(B, d)` picks in order and
+        `(B,)` their UCB at pick time, mapped through the outcome transform's ``untransform`` (original outcome
+        units for ``Standardize``) -- or, with ``return_indices=True``, also the `(B,)` long indices into
+        ``choices``; ``.stop_reason`` says why it ended. An adaptive batch may repeat a candidate.
     """
 
     if not isinstance(model, BKBModel):
         raise InputDataError(f"model: expected a BKBModel, got {type(model).__name__}")
     check_candidates(model, choices)
-    C, _ = check_batch_limits(batch_bound)
-    if int(chunk_size) < 1:
+    C, max_batch_size = check_batch_limits(batch_bound, max_batch_size)
+    if q is not None:
+        q = check_q(q, int(choices.shape[0]) if unique else 2**62)
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
         raise InputDataError(f"chunk_size: expected an integer >= 1, got {chunk_size!r}")
     if isinstance(beta, str):
         alpha = float(beta_rls(model, beta, F, delta, epsilon, noise_std, num_points=int(choices.shape[-2]))) * C
@@ -90,13 +105,48 @@ def optimize_acqf_bbkb(
         mean, rls = _score(model, choices, int(chunk_size))
         mean = mean + model.mean_constant.to(mean)
         rows = CandidateFeatures(model, choices)
-        sel = select_batch(rows, mean, rls, post.V_inv, alpha, C, max_batch_size=max_batch_size, lazy=lazy, validate=False, chunk_size=int(chunk_size))
-        idx = sel.indices
-        ucb = mean[idx] + alpha * sel.rls_in_batch.to(mean).clamp_min(0.0).sqrt()  # (B,) transformed units
+        if q is not None:
+            sel = select_fixed_batch(FeatureReader(rows.__getitem__, rows.cross), mean, rls, post.V_inv, lam=post.lam,
+                                     alpha=alpha, q=q, unique=unique)
+            idx, in_batch, reason = sel.indices, sel.rls_in_batch, sel.stop_reason
+        else:
+            sel = select_batch(rows, mean, rls, post.V_inv, alpha, C, max_batch_size=max_batch_size, lazy=lazy,
+                               validate=False, chunk_size=int(chunk_size))
+            idx, in_batch = sel.indices, sel.rls_in_batch
+            reason = "max_batch_size" if max_batch_size is not None and idx.numel() == max_batch_size else (
+                "batch_bound" if 1.0 + float(sel.rls_start.sum()) > C else "stalled")
+        ucb = mean[idx] + alpha * in_batch.to(mean).clamp_min(0.0).sqrt()  # (B,) transformed units
         if hasattr(model, "outcome_transform"):
             ucb = model.outcome_transform.untransform(ucb.unsqueeze(-1))[0].squeeze(-1)
-    out = (choices[idx], ucb)
-    return (*out, idx) if return_indices else out
+    out = (choices[idx], ucb, idx) if return_indices else (choices[idx], ucb)
+    return BBKBBatch(out, reason)
+
+
+class BBKBBatch(tuple):
+    """What :func:`optimize_acqf_bbkb` returns: a tuple ``(candidates, acq_values[, indices])`` with attributes.
+
+    Attributes:
+        candidates: `(B, d)`; acq_values: `(B,)`; indices: `(B,)` long or ``None`` (without ``return_indices``).
+        stop_reason: ``"q"`` (``q`` picks), ``"exhausted"`` (every candidate picked), ``"batch_bound"``
+            (``1 + Σ σ̃²_fb > C̃``), ``"max_batch_size"``, or ``"stalled"`` (a pick of ``σ̃²_fb ≈ 0``).
+    """
+
+    def __new__(cls, items: tuple, stop_reason: str):
+        new = super().__new__(cls, items)
+        new.stop_reason = stop_reason
+        return new
+
+    @property
+    def candidates(self) -> Tensor:
+        return self[0]
+
+    @property
+    def acq_values(self) -> Tensor:
+        return self[1]
+
+    @property
+    def indices(self) -> Tensor | None:
+        return self[2] if len(self) > 2 else None
 
 
 class CandidateFeatures:
@@ -116,6 +166,11 @@ class CandidateFeatures:
 
     def __getitem__(self, idx: Tensor | slice) -> Tensor:
         return self._embedding(self._model.transform_inputs(self._choices[idx]))  # (M, r)
+
+    def cross(self, idx: Tensor, other: Tensor) -> Tensor:
+        """`(M, j)` kernel values between the candidates ``idx`` and ``other`` (transformed space)."""
+        tf = self._model.transform_inputs
+        return self._embedding.kernel(tf(self._choices[idx]), tf(self._choices[other]))
 
 
 def _score(model, choices: Tensor, chunk: int) -> tuple[Tensor, Tensor]:

@@ -57,36 +57,51 @@ def default_kernel(d: int, *, dtype: torch.dtype = torch.float64, device: torch.
     return k.to(dtype=dtype, device=device)
 
 
-def hyperparameter_modules(d: int, noise_tf: Tensor | None, noise: float | None, kernel: nn.Module | None, like: Tensor) -> tuple:
+def hyperparameter_modules(d: int, noise_tf: Tensor | None, noise: float | None, kernel: nn.Module | None, like: Tensor,
+                           batch_shape: torch.Size = torch.Size(), likelihood=None, mean_module=None) -> tuple:
     """``(covar_module, likelihood, mean_module)`` as ``SingleTaskGP`` builds them (BoTorch's current defaults).
 
     Args:
         d: input dimension (of the transformed inputs).
-        noise_tf: `(n,)` known noise variances (transformed outcomes): a ``FixedNoiseGaussianLikelihood``.
+        noise_tf: `(*batch, n)` known noise variances (transformed outcomes): a ``FixedNoiseGaussianLikelihood``.
         noise: a fixed noise variance: a ``GaussianLikelihood`` with that noise, not learned.
         kernel: the kernel given, else the RBF kernel with BoTorch's dimension-scaled lognormal lengthscale prior.
         like: the modules take its dtype and device.
+        batch_shape: the training data's batch shape: the default modules get one set of hyperparameters per
+            batch, as ``SingleTaskGP``'s (a batched model, e.g. BoTorch's ``batch_cross_validation``).
+        likelihood, mean_module: the user's (checked by the model), used as given.
 
-    Without ``noise_tf`` and ``noise`` the noise is learned: BoTorch's lognormal-prior ``GaussianLikelihood``.
+    Without ``noise_tf``, ``noise`` and ``likelihood`` the noise is learned: BoTorch's lognormal-prior
+    ``GaussianLikelihood``.
     """
-    covar = kernel if kernel is not None else get_covar_module_with_dim_scaled_prior(ard_num_dims=int(d)).to(like)
-    if isinstance(covar, nn.Module):
-        covar = covar.to(like)
-    if noise_tf is not None:
-        likelihood = FixedNoiseGaussianLikelihood(noise=noise_tf)
-    elif noise is not None:
-        likelihood = GaussianLikelihood(noise_constraint=GreaterThan(0.0)).to(like)
-        likelihood.noise = torch.tensor(float(noise), dtype=like.dtype, device=like.device)
-        likelihood.requires_grad_(False)  # a noise the user gives is kept
-    else:
-        likelihood = get_gaussian_likelihood_with_lognormal_prior()
-    return covar, likelihood.to(like), ConstantMean().to(like)
+    batch_shape = torch.Size(batch_shape)
+    if kernel is None:
+        kernel = get_covar_module_with_dim_scaled_prior(ard_num_dims=int(d), batch_shape=batch_shape)
+    if isinstance(kernel, nn.Module):
+        kernel = kernel.to(like)
+    if likelihood is None:
+        if noise_tf is not None:
+            likelihood = FixedNoiseGaussianLikelihood(noise=noise_tf, batch_shape=batch_shape)
+        elif noise is not None:
+            likelihood = GaussianLikelihood(noise_constraint=GreaterThan(0.0), batch_shape=batch_shape).to(like)
+            likelihood.noise = torch.tensor(float(noise), dtype=like.dtype, device=like.device)
+            likelihood.requires_grad_(False)  # a noise the user gives is kept
+        else:
+            likelihood = get_gaussian_likelihood_with_lognormal_prior(batch_shape=batch_shape)
+    if mean_module is None:
+        mean_module = ConstantMean(batch_shape=batch_shape)
+    return kernel, likelihood.to(like), mean_module.to(like)
 
 
 def hyperparameter_values(*modules) -> Tensor | None:
-    """`(p,)` the raw values of every parameter of the given modules (``None`` if there are none): a snapshot
-    that tells when a posterior built from them is stale."""
-    values = [p.detach().reshape(-1) for m in modules if isinstance(m, nn.Module) for p in m.parameters()]
+    """`(p,)` the values of every parameter and floating buffer of the given modules (``None`` if there are none):
+    a snapshot that tells when a posterior built from them is stale."""
+    values = [
+        t.detach().reshape(-1)
+        for m in modules
+        if isinstance(m, nn.Module)
+        for t in (*m.parameters(), *(b for b in m.buffers() if b.is_floating_point()))
+    ]
     return torch.cat(values) if values else None  # cat copies: the snapshot never aliases a parameter
 
 

@@ -10,7 +10,10 @@ whitened against the ones before it (a block Cholesky factorization)::
 
 so conditioning on new observations (BoTorch's fantasies) appends one block in ``O(q·N² + q³)`` and stays
 differentiable in the new points and values (``L_1 = C_1`` is the Cholesky factor of the first block;
-``N_j`` is the diagonal observation noise, heteroskedastic allowed).
+``N_j`` is the diagonal observation noise, heteroskedastic allowed). Observations without an autograd graph and
+of the state's own batch shape are merged into the one factor instead (``[[L, 0], [B, C]]`` is the Cholesky
+factor of the grown matrix): a model conditioned point by point keeps one triangular solve per query, not one
+per conditioning.
 
 Example:
     >>> import torch
@@ -155,8 +158,30 @@ class ExactGPState(nn.Module):
         new = ExactGPState.__new__(ExactGPState)
         nn.Module.__init__(new)
         new.kernel = self.kernel
-        new._blocks = [*self._blocks, {"X": X, "B": B, "C": C, "beta": beta, "y": y, "noise": noise}]
+        first = self._blocks[0]
+        graph = any(t.requires_grad for t in (B, C, beta, X, y, noise))
+        same = B.shape[:-2] == first["C"].shape[:-2] == X.shape[:-2] == y.shape[:-1] == noise.shape[:-1]
+        if len(self._blocks) == 1 and not graph and same:
+            n, k = first["C"].shape[-1], C.shape[-1]
+            L = first["C"].new_zeros(*first["C"].shape[:-2], n + k, n + k)
+            L[..., :n, :n], L[..., n:, :n], L[..., n:, n:] = first["C"], B, C
+            cat = torch.cat
+            new._blocks = [{"X": cat([first["X"], X], -2), "C": L, "beta": cat([first["beta"], beta], -1),
+                            "y": cat([first["y"], y], -1), "noise": cat([first["noise"], noise], -1)}]
+        else:
+            new._blocks = [*self._blocks, {"X": X, "B": B, "C": C, "beta": beta, "y": y, "noise": noise}]
         return new
+
+    def mean_and_root(self, X: Tensor) -> tuple[Tensor, Tensor]:
+        """Mean `(*b', q)` and ``U`` `(*b', q, N)` at `(*b, q, d)` ``X``, the joint covariance being
+        ``k(X, X) - U Uᵀ`` (in ``X``'s dtype)."""
+        U = self.features(X)
+        mean = sum((u @ b["beta"].unsqueeze(-1)).squeeze(-1) for u, b in zip(U, self._blocks))
+        return mean.to(X.dtype), _cat(U, trailing=2, dim=-1).to(X.dtype)
+
+    def state_tensors(self) -> list[Tensor]:
+        """Every tensor of the state (to ask whether one carries an autograd graph)."""
+        return [v for b in self._blocks for v in b.values() if isinstance(v, Tensor)]
 
 
 def _cat(tensors: list[Tensor], trailing: int, dim: int | None = None) -> Tensor:

@@ -27,16 +27,15 @@ Example:
 from __future__ import annotations
 
 import math
-import warnings
 
 import torch
-from botorch.exceptions.warnings import OptimizationWarning
 from botorch.optim.fit import fit_gpytorch_mll_scipy
 from gpytorch.module import Module as GPyTorchModule
 
 from torch import Tensor
 
 from torchbkb.botorch.dictionary_sampling import sample_dictionary
+from torchbkb.botorch.fit_attempts import optimize_with_retries
 from torchbkb.botorch.marginal_likelihood import DTCMarginalLogLikelihood, training_noise
 from torchbkb.errors import InputDataError
 from torchbkb.evidence_bound import FIT_CHUNK
@@ -69,8 +68,9 @@ FIT_POINTS = FIT_CHUNK
 ROUND_NATS = 0.1
 
 
-def fit_rounds(model, mll, closure=None, optimizer=None, closure_kwargs=None, optimizer_kwargs=None, max_rounds: int = MAX_ROUNDS,
-               warm_start: bool = True, inducing_limit: int = FIT_INDUCING, fit_points: int | None = FIT_POINTS, **kwargs):
+def fit_rounds(model, mll, closure=None, optimizer=None, closure_kwargs=None, optimizer_kwargs=None,
+               max_rounds: int = MAX_ROUNDS, warm_start: bool = True, inducing_limit: int = FIT_INDUCING,
+               fit_points: int | None = FIT_POINTS, **kwargs):
     """Fit ``model``'s hyperparameters by maximizing ``mll`` (a :class:`~torchbkb.botorch.DTCMarginalLogLikelihood`
     of ``model``) in rounds; ``model.fit_rounds`` records how many ran.
 
@@ -91,9 +91,11 @@ def fit_rounds(model, mll, closure=None, optimizer=None, closure_kwargs=None, op
             kernel of large effective dimension better, at ``O(n·inducing_limit²)`` per evaluation.
         fit_points: past this many training points, the rounds run on a uniform random subset of this many
             (:data:`FIT_POINTS`); ``None``: every round on every point.
+        kwargs: ``max_attempts``, ``warning_handler``, ``caught_exception_types`` of ``fit_gpytorch_mll``'s retry
+            policy, which every optimizer run follows (:func:`~torchbkb.botorch.fit_attempts.optimize_with_retries`).
 
     Returns:
-        ``mll`` in eval mode, the model's posterior rebuilt at the fitted hyperparameters.
+        ``mll`` in eval mode; the model's posterior is rebuilt at the fitted hyperparameters when next read.
     """
     if not isinstance(mll, DTCMarginalLogLikelihood) or mll.model is not model:
         raise InputDataError(
@@ -105,19 +107,21 @@ def fit_rounds(model, mll, closure=None, optimizer=None, closure_kwargs=None, op
         raise InputDataError(f"fit_points: expected None or an integer >= 1, got {fit_points!r}")
     if int(max_rounds) < 1:
         raise InputDataError(f"max_rounds: expected an integer >= 1, got {max_rounds!r}")
+    policy = {k: kwargs[k] for k in ("max_attempts", "warning_handler", "caught_exception_types") if k in kwargs}
     optimizer = fit_gpytorch_mll_scipy if optimizer is None else optimizer
     rounds = 0
     if not any(p.requires_grad for p in mll.parameters()):
         model.fit_rounds = 0  # nothing to learn (fixed noise and a kernel without parameters)
         return mll.eval()
-    device = model.train_inputs[0].device
-    n = model.train_inputs[0].shape[-2]
-    exact = n <= EXACT_FIT  # one round on the exact evidence: it does not depend on a dictionary
+    X = model.train_inputs[0]
+    device, n = X.device, X.shape[-2]
+    # one round on the exact evidence (it does not depend on a dictionary): small n, or one set per batch
+    exact = n <= EXACT_FIT or X.dim() > 2
     gen = torch.Generator().manual_seed(0 if model.seed is None else model.seed)
-    if n > max(WARM_START, EXACT_FIT) and closure is None and warm_start:
+    if n > max(WARM_START, EXACT_FIT) and closure is None and warm_start and not exact:
         idx = torch.randperm(n, generator=gen)[:WARM_START].to(device)
-        mll.train()
-        optimizer(mll, closure_kwargs={**(closure_kwargs or {}), "indices": idx}, **(optimizer_kwargs or {}))
+        optimize_with_retries(mll, optimizer, closure_kwargs={**(closure_kwargs or {}), "indices": idx},
+                              optimizer_kwargs=optimizer_kwargs, **policy)
     subset = None  # the rounds' training points: all of them, or one uniform subset past fit_points
     if not exact and closure is None and fit_points is not None and n > fit_points:
         subset = torch.randperm(n, generator=gen)[:fit_points].sort().values.to(device)
@@ -136,11 +140,8 @@ def fit_rounds(model, mll, closure=None, optimizer=None, closure_kwargs=None, op
                 if subset is not None:
                     extra["indices"] = subset
             round_kwargs = {**(closure_kwargs or {}), **extra}
-        mll.train()
-        result = optimizer(mll, closure=closure, closure_kwargs=round_kwargs, **round_opt)
-        status = getattr(result, "status", None)
-        if status is not None and getattr(status, "name", "") == "FAILURE":
-            warnings.warn(f"BKBModel fit, round {rounds}: the optimizer failed ({getattr(result, 'message', '')})", OptimizationWarning, stacklevel=3)
+        optimize_with_retries(mll, optimizer, closure=closure, closure_kwargs=round_kwargs, optimizer_kwargs=round_opt,
+                              **policy)
         if not exact and hyperparameter_change(before, hyperparameters(model)) < HYPER_TOL:
             break
     model.fit_rounds = rounds

@@ -15,11 +15,14 @@ Example:
 from __future__ import annotations
 
 import torch
+from gpytorch.likelihoods import GaussianLikelihood
+from gpytorch.means import ConstantMean, ZeroMean
 from torch import Tensor
 
 from torchbkb.errors import InputDataError, check_finite
 
-__all__ = ["check_train_data", "check_train_Yvar", "check_query", "check_model_inputs", "check_observations", "check_candidates"]
+__all__ = ["check_train_data", "check_train_Yvar", "check_query", "as_query", "check_observation_noise",
+           "check_model_inputs", "check_observations", "check_candidates"]
 
 
 def check_train_data(train_X, train_Y) -> None:
@@ -43,8 +46,8 @@ def check_train_data(train_X, train_Y) -> None:
         raise InputDataError(
             f"train_Y: expected dtype {train_X.dtype} on {train_X.device} (like train_X), got {train_Y.dtype} on {train_Y.device}"
         )
-    if train_X.shape[-2] < 1:
-        raise InputDataError(f"train_X: expected at least one training point, got shape {tuple(train_X.shape)}")
+    if train_X.shape[-2] < 1 or train_X.shape[-1] < 1:
+        raise InputDataError(f"train_X: expected at least one training point of d >= 1 inputs, got shape {tuple(train_X.shape)}")
     check_finite(train_X, "train_X")
     check_finite(train_Y, "train_Y")
 
@@ -90,9 +93,10 @@ def check_query(X, input_dim: int, ref: Tensor, name: str, batch_shape: torch.Si
             ) from None
 
 
-def check_model_inputs(train_X, train_Y, train_Yvar, noise, kernel, covar_module):
-    """The constructor's data (:func:`check_train_data`, ``train_Yvar`` like ``train_Y``), one noise source and one
-    kernel (``covar_module`` is BoTorch's name for ``kernel``); returns the kernel given (or None)."""
+def check_model_inputs(train_X, train_Y, train_Yvar, noise, kernel, covar_module, likelihood=None, mean_module=None):
+    """The constructor's data (:func:`check_train_data`, ``train_Yvar`` like ``train_Y``), one noise source (``noise``,
+    ``train_Yvar`` or a ``GaussianLikelihood``), one kernel (``covar_module`` is BoTorch's name for ``kernel``) and a
+    constant mean; returns the kernel given (or None)."""
     check_train_data(train_X, train_Y)
     if train_Yvar is not None:
         check_train_Yvar(train_Yvar, train_X, "train_Yvar")
@@ -100,9 +104,45 @@ def check_model_inputs(train_X, train_Y, train_Yvar, noise, kernel, covar_module
             raise InputDataError(f"train_Yvar: expected shape {tuple(train_Y.shape)} like train_Y, got {tuple(train_Yvar.shape)}")
         if noise is not None:
             raise InputDataError(f"noise: expected None when train_Yvar gives the noise, got {noise!r}")
+    if likelihood is not None:
+        if not isinstance(likelihood, GaussianLikelihood):
+            raise InputDataError(f"likelihood: expected a gpytorch GaussianLikelihood (homoskedastic noise), got {type(likelihood).__name__}")
+        if noise is not None or train_Yvar is not None:
+            raise InputDataError("likelihood: expected the noise from one source, got a likelihood with noise= or train_Yvar=")
+    if mean_module is not None and not isinstance(mean_module, (ConstantMean, ZeroMean)):
+        raise InputDataError(f"mean_module: expected a ConstantMean or ZeroMean (a constant prior mean), got {type(mean_module).__name__}")
     if kernel is not None and covar_module is not None:
         raise InputDataError("kernel, covar_module: expected one of the two (they name the same argument), got both")
     return kernel if kernel is not None else covar_module
+
+
+def as_query(X, input_dim: int):
+    """``X`` with a 1-d `(q,)` query of a one-input model read as `(q, 1)` (as ``SingleTaskGP`` reads it); any other
+    value is returned as it is (for :func:`check_query`)."""
+    if isinstance(X, Tensor) and X.dim() == 1 and input_dim == 1:
+        return X.unsqueeze(-1)  # (q,) -> (q, 1)
+    return X
+
+
+def check_observation_noise(observation_noise, X: Tensor) -> None:
+    """``posterior``'s ``observation_noise``: a bool, or a tensor of finite non-negative variances `(*b, q[, 1])`
+    with ``X``'s dtype and device and ``q`` matching `(*b, q, d)` ``X``."""
+    if isinstance(observation_noise, bool):
+        return
+    if not isinstance(observation_noise, Tensor):
+        raise InputDataError(
+            f"observation_noise: expected a bool or a tensor of noise variances, got {type(observation_noise).__name__} {observation_noise!r}"
+        )
+    noise = observation_noise.detach()
+    q = X.shape[-2]
+    ok_shape = noise.dim() >= 1 and (noise.shape[-1] == q or (noise.dim() >= 2 and noise.shape[-2:] == (q, 1)))
+    if not ok_shape:
+        raise InputDataError(f"observation_noise: expected shape (*batch, {q}, 1) like the query, got {tuple(noise.shape)}")
+    if not noise.is_floating_point() or noise.device != X.device:
+        raise InputDataError(f"observation_noise: expected a floating tensor on {X.device}, got {noise.dtype} on {noise.device}")
+    check_finite(noise, "observation_noise")
+    if bool((noise < 0).any()):
+        raise InputDataError(f"observation_noise: expected non-negative variances, got min {float(noise.min()):.3e}")
 
 
 def check_observations(X: Tensor, Y, noise, batch_shape: torch.Size) -> torch.Size:

@@ -50,6 +50,7 @@ from torchbkb.dtc_posterior import DTCPosterior
 from torchbkb.errors import InputDataError, check_finite, check_matrix, check_positive
 from torchbkb.nystrom import NystromEmbedding
 from torchbkb.utils.linalg import safe_cholesky
+from torchbkb.utils.state_loading import load_state_dict_atomically
 
 __all__ = ["DTCApproximateGP", "DTCVariationalStrategy", "TitsiasVariationalDistribution"]
 
@@ -134,6 +135,11 @@ class DTCApproximateGP(ApproximateGP):
         x, y = _check_data(inputs, targets, d=self.train_inputs_.shape[-1], ref=self.train_inputs_)
         self.train_inputs_ = x
         self.train_targets = y
+
+    def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
+        """``nn.Module.load_state_dict``, all entries or none: a bad state dict raises
+        :class:`~torchbkb.errors.InputDataError` and changes nothing."""
+        return load_state_dict_atomically(self, torch.nn.Module.load_state_dict, state_dict, strict, assign=assign)
 
     # ------------------------------------------------------------------ GPyTorch API
     def forward(self, x: Tensor) -> MultivariateNormal:
@@ -239,6 +245,7 @@ class DTCVariationalStrategy(_VariationalStrategy):
         GPyTorch's ``VariationalELBO`` has the value *and* the hyperparameter gradients of the collapsed bound.
         """
         if self.training:
+            check_finite(x.detach(), "x")
             return self._whitened_predictive(x)
         model = self.model
         post = model.dtc_posterior()

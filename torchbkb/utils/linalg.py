@@ -82,6 +82,10 @@ def safe_cholesky(A: torch.Tensor, *, max_tries: int = 6, name: str = "matrix") 
     L, info = torch.linalg.cholesky_ex(A)
     if not bool(info.any()):
         return L
+    if not bool(torch.isfinite(A.detach()).all()):  # no jitter helps: say so (an optimizer backs off on it)
+        err = NumericsError(f"{name}: expected a finite positive definite {n}x{n} matrix, got NaN/inf entries")
+        err.nonfinite = True
+        raise err
     diag_mean = A.detach().diagonal(dim1=-2, dim2=-1).abs().mean().clamp_min(torch.finfo(dtype).tiny)
     jitter = float(torch.finfo(dtype).eps * diag_mean) * 10.0
     eye = torch.eye(n, dtype=dtype, device=A.device)

@@ -1,0 +1,142 @@
+"""What a :class:`~torchbkb.botorch.BKBModel` must survive besides predicting: hyperparameter changes, threads,
+copies, pickles, state dicts, ``.to()``.
+
+* **Never stale.** The posterior (:attr:`ModelLifecycle.engine`) is a snapshot at the hyperparameters' values
+  (parameters and floating buffers of the kernel, likelihood and mean): read after any of them changed -- a fit,
+  ``load_state_dict``, an assignment, in training or eval mode -- it is rebuilt from all the model's data.
+* **Threads.** The posterior is built lazily, under the model's lock, and a built engine is never modified, so threads that share a model read the same
+  posterior and draw the same seeded dictionary as a sequential run.
+* **Pickle, ``copy.deepcopy``, ``torch.save``.** The lock is left out and made anew; a posterior conditioned on
+  observations that carry an autograd graph (a fantasy) is left out too and rebuilt from the model's data.
+* **``load_state_dict``** checks every entry first and copies all of them or none
+  (:func:`~torchbkb.utils.state_loading.load_state_dict_atomically`); the posterior follows the new values.
+* **Derived models** (conditioned, hallucinated) own copies of the hyperparameter modules and transforms, as
+  ``SingleTaskGP``'s fantasy models do: fitting one never moves the other.
+
+Example:
+    >>> import pickle, torch
+    >>> from torchbkb.botorch import BKBModel
+    >>> X = torch.rand(20, 2, dtype=torch.float64)
+    >>> model = BKBModel(X, X.sum(-1, keepdim=True), seed=0)
+    >>> Xq = torch.rand(3, 1, 2, dtype=torch.float64)
+    >>> mean = model.posterior(Xq).mean
+    >>> bool(torch.equal(pickle.loads(pickle.dumps(model)).posterior(Xq).mean, mean))
+    True
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+
+import torch
+from torch import nn
+
+from torchbkb.botorch.conditioning import shallow_module_copy
+from torchbkb.botorch.defaults import hyperparameter_values, same_values
+from torchbkb.botorch.engine import ModelEngine
+from torchbkb.utils.state_loading import load_state_dict_atomically
+
+__all__ = ["ModelLifecycle", "OWNED_MODULES"]
+
+#: The submodules a derived model owns copies of.
+OWNED_MODULES = ("covar_module", "likelihood", "mean_module", "input_transform", "outcome_transform")
+
+
+class ModelLifecycle:
+    """Mixin of :class:`~torchbkb.botorch.BKBModel`: the lock, pickling, atomic state loading, derived copies."""
+
+    def _init_lifecycle(self) -> None:
+        self._lock = threading.RLock()
+
+    @property
+    def engine(self) -> ModelEngine:
+        """The posterior at the current hyperparameters, rebuilt from all the model's data if any changed since."""
+        with self._lock:
+            values = hyperparameter_values(self.covar_module, self.likelihood, self.mean_module)
+            if self._engine is None or not same_values(values, self._snapshot):
+                self._build(values)
+            return self._engine
+
+    def last_engine(self) -> ModelEngine:
+        """The posterior last built (at the hyperparameters of that moment; built now if there is none): what a
+        fitting step reads for a valid set of inducing points without re-drawing a dictionary at every step."""
+        with self._lock:
+            return self.engine if self._engine is None else self._engine
+
+    def _apply(self, fn, recurse: bool = True):
+        out = super()._apply(fn, recurse)
+        if self.__dict__.get("_data") is not None:  # data and posterior are moved with the model
+            self._data = self._data.apply(fn)
+        if self.__dict__.get("_engine") is not None:
+            self._engine.apply(fn)
+            if self._snapshot is not None:
+                self._snapshot = fn(self._snapshot)
+        return out
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        state.pop("_lock", None)
+        engine = state.get("_engine")
+        if engine is not None and engine.has_graph:  # a graph neither pickles nor deep-copies: rebuilt on demand
+            state["_engine"] = state["_snapshot"] = None
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        super().__setstate__(state)
+        self._lock = threading.RLock()
+
+    def load_state_dict(self, state_dict, strict: bool = True, keep_transforms: bool = True, assign: bool = False):
+        """BoTorch's ``load_state_dict``, all entries or none: a state dict of another dimension or kernel, a
+        truncated one or one with NaN raises :class:`~torchbkb.errors.InputDataError` and changes nothing. With
+        ``keep_transforms`` (BoTorch's default) the data are re-transformed by the loaded transforms, as
+        ``SingleTaskGP`` re-transforms its training targets; the posterior is rebuilt when next read."""
+        with self._lock:
+            try:
+                originals = self._data.map_blocks(self._untransform) if keep_transforms else None
+            except NotImplementedError:  # a transform that cannot untransform: loaded as is (as BoTorch does)
+                originals = None
+
+            def load(module, sd, strict, assign):
+                out = nn.Module.load_state_dict(module, sd, strict=strict, assign=assign)
+                if originals is not None:
+                    module._data = originals.map_blocks(module._retransform)  # the last step: rolled back as one
+                return out
+
+            result = load_state_dict_atomically(self, load, state_dict, strict, assign=assign)
+            self._engine = self._snapshot = None
+            return result
+
+    def _untransform(self, block):
+        """``(X, Y, Yvar)`` of a data block in the original spaces (`(*b, k, d)`, `(*b, k, 1)`, `(*b, k, 1)`)."""
+        X, Y, Yvar = block.X, block.y.unsqueeze(-1), None if block.noise is None else block.noise.unsqueeze(-1)
+        with torch.no_grad():
+            if getattr(self, "outcome_transform", None) is not None:
+                self.outcome_transform.eval()
+                Y, Yvar = self.outcome_transform.untransform(Y, Yvar, X=X)
+            if getattr(self, "input_transform", None) is not None:
+                X = self.input_transform.untransform(X)
+        return X, Y, Yvar
+
+    def _retransform(self, original):
+        """A block's ``(X, y, noise)`` in the (newly loaded) transformed spaces, from :meth:`_untransform`."""
+        X, Y, Yvar = original.X, original.y, original.noise
+        with torch.no_grad():
+            if getattr(self, "input_transform", None) is not None:
+                self.input_transform.eval()
+                X = self.input_transform(X)
+            if getattr(self, "outcome_transform", None) is not None:
+                self.outcome_transform.eval()
+                Y, Yvar = self.outcome_transform(Y, Yvar, X=X)
+        return X, Y.squeeze(-1), None if Yvar is None else Yvar.squeeze(-1)
+
+    def derived_copy(self):
+        """A new model object sharing this one's data and settings, with its own copies of the hyperparameter
+        modules and transforms and its own lock (what ``condition_on_observations`` returns)."""
+        new = shallow_module_copy(self)
+        for name in OWNED_MODULES:
+            module = getattr(self, name, None)
+            if isinstance(module, nn.Module):
+                setattr(new, name, copy.deepcopy(module))  # into the copy's own module table
+        new._lock = threading.RLock()
+        return new
