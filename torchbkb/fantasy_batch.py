@@ -17,7 +17,7 @@ The greedy is lazy: UCBs ``μ̃ + α̃ σ̃_j`` (RLS scale, ``σ̃² = σ²/λ``
 is an upper bound, and a pick needs fresh UCBs only for the candidates whose stored bound could still win. They
 are kept in a pool of the best stored bounds (the best bound outside it is known); a refresh reads the features
 and the kernel values against the picks of a few candidates (``O(M·(r + d)·j + M·j²)`` for ``M`` candidates).
-Memory: ``O(A)`` for ``A`` candidates plus ``O(q·(r + q))``; candidates are read on demand.
+Memory: ``O(A)`` for ``A`` candidates plus ``O(q·(r + q))`` and one chunk of candidates read on demand.
 
 Example:
     >>> import torch
@@ -38,6 +38,7 @@ import torch
 from torch import Tensor
 
 from torchbkb.errors import InputDataError
+from torchbkb.nystrom import DEFAULT_CHUNK
 
 __all__ = ["FixedBatch", "FeatureReader", "select_fixed_batch", "check_q"]
 
@@ -92,7 +93,8 @@ def check_q(q, num_candidates: int) -> int:
 
 
 def select_fixed_batch(reader: FeatureReader, mean: Tensor, rls: Tensor, V_inv: Tensor, *, lam: float, alpha: float,
-                       q: int, excluded: Tensor | None = None, unique: bool = True) -> FixedBatch:
+                       q: int, excluded: Tensor | None = None, unique: bool = True,
+                       chunk_size: int = DEFAULT_CHUNK) -> FixedBatch:
     """Select ``q`` distinct candidates greedily by ``μ̃_fb + α̃ σ̃_j`` with exact fantasies (module docstring).
 
     Args:
@@ -105,6 +107,7 @@ def select_fixed_batch(reader: FeatureReader, mean: Tensor, rls: Tensor, V_inv: 
         excluded: optional `(A,)` bool, candidates never picked.
         unique: distinct picks (BoTorch's ``optimize_acqf_discrete(unique=True)``); ``False`` lets a candidate be
             picked again, at its variance after its own fantasies.
+        chunk_size: the most candidates read at once (memory ``O(chunk_size·(r + q))``).
 
     Returns:
         A :class:`FixedBatch`.
@@ -123,27 +126,33 @@ def select_fixed_batch(reader: FeatureReader, mean: Tensor, rls: Tensor, V_inv: 
     picks: list[int] = []
     in_batch: list[float] = []
     evaluations = 0
-    pool, tau = _pool(ucb, max(POOL, 4 * q))
+    size = max(POOL, 4 * q)
+    pool, tau = _pool(ucb, size)
     reason = "q"
     while len(picks) < q:
         j = len(picks)
         picked = torch.tensor(picks, dtype=torch.long, device=dev)
+        block = REFRESH_BLOCK  # doubled after every round that did not settle the pick
         while True:
             sub = ucb[pool]
             k = int(torch.argmax(sub))
             best = float(sub[k])
             if best == -torch.inf and tau == -torch.inf:
                 break
-            if best < tau:  # the pool may not hold the winner any more: the best stored bounds again
-                pool, tau = _pool(ucb, max(POOL, 4 * q))
+            if best < tau:  # the pool may not hold the winner any more: a larger pool of the best bounds
+                size = min(2 * size, A)
+                pool, tau = _pool(ucb, size)
                 continue
             i = int(pool[k])
             if int(version[i]) == j:  # fresh and at least every other (upper) bound: the argmax
                 break
-            top = pool[torch.topk(sub, min(REFRESH_BLOCK, sub.numel())).indices]
+            top = pool[torch.topk(sub, min(block, sub.numel())).indices]
+            block *= 2
             stale = top[(version[top] < j) & (ucb[top] > -torch.inf)]
-            var = _variance(reader, stale, picked, var0, B[:, :j], L[:j, :j], dt)
-            ucb[stale] = mean_w[stale] + alpha * (var.clamp_min(0.0) / lam).sqrt()
+            for c in range(0, stale.numel(), chunk_size):
+                part = stale[c : c + chunk_size]
+                var = _variance(reader, part, picked, var0, B[:, :j], L[:j, :j], dt)
+                ucb[part] = mean_w[part] + alpha * (var.clamp_min(0.0) / lam).sqrt()
             version[stale] = j
             evaluations += int(stale.numel())
         if best == -torch.inf:

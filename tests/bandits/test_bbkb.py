@@ -274,6 +274,9 @@ def test_float32_follows_float64():
         (dict(batch_bound="big"), "batch_bound"),
         (dict(max_batch_size=0), "max_batch_size"),
         (dict(max_batch_size=2.5), "max_batch_size"),
+        (dict(batch_size=0), "q"),
+        (dict(batch_size=21), "q"),
+        (dict(batch_size=2.5), "q"),
         (dict(beta="large"), "beta"),
         (dict(beta=-1.0), "beta"),
         (dict(q_bar=0.0), "q_bar"),
@@ -333,3 +336,48 @@ def test_a_prior_variance_too_small_for_the_stop_rule_ends_the_batch(cap):
         idx = b.ask()
         b.tell(idx, f[idx])
     assert b.batch_sizes[0] == 1 and set(b.batch_sizes[1:]) == {1 if cap is None else cap}
+
+
+@pytest.mark.parametrize("prune", [True, False])
+def test_a_fixed_batch_size_gives_distinct_batches_of_that_size(prune):
+    arms, f = _arms(A=400)
+    b = _bbkb(arms, batch_size=12, prune=prune)
+    batches = _run(b, f, 121)
+    assert batches[0] == batches[0][:1] and all(len(x) == 12 == len(set(x)) for x in batches[1:])
+    ref = _bbkb(arms, batch_size=12, prune=not prune)
+    assert _run(ref, f, 121) == batches  # pruning changes the work, never the batches
+
+
+def test_fixed_batches_are_gp_bucb_batches_with_every_pulled_arm_in_the_dictionary():
+    arms, f = _arms(A=200)
+    b = _bbkb(arms, batch_size=8, q_bar=1e9, beta=0.5)  # every pulled arm joins the dictionary
+    _run(b, f, 25)
+    idx = b.ask()
+    pulled = (b.counts > 0).nonzero().squeeze(1)
+    assert torch.equal(b.dictionary.sort().values, pulled.sort().values)
+    lam, k = 0.01, GaussianKernel(LS)
+    X, n = arms[pulled], b.counts[pulled].to(torch.float64)
+    y = b.reward_sums[pulled] / n
+    K = k(X, X) + lam * torch.diag(1.0 / n)
+    L = torch.linalg.cholesky(K)
+    Ka = k(arms, X)
+    mu = Ka @ torch.cholesky_solve(y.unsqueeze(-1), L).squeeze(-1)
+    W = torch.linalg.solve_triangular(L, Ka.T, upper=False)
+    Sig = k(arms, arms) - W.T @ W
+    picks = []
+    for _ in range(8):
+        ucb = mu + 0.5 * (Sig.diagonal().clamp_min(0) / lam).sqrt()
+        ucb[picks] = -torch.inf
+        p = int(ucb.argmax())
+        picks.append(p)
+        Sig = Sig - Sig[:, p : p + 1] @ Sig[p : p + 1, :] / (Sig[p, p] + lam)
+    assert idx.tolist() == picks
+
+
+def test_fixed_batch_checkpoint_resume_is_an_identical_continuation():
+    arms, f = _arms(A=250)
+    a = _bbkb(arms, batch_size=10)
+    _run(a, f, 31)
+    b = _bbkb(arms, batch_size=10, seed=99)
+    b.load_state_dict(a.state_dict())
+    assert _run(a, f, 101) == _run(b, f, 101)

@@ -57,6 +57,7 @@ from torchbkb.bandits.kernel_row_cache import ROW_CACHE_BYTES
 from torchbkb.bandits.sketched import SketchedKernelBandit
 from torchbkb.batch_selection import BatchSelection, check_batch_limits, select_batch
 from torchbkb.confidence import bbkb_beta, bbkb_practical_beta
+from torchbkb.fantasy_batch import FeatureReader, check_q, select_fixed_batch
 from torchbkb.nystrom import DEFAULT_CHUNK
 from torchbkb.rls_dictionary import DEFAULT_INCLUSION
 from torchbkb.theorems import warn_unmet_preconditions
@@ -82,9 +83,13 @@ class BBKB(SketchedKernelBandit):
             :attr:`practical_sum` (:func:`~torchbkb.confidence.bbkb_practical_beta`), used as ``α̃`` as it is.
         batch_bound: ``C̃ >= 1``; a batch continues while ``1 + Σ_{s in batch} σ̃²_fb(x_s) <= C̃``
             (``C̃ = 1`` gives batches of one).
-        max_batch_size: optional cap on the batch length (e.g. the number of workers). Without it a pick
+        max_batch_size: optional cap on the batch length. Without it a pick
             whose ``σ̃²_fb`` is 0, or ≈ 0 next to ``C̃`` (the rule would need more than 2²⁴ picks of it), ends
             the batch (see :func:`~torchbkb.batch_selection.select_batch`).
+        batch_size: a fixed batch size (a fixed pool of workers) instead of 001's adaptive rule: every batch
+            (after the uniform first one) is ``batch_size`` distinct arms, picked greedily by the same UCB with
+            each pick an exact fantasy of the DTC posterior (:mod:`torchbkb.fantasy_batch`); ``C̃`` then only
+            scales the ``"theory"`` width.
         seed: generator seed (first arm, dictionary draws).
         F: bound on ``‖f‖_H`` (theory β).
         delta: failure probability (theory β).
@@ -148,6 +153,7 @@ class BBKB(SketchedKernelBandit):
         beta: float | str = "theory",
         batch_bound: float = 2.0,
         max_batch_size: int | None = None,
+        batch_size: int | None = None,
         seed: int | None = None,
         F: float = 1.0,
         delta: float = 0.01,
@@ -165,6 +171,7 @@ class BBKB(SketchedKernelBandit):
             prune=prune, inclusion=inclusion, kernel_cache_bytes=kernel_cache_bytes,
         )
         self.batch_bound, self.max_batch_size = check_batch_limits(batch_bound, max_batch_size)
+        self.batch_size = None if batch_size is None else check_q(batch_size, self.num_arms)
         self.lazy = bool(lazy)
         if self.beta_mode == "theory":
             warn_unmet_preconditions("BBKB", q_bar=self.q_bar, lam=self.lam, delta=self.delta, horizon=horizon, batch_bound=self.batch_bound)
@@ -217,15 +224,41 @@ class BBKB(SketchedKernelBandit):
             if scored is not None:  # (k,) ascending: lowest index first on ties, as over all arms
                 mean, rls = mean[scored], rls[scored]
             with torch.no_grad():
-                sel = select_batch(Z, mean, rls, V_inv, self.beta, self.batch_bound, self.max_batch_size, lazy=self.lazy, validate=False, chunk_size=self.chunk_size if self.streams_kernel_rows else None)
-            if scored is not None:
-                sel = sel._replace(indices=scored[sel.indices])
+                if self.batch_size is not None:  # arm indices
+                    sel = self._fixed_batch(Z, mean, rls, V_inv, scored)
+                else:
+                    sel = select_batch(Z, mean, rls, V_inv, self.beta, self.batch_bound, self.max_batch_size, lazy=self.lazy, validate=False, chunk_size=self.chunk_size if self.streams_kernel_rows else None)
+                    if scored is not None:
+                        sel = sel._replace(indices=scored[sel.indices])
             idx = sel.indices
             self.last_selection = sel
             self.ucb_evaluations += sel.ucb_evaluations
         self.batch_sizes.append(int(idx.numel()))
         self.time_in_batch += time.perf_counter() - start
         return idx
+
+    def _fixed_batch(self, Z, mean, rls, V_inv, scored) -> BatchSelection:
+        """``batch_size`` distinct arms (arm indices) with exact fantasies among ``mean``/``rls`` (of the ``scored``
+        arms, or of all). Should a pick's UCB fall below the best UCB bound of the arms the update skipped (or the
+        scored arms run out), those arms could win: the batch is selected again over every arm."""
+        out = self._fantasy_batch(Z, mean, rls, V_inv, self.arms if scored is None else self.arms[scored])
+        if scored is not None:
+            rest = torch.ones(self.num_arms, dtype=torch.bool, device=mean.device)
+            rest[scored] = False
+            bound = self._mask_excluded(self.arm_means)[rest] + self.beta * self.arm_rls[rest].clamp_min(0.0).sqrt()
+            picked = mean[out.indices] + self.beta * out.rls_in_batch.to(mean).clamp_min(0.0).sqrt()
+            if out.indices.numel() < self.batch_size or (bound.numel() and float(picked.min()) < float(bound.max())):
+                all_mean, all_rls = self.scores()
+                all_mean = self._mask_excluded(all_mean)
+                out = self._fantasy_batch(self.feature_rows(), all_mean, all_rls, V_inv, self.arms)
+                return BatchSelection(out.indices, all_rls[out.indices], out.rls_in_batch, out.ucb_evaluations, V_inv)
+            return BatchSelection(scored[out.indices], rls[out.indices], out.rls_in_batch, out.ucb_evaluations, V_inv)
+        return BatchSelection(out.indices, rls[out.indices], out.rls_in_batch, out.ucb_evaluations, V_inv)
+
+    def _fantasy_batch(self, Z, mean, rls, V_inv, arms):
+        reader = FeatureReader(lambda idx: Z[idx], lambda idx, other: self.kernel(arms[idx], arms[other]))
+        return select_fixed_batch(reader, mean, rls, V_inv, lam=self.lam, alpha=self.beta, q=self.batch_size,
+                                  excluded=~torch.isfinite(mean))
 
     def _update(self) -> None:
         start = time.perf_counter()

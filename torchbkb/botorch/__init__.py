@@ -8,7 +8,9 @@
   ``beta="vakili"``: the sparse width of 003 Theorem 3.5 with the measured ``λ_max``.
 * :class:`BBKBUpperConfidenceBound` -- the same with ``X_pending`` (hallucinated variance updates), for
   ``optimize_acqf_discrete(q > 1)``.
-* :func:`optimize_acqf_bbkb` -- BBKB's adaptive batch over a discrete candidate set.
+* :func:`optimize_acqf_bbkb` -- ``q`` distinct BBKB picks (exact fantasies), or 001's adaptive batch, over a
+  discrete candidate set.
+* :class:`TrustRegionBKB` -- TuRBO-1/TuRBO-m with BKBModel local models (:class:`TrustRegion`: the state).
 * :func:`optimize_acqf_thompson` -- a Thompson batch over a huge discrete candidate set, in chunks;
   ``draw_matheron_paths`` (hence ``qJointEntropySearch``, ``get_optimal_samples``) accepts a ``BKBModel``.
 * With Ax installed, ``ModelConfig(botorch_model_class=BKBModel)`` works as is (:mod:`.ax_support`).
@@ -29,6 +31,8 @@ from torchbkb.botorch.acquisition import BKBUpperConfidenceBound, BBKBUpperConfi
 from torchbkb.botorch.batch import optimize_acqf_bbkb
 from torchbkb.botorch.pathwise import BKBSamplePath, draw_bkb_paths
 from torchbkb.botorch.thompson import optimize_acqf_thompson
+from torchbkb.botorch.trust_region import TrustRegion
+from torchbkb.botorch.trust_region_loop import TrustRegionBKB
 from torchbkb.botorch.ax_support import AX_AVAILABLE  # registers BKBModel with Ax's fit dispatcher
 
 __all__ = [
@@ -38,6 +42,8 @@ __all__ = [
     "BBKBUpperConfidenceBound",
     "optimize_acqf_bbkb",
     "optimize_acqf_thompson",
+    "TrustRegion",
+    "TrustRegionBKB",
     "draw_bkb_paths",
     "BKBSamplePath",
     "AX_AVAILABLE",

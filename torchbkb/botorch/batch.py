@@ -107,7 +107,7 @@ def optimize_acqf_bbkb(
         rows = CandidateFeatures(model, choices)
         if q is not None:
             sel = select_fixed_batch(FeatureReader(rows.__getitem__, rows.cross), mean, rls, post.V_inv, lam=post.lam,
-                                     alpha=alpha, q=q, unique=unique)
+                                     alpha=alpha, q=q, unique=unique, chunk_size=int(chunk_size))
             idx, in_batch, reason = sel.indices, sel.rls_in_batch, sel.stop_reason
         else:
             sel = select_batch(rows, mean, rls, post.V_inv, alpha, C, max_batch_size=max_batch_size, lazy=lazy,

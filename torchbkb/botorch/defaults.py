@@ -20,7 +20,7 @@ from gpytorch.likelihoods import FixedNoiseGaussianLikelihood, GaussianLikelihoo
 from gpytorch.means import ConstantMean
 from torch import Tensor, nn
 
-__all__ = ["hyperparameter_modules", "hyperparameter_values", "same_values", "default_kernel", "DEFAULT_LENGTHSCALE", "DEFAULT_OUTPUTSCALE", "DEFAULT_NOISE", "EXACT_FRACTION", "EXACT_BELOW", "MIN_YVAR"]
+__all__ = ["hyperparameter_modules", "hyperparameter_values", "same_values", "default_kernel", "DEFAULT_LENGTHSCALE", "DEFAULT_OUTPUTSCALE", "DEFAULT_NOISE", "EXACT_FRACTION", "EXACT_BELOW", "EXACT_FIT", "MIN_YVAR"]
 
 #: Matérn-5/2 lengthscale per input dimension is ``DEFAULT_LENGTHSCALE · √d`` (inputs in ``[0, 1]^d``):
 #: the typical distance between two uniform points of the unit cube grows like ``√(d/6)``.
@@ -37,6 +37,9 @@ EXACT_FRACTION = 0.5
 #: the dictionary replay's Python overhead (the dictionary is then drawn only if read, from the exact RLS
 #: variances). Kept small: scoring many candidates costs ``O(n²)`` each exactly against ``O(m²)`` with DTC.
 EXACT_BELOW = 128
+#: Up to this many training points a fit maximizes the exact evidence (one round: it does not depend on a
+#: dictionary), which costs about what the bound does there and is what an exact posterior needs.
+EXACT_FIT = 1000
 #: Floor of known noise variances (transformed outcomes), as BoTorch's noise-free ``train_Yvar`` of 1e-6.
 MIN_YVAR = 1e-6
 

@@ -34,6 +34,7 @@ from gpytorch.module import Module as GPyTorchModule
 
 from torch import Tensor
 
+from torchbkb.botorch.defaults import EXACT_FIT
 from torchbkb.botorch.dictionary_sampling import sample_dictionary
 from torchbkb.botorch.fit_attempts import optimize_with_retries
 from torchbkb.botorch.marginal_likelihood import DTCMarginalLogLikelihood, training_noise
@@ -53,9 +54,7 @@ HYPER_TOL = 0.05
 WARM_START = 500
 #: The bound is maximized over at most this many inducing points (:func:`fit_inducing_points`).
 FIT_INDUCING = 256
-#: Up to this many training points the rounds maximize the exact evidence (one round: it does not depend on
-#: a dictionary), which costs about what the bound does there and is what an exact posterior needs.
-EXACT_FIT = 1000
+
 #: Past this many training points the rounds maximize the bound of a uniform random subset of this many of them
 #: (drawn once per fit): one chunk of the bound's sums, so its backward pass recomputes nothing. The
 #: hyperparameters' statistical error shrinks as ``1/√FIT_POINTS``; an evaluation over all ``n`` points costs

@@ -1,10 +1,13 @@
 """Thompson sampling over a huge discrete candidate set, in chunks: ``q`` posterior function draws, each
-maximized over every candidate, with extra memory ``O(A + chunk·(m + F))`` for ``A`` candidates, ``m``
+maximized over the candidates, with extra memory ``O(A + chunk·(m + F) + q²)`` for ``A`` candidates, ``m``
 dictionary points and ``F`` random prior features.
 
 Each draw is a pathwise sample of the model's posterior (:mod:`torchbkb.botorch.pathwise`), so the picks are
 exact Thompson draws of the DTC (or exact) posterior up to the random-feature prior, and the cost is linear in
-``A``; a joint ``(A × A)`` posterior covariance (BoTorch's ``MaxPosteriorSampling``) is never formed.
+``A``; a joint ``(A × A)`` posterior covariance (BoTorch's ``MaxPosteriorSampling``) is never formed. As
+``MaxPosteriorSampling(replacement=False)`` (TuRBO's choice), a batch holds ``q`` distinct candidates by default:
+draw ``i`` takes its best candidate that no earlier draw took (each draw's ``q`` best are kept across chunks);
+``replacement=True`` lets every draw take its own maximizer.
 
 Example:
     >>> import torch
@@ -12,8 +15,8 @@ Example:
     >>> X = torch.rand(40, 2, dtype=torch.float64); Y = -(X - 0.3).pow(2).sum(-1, keepdim=True)
     >>> choices = torch.rand(10_000, 2, dtype=torch.float64)
     >>> cand, values = optimize_acqf_thompson(BKBModel(X, Y, seed=0), choices, q=5, chunk_size=4096)
-    >>> cand.shape, values.shape
-    (torch.Size([5, 2]), torch.Size([5]))
+    >>> cand.shape, values.shape, torch.unique(cand, dim=0).shape[0]
+    (torch.Size([5, 2]), torch.Size([5]), 5)
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ def optimize_acqf_thompson(
     choices: Tensor,
     q: int,
     *,
+    replacement: bool = False,
     chunk_size: int = DEFAULT_CHUNK,
     num_features: int = 1024,
     return_indices: bool = False,
@@ -46,7 +50,10 @@ def optimize_acqf_thompson(
     Args:
         model: a :class:`~torchbkb.botorch.BKBModel` without batch dimensions.
         choices: `(A, d)` candidates in the model's original input space.
-        q: number of picks (draws); two draws may pick the same candidate.
+        q: number of picks (draws); at most ``A`` without replacement.
+        replacement: ``False`` (default, as ``MaxPosteriorSampling(replacement=False)``): ``q`` distinct
+            candidates, draw ``i`` taking its best candidate not taken by draws ``1..i-1``; ``True``: each draw's
+            own maximizer (two draws may pick the same candidate).
         chunk_size: candidates evaluated at once.
         num_features: random features of the prior draws.
         return_indices: also return the `(q,)` indices into ``choices``.
@@ -61,16 +68,37 @@ def optimize_acqf_thompson(
     for name, value in (("q", q), ("chunk_size", chunk_size), ("num_features", num_features)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise InputDataError(f"{name}: expected an integer >= 1, got {value!r}")
+    if not isinstance(replacement, bool):
+        raise InputDataError(f"replacement: expected a bool, got {replacement!r}")
+    if not replacement and q > choices.shape[0]:
+        raise InputDataError(f"q: expected at most {choices.shape[0]} distinct candidates (the number given), got {q}")
     model.eval()
+    keep = 1 if replacement else q  # each draw's best `keep` candidates
     with torch.no_grad():
         paths = draw_bkb_paths(model, Size([q]), num_features=num_features)
-        best = torch.full((q,), -torch.inf, dtype=choices.dtype, device=choices.device)
-        idx = torch.zeros(q, dtype=torch.long, device=choices.device)
+        best = torch.full((q, 0), -torch.inf, dtype=choices.dtype, device=choices.device)
+        idx = torch.zeros((q, 0), dtype=torch.long, device=choices.device)
         for start in range(0, choices.shape[0], chunk_size):
             values = paths(choices[start : start + chunk_size])  # (q, c)
-            v, i = values.max(dim=-1)
-            better = v > best
-            best = torch.where(better, v, best)
-            idx = torch.where(better, i + start, idx)
+            v, i = values.topk(min(keep, values.shape[-1]), dim=-1)  # (q, k) each chunk's best of every draw
+            best, order = torch.cat([best, v], -1).topk(min(keep, best.shape[-1] + v.shape[-1]), dim=-1)
+            idx = torch.cat([idx, i + start], -1).gather(-1, order)
+        if replacement:
+            best, idx = best[:, 0], idx[:, 0]
+        else:
+            best, idx = _distinct(best, idx)
     out = (choices[idx], best)
     return (*out, idx) if return_indices else out
+
+
+def _distinct(values: Tensor, indices: Tensor) -> tuple[Tensor, Tensor]:
+    """Draw ``i`` in order takes the first of its ranked candidates `(q, k)` that no earlier draw took."""
+    taken: set[int] = set()
+    rows = indices.tolist()
+    pick = []
+    for i, ranked in enumerate(rows):
+        j = next(j for j, c in enumerate(ranked) if c not in taken)  # k = q >= i + 1 candidates: one is free
+        taken.add(ranked[j])
+        pick.append(j)
+    col = torch.tensor(pick, dtype=torch.long, device=indices.device).unsqueeze(-1)
+    return values.gather(-1, col).squeeze(-1), indices.gather(-1, col).squeeze(-1)

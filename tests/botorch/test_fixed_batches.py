@@ -1,0 +1,133 @@
+"""Fixed-q BBKB batches (exact fantasies of the DTC posterior) and distinct Thompson batches: q distinct rows of the
+candidate set, GP-BUCB's greedy batch when the dictionary holds every training point, BoTorch's conventions for
+duplicates, bounded memory, and typed errors on bad input."""
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from torchbkb.botorch import BKBModel, optimize_acqf_bbkb, optimize_acqf_thompson
+from torchbkb.errors import InputDataError
+from torchbkb.kernels import GaussianKernel
+
+F64 = torch.float64
+
+
+def _problem(n=40, A=500, seed=0, d=2):
+    g = torch.Generator().manual_seed(seed)
+    X = torch.rand(n, d, dtype=F64, generator=g)
+    y = torch.sin(6 * X[:, 0]) + X[:, 1:].sum(-1)
+    return X, y, torch.rand(A, d, dtype=F64, generator=g)
+
+
+def _gp_bucb(kernel, X, y, offset, C, lam, alpha, q):
+    """GP-BUCB's greedy batch, written literally: exact posterior covariance, hallucinated picks with noise λ."""
+    K = kernel(X, X) + lam * torch.eye(X.shape[0], dtype=F64)
+    L = torch.linalg.cholesky(K)
+    Kc = kernel(C, X)
+    mu = Kc @ torch.cholesky_solve((y - offset).unsqueeze(-1), L).squeeze(-1) + offset
+    W = torch.linalg.solve_triangular(L, Kc.T, upper=False)
+    Sig = kernel(C, C) - W.T @ W
+    picks = []
+    for _ in range(q):
+        ucb = mu + alpha * (Sig.diagonal().clamp_min(0) / lam).sqrt()
+        ucb[picks] = -torch.inf
+        p = int(ucb.argmax())
+        picks.append(p)
+        Sig = Sig - Sig[:, p : p + 1] @ Sig[p : p + 1, :] / (Sig[p, p] + lam)
+    return picks
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_fixed_q_picks_are_gp_bucb_greedy_batch_with_a_complete_dictionary(seed):
+    X, y, C = _problem(seed=seed)
+    k, lam, alpha = GaussianKernel(0.25), 0.01, 1.5
+    model = BKBModel(X, y.unsqueeze(-1), kernel=k, noise=lam, inducing_points=X, outcome_transform=None, exact_fraction=None)
+    out = optimize_acqf_bbkb(model, C, q=25, beta=alpha, return_indices=True, chunk_size=64)
+    assert out.stop_reason == "q" and out.indices.unique().numel() == 25
+    assert torch.equal(out.candidates, C[out.indices])
+    assert out.indices.tolist() == _gp_bucb(k, X, y, model.mean_constant, C, lam, alpha, 25)
+
+
+def test_a_pick_lowers_its_own_variance_as_an_exact_fantasy_and_may_repeat_without_unique():
+    X, y, C = _problem(n=200, A=300)
+    model = BKBModel(X, y.unsqueeze(-1), kernel=GaussianKernel(0.1), noise=1e-3, seed=0, exact_fraction=None)
+    assert model.num_inducing < 200  # a sparse dictionary: candidates outside its span
+    cand, acq = optimize_acqf_bbkb(model, C[:1], q=3, beta=5.0, unique=False)
+    assert torch.equal(cand, C[:1].expand(3, 2))  # one candidate, picked again at its shrunken variance
+    rls = model.rls(C[:1])
+    assert acq[1] < acq[0] and acq[2] < acq[1]
+    lam = model.noise
+    var = float(rls) * lam
+    expected = model.posterior(C[:1]).mean.squeeze() + 5.0 * (var * lam / (var + lam) / lam) ** 0.5 * model.outcome_transform.stdvs.squeeze()
+    assert float(acq[1]) == pytest.approx(float(expected), rel=1e-6)
+
+
+def test_fixed_q_reads_candidates_in_chunks(monkeypatch):
+    from torchbkb.nystrom import NystromEmbedding
+
+    X, y, _ = _problem(n=100)
+    C = torch.rand(20_000, 2, dtype=F64, generator=torch.Generator().manual_seed(3))
+    model = BKBModel(X, y.unsqueeze(-1), seed=0)
+    rows = []
+    forward = NystromEmbedding.forward
+    monkeypatch.setattr(NystromEmbedding, "forward", lambda self, Z, *a, **kw: rows.append(Z.shape[-2]) or forward(self, Z, *a, **kw))
+    cand, _ = optimize_acqf_bbkb(model, C, q=200, beta=2.0, chunk_size=1024)
+    assert cand.shape == (200, 2) and torch.unique(cand, dim=0).shape[0] == 200
+    assert max(rows) <= 1024
+
+
+@settings(max_examples=30, deadline=None)
+@given(q=st.one_of(st.integers(-3, 0), st.just(501), st.floats(0.5, 3.5), st.just(True), st.just("3")))
+def test_bad_q_raises_and_changes_nothing(q):
+    X, y, C = _problem()
+    model = BKBModel(X, y.unsqueeze(-1), seed=0)
+    before = model.posterior(C[:5, None]).mean
+    with pytest.raises(InputDataError, match="q"):
+        optimize_acqf_bbkb(model, C, q=q, beta=1.0)
+    with pytest.raises(InputDataError, match="q"):
+        optimize_acqf_thompson(model, C, q=q)
+    assert torch.equal(model.posterior(C[:5, None]).mean, before)
+
+
+def test_nan_candidates_raise():
+    X, y, C = _problem()
+    model = BKBModel(X, y.unsqueeze(-1), seed=0)
+    C = C.clone()
+    C[3, 1] = float("nan")
+    for call in (lambda: optimize_acqf_bbkb(model, C, q=3, beta=1.0), lambda: optimize_acqf_thompson(model, C, q=3)):
+        with pytest.raises(InputDataError, match="finite"):
+            call()
+
+
+def test_the_adaptive_batch_says_why_it_ended():
+    X, y, C = _problem()
+    model = BKBModel(X, y.unsqueeze(-1), seed=0)
+    assert optimize_acqf_bbkb(model, C, batch_bound=1.0, beta=1.0).stop_reason == "batch_bound"
+    capped = optimize_acqf_bbkb(model, C, batch_bound=1e6, max_batch_size=4, beta=1.0)
+    assert capped.stop_reason == "max_batch_size" and capped.candidates.shape[0] == 4
+
+
+def test_thompson_batches_are_distinct_by_default_as_max_posterior_sampling():
+    X, y, C = _problem(n=30, A=200)
+    model = BKBModel(X, y.unsqueeze(-1), seed=0)
+    torch.manual_seed(0)
+    cand, values, idx = optimize_acqf_thompson(model, C, q=50, return_indices=True, chunk_size=64)
+    assert idx.unique().numel() == 50
+    torch.manual_seed(0)
+    same, again, idx_r = optimize_acqf_thompson(model, C, q=50, replacement=True, return_indices=True, chunk_size=64)
+    assert idx_r.unique().numel() < 50  # with replacement draws share maximizers (a smooth posterior, 200 candidates)
+    assert idx[0] == idx_r[0] and values[0] == again[0]  # the first draw takes its own maximizer either way
+    # the rule: draw i takes its best candidate not taken by draws 1..i-1 (BoTorch's replacement=False)
+    torch.manual_seed(0)
+    from torchbkb.botorch import draw_bkb_paths
+
+    paths = draw_bkb_paths(model, torch.Size([50]))
+    with torch.no_grad():
+        full = paths(C)  # (50, 200)
+    taken = []
+    for row in full:
+        order = row.argsort(descending=True).tolist()
+        taken.append(next(c for c in order if c not in taken))
+    assert idx.tolist() == taken

@@ -1,0 +1,132 @@
+"""TuRBO's trust region against hand-computed sequences (grow, shrink, restart), its candidates, and the
+trust-region BKB loop: a whole loop in a few lines, its pieces, and typed errors that change nothing."""
+
+import math
+
+import pytest
+import torch
+
+from torchbkb.botorch import TrustRegion, TrustRegionBKB
+from torchbkb.botorch.trust_region import num_candidates
+from torchbkb.errors import InputDataError
+
+F64 = torch.float64
+
+
+def test_tolerances_are_the_papers():
+    assert TrustRegion(20, 100).failure_tolerance == 1  # ⌈max(4/100, 20/100)⌉
+    assert TrustRegion(60, 10).failure_tolerance == 6
+    assert TrustRegion(2, 1).failure_tolerance == 4
+    r = TrustRegion(5, 5)
+    assert (r.length, r.length_min, r.length_max, r.success_tolerance) == (0.8, 0.5**7, 1.6, 3)
+    assert num_candidates(5) == 2000 and num_candidates(20) == 4000 and num_candidates(60) == 5000
+
+
+def test_grow_shrink_and_restart_follow_the_hand_computed_sequence():
+    r = TrustRegion(dim=8, batch_size=4)  # τ_fail = ⌈max(1, 2)⌉ = 2
+    values = [1.0, 2.0, 3.0, 3.0005, 2.0, 5.0, 5.0, 5.0, 5.0]
+    lengths, counters = [], []
+    for v in values:
+        r.update(torch.tensor([v]))
+        lengths.append(r.length)
+        counters.append((r.success_counter, r.failure_counter))
+    # 1, 2, 3: three successes -> 1.6; 3.0005 is within 1e-3·3 of 3: a failure; 2: failure -> 0.8;
+    # 5: success; then 5, 5: failures -> 0.4; 5: failure (1)
+    assert lengths == [0.8, 0.8, 1.6, 1.6, 0.8, 0.8, 0.8, 0.4, 0.4]
+    assert counters == [(1, 0), (2, 0), (0, 0), (0, 1), (0, 0), (1, 0), (0, 1), (0, 0), (0, 1)]
+    assert r.best_value == 5.0 and not r.restart_triggered
+    for _ in range(2 * 6):  # six more halvings: 0.4 / 2⁶ = 2⁻⁷·0.8 < 2⁻⁷
+        r.update(torch.tensor([0.0]))
+    assert r.length == pytest.approx(0.4 / 64) and r.restart_triggered
+    r.restart()
+    assert (r.length, r.best_value, r.restarts, r.restart_triggered) == (0.8, -math.inf, 1, False)
+
+
+def test_candidates_stay_in_the_region_and_perturb_at_least_one_coordinate():
+    r = TrustRegion(dim=40, batch_size=10)
+    center = torch.full((40,), 0.95, dtype=F64)
+    ls = torch.linspace(0.5, 2.0, 40, dtype=F64)
+    lb, ub = r.bounds(center, ls)
+    w = ls / ls.mean()
+    w = w / w.prod() ** (1 / 40)
+    assert torch.allclose(ub - lb, torch.minimum(center + w * 0.4, torch.ones(40, dtype=F64)) - (center - w * 0.4))
+    cand = r.candidates(center, ls, 3000, seed=0)
+    assert bool(((cand >= lb) & (cand <= ub)).all())
+    changed = cand != center
+    assert bool(changed.any(-1).all())
+    assert abs(float(changed.double().mean()) - 20 / 40) < 0.05  # each coordinate with probability min(1, 20/d)
+    assert torch.equal(cand, r.candidates(center, ls, 3000, seed=0))
+
+
+@pytest.mark.parametrize(
+    "center, ls, match",
+    [
+        (torch.full((3,), 1.5, dtype=F64), torch.ones(3, dtype=F64), "unit cube"),
+        (torch.tensor([0.5, float("nan"), 0.5], dtype=F64), torch.ones(3, dtype=F64), "finite"),
+        (torch.full((2,), 0.5, dtype=F64), torch.ones(3, dtype=F64), "center"),
+        (torch.full((3,), 0.5, dtype=F64), torch.tensor([1.0, -1.0, 1.0], dtype=F64), "lengthscale"),
+    ],
+)
+def test_bad_regions_raise(center, ls, match):
+    with pytest.raises(InputDataError, match=match):
+        TrustRegion(3, 5).candidates(center, ls, 10)
+
+
+def test_bad_states_raise_and_change_nothing():
+    r = TrustRegion(3, 5)
+    before = r.state_dict()
+    for bad in (torch.tensor([]), torch.tensor([float("nan")])):
+        with pytest.raises(InputDataError):
+            r.update(bad)
+    with pytest.raises(InputDataError):
+        r.load_state_dict({"length": 1.0})
+    assert r.state_dict() == before
+    for kw in (dict(dim=0, batch_size=1), dict(dim=2, batch_size=2.5), dict(dim=2, batch_size=2, length_min=2.0)):
+        with pytest.raises(InputDataError):
+            TrustRegion(**kw)
+
+
+def _sphere(X):
+    return -((X - 0.3) ** 2).sum(-1)
+
+
+@pytest.mark.parametrize("acquisition", ["thompson", "bbkb"])
+def test_a_whole_loop_in_a_few_lines(acquisition):
+    bounds = torch.tensor([[0.0] * 4, [1.0] * 4], dtype=F64)
+    loop = TrustRegionBKB(bounds, batch_size=10, acquisition=acquisition, seed=0)
+    X, Y = loop.optimize(_sphere, budget=88)
+    assert X.shape == (88, 4) and torch.equal(Y, _sphere(X))
+    assert loop.best[1] > -0.02 and loop.models[0] is not None
+
+
+def test_several_regions_share_a_batch_and_restart_on_their_own():
+    bounds = torch.tensor([[-1.0] * 3, [1.0] * 3], dtype=F64)
+    loop = TrustRegionBKB(bounds, batch_size=6, num_regions=2, n_init=5, seed=1)
+    first = loop.ask()
+    assert first.shape == (10, 3)  # both regions' designs
+    loop.tell(first, _sphere(first))
+    second = loop.ask()
+    assert second.shape == (6, 3)
+    loop.tell(second[:4], _sphere(second[:4]))  # the first rows of a batch
+    assert loop.Y.numel() == 14
+
+
+def test_initialize_and_bad_tells_raise_and_change_nothing():
+    bounds = torch.tensor([[0.0] * 2, [1.0] * 2], dtype=F64)
+    loop = TrustRegionBKB(bounds, batch_size=4, seed=0)
+    X0 = torch.rand(12, 2, dtype=F64)
+    loop.initialize(X0, _sphere(X0))
+    batch = loop.ask()
+    assert batch.shape == (4, 2)  # no design: the model proposes at once
+    for X, Y in ((batch, _sphere(batch)[:3]), (batch + 5.0, _sphere(batch)), (batch[:, :1], _sphere(batch)),
+                 (batch, torch.full((4,), float("nan"), dtype=F64))):
+        with pytest.raises(InputDataError):
+            loop.tell(X, Y)
+    assert loop.Y.numel() == 12
+    loop.tell(batch, _sphere(batch))
+    with pytest.raises(InputDataError, match="asked"):
+        loop.tell(batch, _sphere(batch))
+    for kw in (dict(bounds=torch.tensor([[1.0], [0.0]], dtype=F64)), dict(bounds=bounds, acquisition="ei"),
+               dict(bounds=bounds, batch_size=0)):
+        with pytest.raises(InputDataError):
+            TrustRegionBKB(**kw)

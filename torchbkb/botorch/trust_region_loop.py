@@ -1,0 +1,251 @@
+"""Trust-region BKB: TuRBO-1 and TuRBO-m (Eriksson et al., NeurIPS 2019) with a :class:`~torchbkb.botorch.BKBModel`
+as each region's local model, for loops of thousands of evaluations in tens of dimensions.
+
+Each region (:class:`~torchbkb.botorch.trust_region.TrustRegion`) owns the points it proposed since its last
+restart, starting from a Sobol design of ``n_init`` points. A proposal fits the region's model on its points --
+at most ``local_points`` of them, the nearest to the region's centre in the region's own metric, so that a fit
+costs the same at 10³ and at 10⁵ evaluations and the hyperparameters come from the exact evidence
+(:data:`~torchbkb.botorch.defaults.EXACT_FIT`) -- from the kernel's defaults and warm from the region's previous
+hyperparameters (the better evidence kept), draws TuRBO's
+candidates in the region and picks ``q`` of them by Thompson sampling (:func:`~torchbkb.botorch.optimize_acqf_thompson`,
+distinct pathwise draws) or by a fixed-``q`` BBKB batch (:func:`~torchbkb.botorch.optimize_acqf_bbkb`). With
+several regions the ``q`` best picks across regions are taken (their values are in the objective's units).
+
+Example:
+    >>> import torch
+    >>> from torchbkb.botorch import TrustRegionBKB
+    >>> f = lambda X: -((X - 0.3) ** 2).sum(-1)                 # maximize on [0, 1]^3
+    >>> loop = TrustRegionBKB(torch.tensor([[0.0] * 3, [1.0] * 3], dtype=torch.float64), batch_size=8, seed=0)
+    >>> X, Y = loop.optimize(f, budget=40)
+    >>> X.shape, bool(Y.max() > -0.05)
+    (torch.Size([40, 3]), True)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import math
+
+import torch
+from botorch.exceptions.errors import ModelFittingError
+from botorch.fit import fit_gpytorch_mll
+from gpytorch.constraints import Interval
+from gpytorch.kernels import MaternKernel, ScaleKernel
+from gpytorch.likelihoods import GaussianLikelihood
+from torch import Tensor
+from torch.quasirandom import SobolEngine
+
+from torchbkb.botorch.batch import optimize_acqf_bbkb
+from torchbkb.botorch.defaults import EXACT_FIT
+from torchbkb.botorch.marginal_likelihood import DTCMarginalLogLikelihood
+from torchbkb.botorch.model import BKBModel
+from torchbkb.botorch.thompson import optimize_acqf_thompson
+from torchbkb.botorch.trust_region import TrustRegion, num_candidates
+from torchbkb.errors import InputDataError, check_finite
+
+__all__ = ["TrustRegionBKB", "LOCAL_POINTS", "turbo_modules"]
+
+#: A region's model is fitted on at most this many of its points (the exact evidence's limit).
+LOCAL_POINTS = EXACT_FIT
+
+
+def turbo_modules(dim: int) -> dict:
+    """TuRBO's model choices: ``ScaleKernel(Matérn-5/2, ARD)`` with lengthscales in ``[0.005, 4]`` on the unit cube
+    and a noise in ``[1e-8, 1e-3]`` (standardized outcomes): ``BKBModel(X, Y, **turbo_modules(d))``."""
+    kernel = ScaleKernel(MaternKernel(nu=2.5, ard_num_dims=int(dim), lengthscale_constraint=Interval(0.005, 4.0)))
+    return {"covar_module": kernel, "likelihood": GaussianLikelihood(noise_constraint=Interval(1e-8, 1e-3))}
+
+
+class TrustRegionBKB:
+    """TuRBO with BKBModel local models (module docstring); maximizes. Ask/tell, or :meth:`optimize` a function.
+
+    Args:
+        bounds: `(2, d)` lower and upper bounds of the search box.
+        batch_size: ``q``, points per proposal.
+        num_regions: ``m`` (TuRBO-1: 1).
+        acquisition: ``"thompson"`` or ``"bbkb"`` (fixed-``q`` BBKB with ``beta``).
+        beta: the width of ``"bbkb"``'s UCB ``μ + β·σ`` on the GP scale (``α̃ = β√λ`` on the RLS scale).
+        n_init: a region's initial Sobol design (default ``2d``, as BoTorch's TuRBO tutorial).
+        n_candidates: candidates per region and proposal (default TuRBO's ``min(5000, max(2000, 200d))``).
+        local_points: the most points a region's model is fitted on (:data:`LOCAL_POINTS`).
+        model_kwargs: ``BKBModel`` keyword arguments (default :func:`turbo_modules`); fit_kwargs: passed to
+            ``fit_gpytorch_mll``.
+        warm_start: also fit from the region's previous hyperparameters and keep the fit of larger evidence
+            (``False``: from the kernel's defaults only, as TuRBO's reference code).
+        seed: seeds the designs, candidates, dictionaries and draws.
+
+    Attributes:
+        X, Y: `(n, d)` and `(n,)` every told point (original units) and value; regions: the
+        :class:`~torchbkb.botorch.trust_region.TrustRegion` states; models: each region's last fitted model.
+    """
+
+    def __init__(self, bounds: Tensor, batch_size: int = 100, *, num_regions: int = 1, acquisition: str = "thompson",
+                 beta: float = 1.0, n_init: int | None = None, n_candidates: int | None = None,
+                 local_points: int = LOCAL_POINTS, model_kwargs: dict | None = None, fit_kwargs: dict | None = None,
+                 warm_start: bool = True, seed: int = 0):
+        if not isinstance(bounds, Tensor) or bounds.dim() != 2 or bounds.shape[0] != 2 or not bounds.is_floating_point():
+            raise InputDataError(f"bounds: expected a floating tensor of shape (2, d), got {getattr(bounds, 'shape', bounds)}")
+        check_finite(bounds, "bounds")
+        if not bool((bounds[1] > bounds[0]).all()):
+            raise InputDataError("bounds: expected every upper bound above its lower bound")
+        if acquisition not in ("thompson", "bbkb"):
+            raise InputDataError(f"acquisition: expected 'thompson' or 'bbkb', got {acquisition!r}")
+        d = bounds.shape[1]
+        for name, v in (("batch_size", batch_size), ("num_regions", num_regions), ("local_points", local_points),
+                        ("n_init", 2 * d if n_init is None else n_init), ("seed", seed + 1)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise InputDataError(f"{name}: expected an integer >= 1 (seed >= 0), got {v!r}")
+        self.bounds, self.batch_size, self.acquisition, self.beta = bounds, batch_size, acquisition, float(beta)
+        self.n_init = 2 * d if n_init is None else n_init
+        self.n_candidates = num_candidates(d) if n_candidates is None else int(n_candidates)
+        self.local_points, self.seed, self.warm_start = local_points, seed, bool(warm_start)
+        self.model_kwargs, self.fit_kwargs = model_kwargs, dict(fit_kwargs or {})
+        self.regions = [TrustRegion(d, batch_size) for _ in range(num_regions)]
+        self.models: list[BKBModel | None] = [None] * num_regions
+        self._owned: list[list[int]] = [[] for _ in range(num_regions)]  # each region's points since its restart
+        self._hyper: list[dict | None] = [None] * num_regions  # each region's last hyperparameters
+        self._pending: list[int] | None = None  # the region of each asked point
+        self._draws = 0
+        self.X, self.Y = bounds.new_zeros((0, d)), bounds.new_zeros((0,))
+
+    # ------------------------------------------------------------------ the loop
+    def optimize(self, f: Callable[[Tensor], Tensor], budget: int) -> tuple[Tensor, Tensor]:
+        """Ask, evaluate ``f`` (`(k, d) -> (k,)` or `(k, 1)`, maximized) and tell until ``budget`` evaluations;
+        returns every point and value, ``(X, Y)``."""
+        while self.Y.numel() < budget:
+            X = self.ask()[: budget - self.Y.numel()]  # the last batch cut to the budget
+            self.tell(X, f(X))
+        return self.X, self.Y
+
+    def initialize(self, X: Tensor, Y: Tensor) -> None:
+        """Start every region from points evaluated elsewhere (an initial design of your own, an earlier run):
+        `(n, d)` ``X`` in the box and `(n,)` ``Y``; the regions then skip their Sobol designs."""
+        if self._pending is not None or self.Y.numel():
+            raise InputDataError("initialize: expected a loop that has neither asked nor been told anything")
+        self._pending = [-1] * (X.shape[0] if isinstance(X, Tensor) and X.dim() == 2 else 0)
+        self.tell(X, Y)
+
+    def ask(self) -> Tensor:
+        """The next batch `(k, d)` (original units): the initial design of every region that has no point, else
+        ``q`` picks across regions."""
+        if self._pending is not None:
+            raise InputDataError("ask: expected the last batch told first, got a batch still pending")
+        fresh = [r for r, owned in enumerate(self._owned) if not owned]
+        if fresh:
+            designs = [SobolEngine(self.bounds.shape[1], scramble=True, seed=self._seed()).draw(self.n_init) for _ in fresh]
+            self._pending = [r for r in fresh for _ in range(self.n_init)]
+            return self._from_unit(torch.cat(designs).to(self.bounds))
+        picks, values, owners = [], [], []
+        for r in range(len(self.regions)):
+            X_r, v_r = self._propose(r)
+            picks.append(X_r)
+            values.append(v_r)
+            owners += [r] * X_r.shape[0]
+        order = torch.cat(values).argsort(descending=True)[: self.batch_size]
+        self._pending = [owners[int(i)] for i in order]
+        return self._from_unit(torch.cat(picks)[order])
+
+    def tell(self, X: Tensor, Y: Tensor) -> None:
+        """The values `(k,)` (or `(k, 1)`) of the asked points ``X`` `(k, d)` -- the whole batch, or its first ``k``
+        points (the others are dropped); a region that collapsed restarts."""
+        if self._pending is None:
+            raise InputDataError("tell: expected a batch asked first, got none pending")
+        Y = Y.reshape(-1) if isinstance(Y, Tensor) and Y.dim() == 2 and Y.shape[-1] == 1 else Y
+        d, k = self.bounds.shape[1], len(self._pending)
+        if not isinstance(X, Tensor) or X.dim() != 2 or X.shape[1] != d or not 1 <= X.shape[0] <= k:
+            raise InputDataError(f"X: expected the asked batch (or its first rows) of shape ({k}, {d}), "
+                                 f"got {getattr(X, 'shape', X)}")
+        if not isinstance(Y, Tensor) or Y.shape != (X.shape[0],):
+            raise InputDataError(f"Y: expected shape ({X.shape[0]},), got {getattr(Y, 'shape', Y)}")
+        check_finite(X, "X")
+        check_finite(Y, "Y")
+        tol = 1e-9 * (self.bounds[1] - self.bounds[0])
+        if bool(((X < self.bounds[0] - tol) | (X > self.bounds[1] + tol)).any()):
+            raise InputDataError("X: expected points inside the bounds")
+        n, pending = self.Y.numel(), self._pending[: X.shape[0]]
+        self.X, self.Y = torch.cat([self.X, X.to(self.X)]), torch.cat([self.Y, Y.to(self.Y)])
+        for r, region in enumerate(self.regions):
+            mine = [n + j for j, owner in enumerate(pending) if owner in (r, -1)]  # -1: every region's (initialize)
+            if not mine:
+                continue
+            self._owned[r] += mine
+            region.update(self.Y[mine])
+            if region.restart_triggered:
+                region.restart()
+                self._owned[r], self._hyper[r], self.models[r] = [], None, None
+        self._pending = None
+
+    @property
+    def best(self) -> tuple[Tensor, float]:
+        """The best point found `(d,)` and its value."""
+        i = int(self.Y.argmax())
+        return self.X[i], float(self.Y[i])
+
+    # ------------------------------------------------------------------ one region's proposal
+    def _propose(self, r: int) -> tuple[Tensor, Tensor]:
+        """`(k, d)` picks in the unit cube and `(k,)` their values (Thompson draws or UCBs, objective units)."""
+        owned = torch.tensor(self._owned[r], dtype=torch.long)
+        U, Y = self._to_unit(self.X[owned]), self.Y[owned]
+        center = U[Y.argmax()]
+        local = self._local(U, center, r)
+        model = self._fit(U[local], Y[local], r)
+        ls = model.covar_module.base_kernel.lengthscale.detach().reshape(-1) if hasattr(model.covar_module, "base_kernel") else torch.ones(1)
+        cand = self.regions[r].candidates(center, ls.to(center), self.n_candidates, seed=self._seed())
+        q = min(self.batch_size, cand.shape[0])
+        if self.acquisition == "thompson":
+            X, values = optimize_acqf_thompson(model, cand, q)
+        else:
+            X, values = optimize_acqf_bbkb(model, cand, q=q, beta=self.beta * math.sqrt(model.noise))
+        return X, values
+
+    def _local(self, U: Tensor, center: Tensor, r: int) -> Tensor:
+        """Indices of the region's points its model is fitted on: all, or the ``local_points`` nearest to the
+        centre in the metric of the region's last lengthscales."""
+        if U.shape[0] <= self.local_points:
+            return torch.arange(U.shape[0])
+        model = self.models[r]
+        scale = torch.ones(U.shape[1], dtype=U.dtype)
+        if model is not None and hasattr(model.covar_module, "base_kernel"):
+            scale = model.covar_module.base_kernel.lengthscale.detach().reshape(-1).to(U)
+        dist = ((U - center) / scale).pow(2).sum(-1)
+        return dist.topk(self.local_points, largest=False).indices.sort().values
+
+    def _fit(self, U: Tensor, Y: Tensor, r: int) -> BKBModel:
+        """The region's model fitted from the kernel's defaults, as TuRBO fits, and -- with ``warm_start`` --
+        also from the region's previous hyperparameters; the fit of larger evidence is kept (a warm start alone
+        stays where the first fits on a few points left it: lengthscales of 3 on Ackley-20)."""
+        fits = [self._fit_from(U, Y, None)]
+        if self.warm_start and self._hyper[r] is not None:
+            fits.append(self._fit_from(U, Y, self._hyper[r]))
+        value, model = max(fits, key=lambda fit: fit[0])
+        self._hyper[r] = {k: v.detach().clone() for k, v in model.state_dict().items() if "transform" not in k}
+        self.models[r] = model
+        return model
+
+    def _fit_from(self, U: Tensor, Y: Tensor, start: dict | None) -> tuple[float, BKBModel]:
+        kwargs = turbo_modules(U.shape[1]) if self.model_kwargs is None else dict(self.model_kwargs)
+        model = BKBModel(U, Y.unsqueeze(-1), seed=self._seed(), **kwargs)
+        if start is not None:
+            model.load_state_dict(start, strict=False, keep_transforms=False)
+        mll = DTCMarginalLogLikelihood(model.likelihood, model)
+        try:
+            fit_gpytorch_mll(mll, **self.fit_kwargs)
+        except ModelFittingError:
+            if start is None:
+                raise
+            return -math.inf, model
+        with torch.no_grad():
+            value = float(mll.train()(indices=torch.arange(U.shape[0])).sum()) if U.shape[0] <= EXACT_FIT else 0.0
+        mll.eval()
+        return value, model
+
+    def _seed(self) -> int:
+        self._draws += 1
+        return self.seed * 1_000_003 + self._draws
+
+    def _to_unit(self, X: Tensor) -> Tensor:
+        return (X - self.bounds[0]) / (self.bounds[1] - self.bounds[0])
+
+    def _from_unit(self, U: Tensor) -> Tensor:
+        return self.bounds[0] + U * (self.bounds[1] - self.bounds[0])
