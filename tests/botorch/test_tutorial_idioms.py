@@ -182,16 +182,18 @@ def test_marginals_of_many_points_never_form_the_joint_covariance(monkeypatch):
         ref_mean = torch.cat([model.posterior(Xq[i : i + 64]).mean for i in range(0, 4096, 64)])
         ref_var = model.posterior(Xq.unsqueeze(-2)).variance.reshape(-1, 1)
         shapes = []
-        forward = type(model.covar_module).forward
-
-        def spy(self, x1, x2, *args, **kwargs):
-            shapes.append((x1.shape[-2], x2.shape[-2], bool(kwargs.get("diag"))))
-            return forward(self, x1, x2, *args, **kwargs)
-
-        monkeypatch.setattr(type(model.covar_module), "forward", spy)
+        monkeypatch.setattr(type(model.covar_module), "forward", _spy(type(model.covar_module).forward, shapes))
         post = model.posterior(Xq)
         assert not isinstance(post.distribution.lazy_covariance_matrix, DenseLinearOperator)
         mean, var = post.mean, post.variance
         monkeypatch.undo()
         assert not any(a == b == 4096 and not diag for a, b, diag in shapes)
         assert torch.allclose(mean, ref_mean, atol=1e-10) and torch.allclose(var, ref_var, rtol=1e-8, atol=1e-12)
+
+
+def _spy(forward, shapes):
+    def spy(self, x1, x2, *args, **kwargs):
+        shapes.append((x1.shape[-2], x2.shape[-2], bool(kwargs.get("diag"))))
+        return forward(self, x1, x2, *args, **kwargs)
+
+    return spy

@@ -61,7 +61,7 @@ def default_kernel(d: int, *, dtype: torch.dtype = torch.float64, device: torch.
 
 
 def hyperparameter_modules(d: int, noise_tf: Tensor | None, noise: float | None, kernel: nn.Module | None, like: Tensor,
-                           batch_shape: torch.Size = torch.Size(), likelihood=None, mean_module=None) -> tuple:
+                           batch_shape: torch.Size | None = None, likelihood=None, mean_module=None) -> tuple:
     """``(covar_module, likelihood, mean_module)`` as ``SingleTaskGP`` builds them (BoTorch's current defaults).
 
     Args:
@@ -77,7 +77,7 @@ def hyperparameter_modules(d: int, noise_tf: Tensor | None, noise: float | None,
     Without ``noise_tf``, ``noise`` and ``likelihood`` the noise is learned: BoTorch's lognormal-prior
     ``GaussianLikelihood``.
     """
-    batch_shape = torch.Size(batch_shape)
+    batch_shape = torch.Size(batch_shape or ())
     if kernel is None:
         kernel = get_covar_module_with_dim_scaled_prior(ard_num_dims=int(d), batch_shape=batch_shape)
     if isinstance(kernel, nn.Module):

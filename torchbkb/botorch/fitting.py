@@ -128,7 +128,7 @@ def fit_rounds(model, mll, closure=None, optimizer=None, closure_kwargs=None, op
     if not exact and optimizer is fit_gpytorch_mll_scipy:  # the bound's rounds stop at ROUND_NATS in all
         points = n if subset is None else int(subset.numel())
         round_opt = {**round_opt, "options": {"ftol": ROUND_NATS / points, **(round_opt.get("options") or {})}}
-    for rounds in range(1, 2 if exact else int(max_rounds) + 1):
+    for rounds in range(1, 2 if exact else int(max_rounds) + 1):  # noqa: B007 - read after the loop
         before = None if exact else hyperparameters(model)
         round_kwargs = closure_kwargs
         if closure is None:

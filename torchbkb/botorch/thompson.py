@@ -96,8 +96,8 @@ def _distinct(values: Tensor, indices: Tensor) -> tuple[Tensor, Tensor]:
     taken: set[int] = set()
     rows = indices.tolist()
     pick = []
-    for i, ranked in enumerate(rows):
-        j = next(j for j, c in enumerate(ranked) if c not in taken)  # k = q >= i + 1 candidates: one is free
+    for ranked in rows:
+        j = next(j for j, c in enumerate(ranked) if c not in taken)  # draw i ranks q >= i + 1 candidates: one is free
         taken.add(ranked[j])
         pick.append(j)
     col = torch.tensor(pick, dtype=torch.long, device=indices.device).unsqueeze(-1)
