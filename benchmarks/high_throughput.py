@@ -264,6 +264,18 @@ def plot(rows: list[dict], out: str) -> None:
     save_figure(fig, out, "high_throughput")
 
 
+def plot_speed(rows: list[dict], out: str) -> None:
+    fig, axes = new_figure(ncols=1, nrows=1, width=5.0, height=3.8)
+    ax = axes[0][0]
+    for k, (method, d) in enumerate(dict.fromkeys((r["method"], r["d"]) for r in rows)):
+        pts = [(r["n"], r["seconds"]) for r in rows if r["method"] == method and r["d"] == d and r["seconds"] is not None]
+        if pts:
+            ax.loglog(*zip(*pts), "o-" if method == "turbo1" else "s--", color=f"C{k}", label=f"{method}, d = {d}")
+    ax.set(xlabel="n (observations)", ylabel="seconds per proposal (fit + q picks)")
+    ax.legend(fontsize=7)
+    save_figure(fig, out, "high_throughput_speed")
+
+
 def main(argv=None) -> dict:
     p = base_parser(__doc__.splitlines()[0])
     p.add_argument("--study", choices=["loops", "speed"], default="loops")
@@ -284,15 +296,17 @@ def main(argv=None) -> dict:
         args.sizes, args.dims = [200], [20]
     if args.study == "speed":
         rows = speed(args)
-        payload = {"study": "speed", "q": args.q, "rows": rows}
+        payload = {"study": "speed", "size": "quick" if args.quick else "default", "q": args.q, "rows": rows}
         print_table(rows, ["method", "d", "n", "seconds"], "one proposal (fit + q picks), seconds")
+        plot_speed(rows, args.out)
     else:
         rows = loops(args)
         table = summarize(rows, args.budget)
         print_table(table, ["problem", "method", "median", "min", "max", "wall_s", "seeds"], f"best value at {args.budget} evaluations")
         plot(rows, args.out)
-        payload = {"study": "loops", "budget": args.budget, "q": args.q, "summary": table, "rows": rows}
-    write_json(args.out, f"high_throughput_{args.study}", payload)
+        payload = {"study": "loops", "size": "quick" if args.quick else "default", "budget": args.budget, "q": args.q,
+                   "summary": table, "rows": rows}
+    write_json(args.out, "high_throughput" if args.study == "loops" else "high_throughput_speed", payload)
     return payload
 
 

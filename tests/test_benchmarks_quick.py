@@ -242,3 +242,18 @@ def test_every_benchmark_runs_as_a_module():
         tree = ast.parse((REPO / (module.replace(".", "/") + ".py")).read_text())
         guards = [n for n in tree.body if isinstance(n, ast.If) and "__main__" in ast.unparse(n.test)]
         assert guards and "main(" in ast.unparse(guards[0]), module
+
+
+def test_high_throughput_quick(tmp_path):
+    _, doc = _run("high_throughput", tmp_path)
+    assert (tmp_path / "high_throughput.png").exists()
+    methods = {r["method"] for r in doc["rows"]}
+    assert methods == {"turbo1", "trbkb_thompson", "trbkb_bbkb", "bkb_thompson", "bkb_bbkb", "sobol"}
+    for r in doc["rows"]:
+        assert r["evaluations"][-1] == doc["budget"] and r["best"] == sorted(r["best"])  # best-so-far curves
+
+
+def test_tutorial_swap_quick(tmp_path):
+    _, doc = _run("tutorial_swap", tmp_path)
+    assert {r["flow"] for r in doc["table"]} == {"batch_cross_validation", "fit_with_torch_optimizer"}
+    assert all(r["bkb_errors"] == 0 and r["within_or_above"] for r in doc["table"])

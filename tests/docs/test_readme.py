@@ -9,8 +9,8 @@ README = Path(__file__).resolve().parents[2] / "README.md"
 BLOCKS = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
 
 
-def test_readme_has_the_three_examples():
-    assert len(BLOCKS) == 3  # the core, BoTorch, a bandit loop
+def test_readme_has_the_four_examples():
+    assert len(BLOCKS) == 4  # the core, BoTorch, high-throughput BO, a bandit loop
 
 
 @pytest.mark.parametrize("i", range(len(BLOCKS)))
