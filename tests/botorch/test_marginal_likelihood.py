@@ -285,3 +285,26 @@ def test_bound_rounds_stop_at_round_nats_unless_told_otherwise(monkeypatch):
     seen.clear()
     fit_gpytorch_mll(mll, warm_start=False, optimizer_kwargs={"options": {"ftol": 1e-12, "maxiter": 30}})  # the user's wins
     assert seen and all(o == {"ftol": 1e-12, "maxiter": 30} for o in seen)
+
+
+def test_a_dense_dictionary_fits_the_exact_evidence_of_a_subset_not_a_loose_bound():
+    """Past EXACT_FIT points, where the dictionary would hold most of them (a rough, noise-free function in 8-d), a
+    bound over FIT_INDUCING points learns a large noise and long lengthscales; the fit uses the exact evidence of a
+    random subset instead, and lands where an exact fit on another random subset lands."""
+    from botorch.test_functions import Ackley
+
+    from torchbkb.botorch.fitting import EXACT_FIT
+
+    g = torch.Generator().manual_seed(0)
+    X = torch.rand(1100, 8, dtype=F64, generator=g)
+    Y = Ackley(dim=8, negate=True).to(F64)(-10 + 20 * X).unsqueeze(-1)
+    model = BKBModel(X, Y, seed=0)
+    fit_gpytorch_mll(DTCMarginalLogLikelihood(model.likelihood, model))
+    assert model.fit_objective == "exact subset"
+    other = torch.randperm(1100, generator=g)[:EXACT_FIT]
+    ref = BKBModel(X[other], Y[other], seed=0)
+    fit_gpytorch_mll(DTCMarginalLogLikelihood(ref.likelihood, ref))
+    assert ref.fit_objective == "exact"
+    ratio = float(model.likelihood.noise / ref.likelihood.noise)
+    assert 1 / 3 < ratio < 3
+    assert torch.allclose(model.covar_module.lengthscale, ref.covar_module.lengthscale, rtol=0.3)

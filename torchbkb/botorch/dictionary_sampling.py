@@ -36,6 +36,7 @@ def sample_dictionary(
     complete_above: float | None = None,
     max_size: int | None = None,
     inclusion: str = DEFAULT_INCLUSION,
+    drawn: list | None = None,
 ) -> Tensor | None:
     """BKB's posterior-variance (ridge-leverage-score) dictionary over a set of training points.
 
@@ -70,6 +71,8 @@ def sample_dictionary(
         inclusion: how a point given ``n`` times (equal rows of ``X``, repeated evaluations) enters: ``"per_pull"``,
             one draw per row (``1 - (1 - p)^n``), or ``"count_scaled"``, one draw per distinct point with
             ``min(1, q̄·n·σ̃²)`` (:mod:`torchbkb.rls_dictionary`). ``counts`` are precision weights, not pulls.
+        drawn: a list to which the last round's draw size before ``max_size`` thinning is appended (how large the
+            dictionary would be; unbatched ``X``).
 
     Returns:
         `(m, d)` dictionary (rows of ``X``), or ``None`` (see ``complete_above``).
@@ -96,7 +99,7 @@ def sample_dictionary(
     if max_size is not None and (int(max_size) < 1 or flat.shape[0] != 1):
         raise InputDataError(f"max_size: expected an integer >= 1 with unbatched X, got {max_size!r} with X of shape {tuple(X.shape)}")
     if (complete_above is not None or max_size is not None) and flat.shape[0] == 1:
-        return _sample_one(kernel, flat[0], w[0], lam, dic, None if complete_above is None else float(complete_above), max_size)
+        return _sample_one(kernel, flat[0], w[0], lam, dic, None if complete_above is None else float(complete_above), max_size, drawn)
     parts = [_sample_one(kernel, flat[i], w[i], lam, dic) for i in range(flat.shape[0])]
     return torch.cat(parts, dim=0)
 
@@ -145,7 +148,8 @@ def _resample(dic: RLSDictionary, rls: Tensor, groups: Tensor | None = None) -> 
     return keep
 
 
-def _sample_one(kernel, X: Tensor, w: Tensor, lam: float, dic: RLSDictionary, complete_above: float | None = None, max_size: int | None = None) -> Tensor | None:
+def _sample_one(kernel, X: Tensor, w: Tensor, lam: float, dic: RLSDictionary, complete_above: float | None = None,
+                max_size: int | None = None, drawn: list | None = None) -> Tensor | None:
     n = X.shape[0]
     groups = _row_groups(X, dic)
     emb = NystromEmbedding(kernel, X[:1])  # S_1 = {x_1}
@@ -157,6 +161,8 @@ def _sample_one(kernel, X: Tensor, w: Tensor, lam: float, dic: RLSDictionary, co
             last_next = new_end >= emb.chunk_size  # past a chunk: the last round follows, on this round's dictionary
             rls = _round_rls(emb, X, w, lam, end, new_end)
             idx = _resample(dic, rls, None if groups is None else groups[:new_end]).nonzero().squeeze(-1)
+            if final and drawn is not None:
+                drawn.append(int(idx.numel()))
             if max_size is not None and idx.numel() > max_size:
                 pick = torch.randperm(idx.numel(), generator=dic.generator, device=dic.generator.device)[: int(max_size)]
                 idx = idx[pick.to(idx.device)].sort().values

@@ -42,7 +42,7 @@ from torchbkb.errors import InputDataError
 from torchbkb.evidence_bound import FIT_CHUNK
 
 __all__ = ["fit_rounds", "fit_inducing_points", "hyperparameters", "hyperparameter_change", "MAX_ROUNDS", "HYPER_TOL", "WARM_START", "FIT_INDUCING",
-           "EXACT_FIT", "FIT_POINTS", "ROUND_NATS"]
+           "EXACT_FIT", "FIT_POINTS", "ROUND_NATS", "DENSE_FIT"]
 
 #: At most this many rounds of (draw the dictionary, fit).
 MAX_ROUNDS = 3
@@ -65,6 +65,12 @@ FIT_POINTS = FIT_CHUNK
 #: hyperparameter is worth about ½ nat, so smaller gains are changes the data cannot tell apart; scipy's
 #: default ``ftol`` (2.2e-9) spends most of a round's evaluations on them. ``options={"ftol": ...}`` overrides it.
 ROUND_NATS = 0.1
+#: When a round's draw at the current hyperparameters holds at least this fraction of the points (and more than the
+#: round's ``inducing_limit``), the bound over the thinned draw is loose for the kernel's effective dimension and
+#: prefers a large noise and long lengthscales (an over-smoothed model); the fit then maximizes the exact evidence of
+#: a uniform subset of ``EXACT_FIT`` points instead, in one round. ``model.fit_objective`` says which objective the
+#: fit used: ``"exact"``, ``"bound"`` or ``"exact subset"``.
+DENSE_FIT = 0.5
 
 
 def fit_rounds(model, mll, closure=None, optimizer=None, closure_kwargs=None, optimizer_kwargs=None,
@@ -128,6 +134,7 @@ def fit_rounds(model, mll, closure=None, optimizer=None, closure_kwargs=None, op
     if not exact and optimizer is fit_gpytorch_mll_scipy:  # the bound's rounds stop at ROUND_NATS in all
         points = n if subset is None else int(subset.numel())
         round_opt = {**round_opt, "options": {"ftol": ROUND_NATS / points, **(round_opt.get("options") or {})}}
+    model.fit_objective = "exact" if exact else "bound"
     for rounds in range(1, 2 if exact else int(max_rounds) + 1):  # noqa: B007 - read after the loop
         before = None if exact else hyperparameters(model)
         round_kwargs = closure_kwargs
@@ -135,9 +142,21 @@ def fit_rounds(model, mll, closure=None, optimizer=None, closure_kwargs=None, op
             if exact:
                 extra = {"indices": torch.arange(n, device=device)}
             else:
-                extra = {"inducing_points": fit_inducing_points(model, gen, inducing_limit, subset)}
+                drawn: list[int] = []
+                extra = {"inducing_points": fit_inducing_points(model, gen, inducing_limit, subset, drawn)}
                 if subset is not None:
                     extra["indices"] = subset
+                points = n if subset is None else int(subset.numel())
+                if drawn[0] > inducing_limit and drawn[0] >= DENSE_FIT * points:
+                    # the dictionary would hold most points: a bound over `inducing_limit` of them is loose and
+                    # prefers a large noise; the exact evidence of a uniform subset of EXACT_FIT points is not biased
+                    pool = torch.arange(n, device=device) if subset is None else subset
+                    pick = torch.randperm(pool.numel(), generator=gen)[:EXACT_FIT].sort().values.to(device)
+                    exact_kwargs = {**(closure_kwargs or {}), "indices": pool[pick]}
+                    optimize_with_retries(mll, optimizer, closure_kwargs=exact_kwargs, optimizer_kwargs=optimizer_kwargs,
+                                          **policy)
+                    model.fit_objective = "exact subset"
+                    break
             round_kwargs = {**(closure_kwargs or {}), **extra}
         optimize_with_retries(mll, optimizer, closure=closure, closure_kwargs=round_kwargs, optimizer_kwargs=round_opt,
                               **policy)
@@ -147,19 +166,21 @@ def fit_rounds(model, mll, closure=None, optimizer=None, closure_kwargs=None, op
     return mll.eval()
 
 
-def fit_inducing_points(model, generator: torch.Generator | None = None, limit: int = FIT_INDUCING, indices: Tensor | None = None) -> Tensor:
+def fit_inducing_points(model, generator: torch.Generator | None = None, limit: int = FIT_INDUCING,
+                        indices: Tensor | None = None, drawn: list | None = None) -> Tensor:
     """`(k, d)` the inducing points a fitting round maximizes the bound over, ``k <= limit``: BKB's variance
     sampling of the model's training points (those at ``indices`` `(s,)` if given) at its current
     hyperparameters (``q̄`` and per-point noise as the model's own draw), thinned to a uniform subset of
     ``limit`` points whenever it grows past them (:func:`~torchbkb.botorch.dictionary_sampling.sample_dictionary`
-    with ``max_size``)."""
+    with ``max_size``); the draw's size before thinning is appended to ``drawn`` if given."""
     X = model.train_inputs[0].detach()
     with torch.no_grad():  # a transient draw: the live kernel is read, never changed
         noise = training_noise(model).detach().to(X)
         if indices is not None:
             X, noise = X[indices], noise[indices]
         lam = float(noise.mean())
-        return sample_dictionary(model.covar_module, X, lam, q_bar=model.q_bar, generator=generator, counts=lam / noise, max_size=int(limit), inclusion=model.inclusion)
+        return sample_dictionary(model.covar_module, X, lam, q_bar=model.q_bar, generator=generator, counts=lam / noise,
+                                 max_size=int(limit), inclusion=model.inclusion, drawn=drawn)
 
 
 def hyperparameters(model) -> dict[str, tuple[bool, Tensor]]:
