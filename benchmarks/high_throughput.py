@@ -268,7 +268,8 @@ def plot_speed(rows: list[dict], out: str) -> None:
     fig, axes = new_figure(ncols=1, nrows=1, width=5.0, height=3.8)
     ax = axes[0][0]
     for k, (method, d) in enumerate(dict.fromkeys((r["method"], r["d"]) for r in rows)):
-        pts = [(r["n"], r["seconds"]) for r in rows if r["method"] == method and r["d"] == d and r["seconds"] is not None]
+        mine = [r for r in rows if r["method"] == method and r["d"] == d]
+        pts = [(r["n"], r["seconds"]) for r in mine if r["seconds"] is not None]
         if pts:
             ax.loglog(*zip(*pts), "o-" if method == "turbo1" else "s--", color=f"C{k}", label=f"{method}, d = {d}")
     ax.set(xlabel="n (observations)", ylabel="seconds per proposal (fit + q picks)")
@@ -302,7 +303,8 @@ def main(argv=None) -> dict:
     else:
         rows = loops(args)
         table = summarize(rows, args.budget)
-        print_table(table, ["problem", "method", "median", "min", "max", "wall_s", "seeds"], f"best value at {args.budget} evaluations")
+        columns = ["problem", "method", "median", "min", "max", "wall_s", "seeds"]
+        print_table(table, columns, f"best value at {args.budget} evaluations")
         plot(rows, args.out)
         payload = {"study": "loops", "size": "quick" if args.quick else "default", "budget": args.budget, "q": args.q,
                    "summary": table, "rows": rows}

@@ -13,8 +13,8 @@ so a pick lowers its own variance to ``σ²λ/(σ² + λ)`` and its neighbours' 
 stays ``μ̃_fb``. With a dictionary that holds every training point ``c₀`` is the exact GP's posterior covariance
 and the batch is GP-BUCB's greedy batch (Desautels et al. 2014) with the same width.
 
-The greedy is lazy: UCBs ``μ̃ + α̃ σ̃_j`` (RLS scale, ``σ̃² = σ²/λ``) only decrease, so a candidate's stored UCB
-is an upper bound, and a pick needs fresh UCBs only for the candidates whose stored bound could still win. They
+The greedy is lazy: UCBs ``μ̃ + α̃ σ̃_j`` (RLS scale, ``σ̃² = σ²/λ``) only decrease, so a candidate's stored
+UCB is an upper bound, and a pick needs fresh UCBs only for the candidates whose stored bound could still win. They
 are kept in a pool of the best stored bounds (the best bound outside it is known); a refresh reads the features
 and the kernel values against the picks of a few candidates (``O(M·(r + d)·j + M·j²)`` for ``M`` candidates).
 Memory: ``O(A)`` for ``A`` candidates plus ``O(q·(r + q))`` and one chunk of candidates read on demand.
@@ -120,7 +120,7 @@ def select_fixed_batch(reader: FeatureReader, mean: Tensor, rls: Tensor, V_inv: 
     if excluded is not None:
         ucb = ucb.masked_fill(excluded, -torch.inf)
     version = torch.zeros(A, dtype=torch.long, device=dev)  # how many picks a stored UCB accounts for
-    proj = torch.eye(V_inv.shape[-1], dtype=dt, device=dev) - lam * V_inv  # I - λV⁻¹: c₀ = k - z (I - λV⁻¹) zᵀ
+    proj = torch.eye(V_inv.shape[-1], dtype=dt, device=dev) - lam * V_inv  # c₀ = k - z (I - λV⁻¹) zᵀ
     B = torch.empty((V_inv.shape[-1], q), dtype=dt, device=dev)  # columns (I - λV⁻¹) z(p_i)
     L = torch.zeros((q, q), dtype=dt, device=dev)  # Cholesky factor of C_PP + λI
     picks: list[int] = []

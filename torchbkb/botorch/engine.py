@@ -171,7 +171,8 @@ class ModelEngine:
                 state = self.exact_state
                 counts = self.lam / state.train_noise.detach()
                 emb = NystromEmbedding(self.kernel, self.dictionary)
-                self._dtc = DTCPosterior(emb, noise=self.lam).fit(state.train_X.detach(), state.train_y.detach(), counts)
+                X, y = state.train_X.detach(), state.train_y.detach()
+                self._dtc = DTCPosterior(emb, noise=self.lam).fit(X, y, counts)
             return self._dtc
 
     @property
@@ -261,7 +262,8 @@ class ModelEngine:
         k, d = X.shape[-2:]
         if self.is_exact:
             nz = torch.full_like(y, self.lam) if noise is None else noise
-            new.exact_state = self.exact_state.condition(X.expand(*batch, k, d), y.expand(*batch, k), nz.expand(*batch, k))
+            grown = (X.expand(*batch, k, d), y.expand(*batch, k), nz.expand(*batch, k))
+            new.exact_state = self.exact_state.condition(*grown)
             new._dtc = None
         else:
             new._dtc = shallow_module_copy(self._dtc)

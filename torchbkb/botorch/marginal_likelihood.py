@@ -72,7 +72,7 @@ class DTCMarginalLogLikelihood(Module):
         if not (isinstance(model, Model) and hasattr(type(model), "engine") and hasattr(type(model), "last_engine")):
             raise InputDataError(f"model: expected a BKBModel, got {type(model).__name__}")
         if likelihood is not model.likelihood:
-            raise InputDataError("likelihood: expected model.likelihood (the bound is computed with the model's own noise)")
+            raise InputDataError("likelihood: expected model.likelihood (the bound uses the model's own noise)")
         super().__init__()
         self.likelihood = likelihood
         self.model = model
@@ -89,7 +89,7 @@ class DTCMarginalLogLikelihood(Module):
             X, y, noise, n = X[..., indices, :], y[..., indices], noise[..., indices], int(indices.shape[0])
         resid = y - model.mean_module(X)
         if not (bool(torch.isfinite(resid).all()) and bool(torch.isfinite(noise).all()) and bool((noise > 0).all())):
-            raise BoundNanError("DTCMarginalLogLikelihood: expected a finite mean and positive noise, got NaN/inf or <= 0")
+            raise BoundNanError("DTCMarginalLogLikelihood: expected a finite mean and positive noise, got NaN/inf/<= 0")
         try:
             if inducing_points is not None and X.dim() == 2:
                 bound = dtc_evidence_bound(model.covar_module, X, resid, noise, inducing_points)

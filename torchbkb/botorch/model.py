@@ -61,7 +61,8 @@ class BKBModel(ModelLifecycle, Model, FantasizeMixin):
     """BKB's DTC posterior on a posterior-variance-sampled dictionary as a BoTorch model, ``SingleTaskGP``'s drop-in.
 
     ``posterior(X).variance`` is the GP-scale ``λ·σ̃²``; :meth:`rls` is the papers' ``σ̃²``. A BKB UCB
-    ``μ̃ + β̃σ̃`` is BoTorch's ``UpperConfidenceBound(beta=β̃²/λ)`` (:class:`~torchbkb.botorch.BKBUpperConfidenceBound`).
+    ``μ̃ + β̃σ̃`` is BoTorch's ``UpperConfidenceBound(beta=β̃²/λ)``
+    (:class:`~torchbkb.botorch.BKBUpperConfidenceBound`).
 
     Args:
         train_X: `(*batch, n, d)` training inputs (BoTorch recommends the unit cube, or pass
@@ -75,7 +76,8 @@ class BKBModel(ModelLifecycle, Model, FantasizeMixin):
             with a dimension-scaled lognormal lengthscale prior. ``covar_module`` is BoTorch's name for it.
         noise: a fixed ``λ > 0``, the noise variance of the *transformed* outcomes (not learned; not with
             ``train_Yvar`` or ``likelihood``); default: learned, with ``SingleTaskGP``'s lognormal prior.
-        q_bar, inclusion: oversampling ``q̄`` and inclusion rule of the dictionary sampling (:func:`sample_dictionary`).
+        q_bar, inclusion: oversampling ``q̄`` and inclusion rule of the dictionary sampling
+            (:func:`sample_dictionary`).
         inducing_points: `(m, d)` dictionary in the space of ``train_X`` (the input transform is applied);
             if given, no sampling takes place.
         seed: seed of the dictionary sampling (``None``: fresh randomness).
@@ -108,12 +110,12 @@ class BKBModel(ModelLifecycle, Model, FantasizeMixin):
 
     _num_outputs = 1
 
-    def __init__(self, train_X: Tensor, train_Y: Tensor, train_Yvar: Tensor | None = None, kernel: Callable | None = None,
-                 noise: float | None = None, q_bar: float = 2.0, inducing_points: Tensor | None = None,
-                 seed: int | None = None, input_transform: nn.Module | None = None,
-                 outcome_transform: nn.Module | None = DEFAULT, exact_fraction: float | None = EXACT_FRACTION,
-                 covar_module: Callable | None = None, inclusion: str = DEFAULT_INCLUSION, likelihood=None,
-                 mean_module=None) -> None:
+    def __init__(self, train_X: Tensor, train_Y: Tensor, train_Yvar: Tensor | None = None,
+                 kernel: Callable | None = None, noise: float | None = None, q_bar: float = 2.0,
+                 inducing_points: Tensor | None = None, seed: int | None = None,
+                 input_transform: nn.Module | None = None, outcome_transform: nn.Module | None = DEFAULT,
+                 exact_fraction: float | None = EXACT_FRACTION, covar_module: Callable | None = None,
+                 inclusion: str = DEFAULT_INCLUSION, likelihood=None, mean_module=None) -> None:
         super().__init__()
         kernel = check_model_inputs(train_X, train_Y, train_Yvar, noise, kernel, covar_module, likelihood, mean_module)
         if noise is not None:
@@ -140,11 +142,9 @@ class BKBModel(ModelLifecycle, Model, FantasizeMixin):
     @classmethod
     def from_model(cls, gp: Model, q_bar: float = 2.0, inducing_points: Tensor | None = None, seed: int | None = None,
                    exact_fraction: float | None = EXACT_FRACTION, inclusion: str = DEFAULT_INCLUSION) -> BKBModel:
-        """Build a BKBModel from a fitted single-output ``SingleTaskGP`` (or any single-output BoTorch ``ExactGP``
-        with a homoskedastic ``GaussianLikelihood`` and a constant or zero mean): its kernel, noise, constant
-        mean, transformed training data and copies of its transforms (:func:`~torchbkb.botorch.from_model.gp_parts`),
-        so that with a dictionary holding every training point the posterior equals ``gp.posterior``.
-        ``gp`` is left unchanged; the other arguments are as in :class:`BKBModel`.
+        """A BKBModel from a fitted single-output ``SingleTaskGP`` (or any single-output ``ExactGP`` with a
+        homoskedastic ``GaussianLikelihood`` and a constant or zero mean) with copies of its modules, data and
+        transforms (:func:`~torchbkb.botorch.from_model.gp_parts`): with a complete dictionary it is ``gp``'s posterior.
 
         Example:
             >>> import torch
@@ -333,7 +333,7 @@ class BKBModel(ModelLifecycle, Model, FantasizeMixin):
         return posterior
 
     def rls(self, X: Tensor) -> Tensor:
-        """The papers' RLS-scale ``σ̃²`` `(*batch', n)` at `(*batch, n, d)` ``X`` (transformed outcomes, no noise)."""
+        """The papers' RLS-scale ``σ̃²`` `(*batch', n)` at `(*batch, n, d)` ``X`` (transformed, no noise)."""
         self.eval()
         self.check_query(X, "X")
         engine = self.engine

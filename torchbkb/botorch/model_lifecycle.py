@@ -4,8 +4,8 @@ copies, pickles, state dicts, ``.to()``.
 * **Never stale.** The posterior (:attr:`ModelLifecycle.engine`) is a snapshot at the hyperparameters' values
   (parameters and floating buffers of the kernel, likelihood and mean): read after any of them changed -- a fit,
   ``load_state_dict``, an assignment, in training or eval mode -- it is rebuilt from all the model's data.
-* **Threads.** The posterior is built lazily, under the model's lock, and a built engine is never modified, so threads that share a model read the same
-  posterior and draw the same seeded dictionary as a sequential run.
+* **Threads.** The posterior is built lazily, under the model's lock, and a built engine is never modified, so
+  threads that share a model read the same posterior and draw the same seeded dictionary as a sequential run.
 * **Pickle, ``copy.deepcopy``, ``torch.save``.** The lock is left out and made anew; a posterior conditioned on
   observations that carry an autograd graph (a fantasy) is left out too and rebuilt from the model's data.
 * **``load_state_dict``** checks every entry first and copies all of them or none

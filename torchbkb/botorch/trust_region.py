@@ -1,12 +1,12 @@
 """A TuRBO trust region (Eriksson, Pearce, Gardner, Turner, Poloczek: "Scalable Global Optimization via Local
 Bayesian Optimization", NeurIPS 2019): its state machine and its candidates, in the unit cube.
 
-The region is a hyperrectangle centred at the best point found, of side ``L·w_i`` with ``w_i = ℓ_i / (Π_j ℓ_j)^(1/d)``
-for the model's lengthscales ``ℓ`` (volume ``L^d``), clipped to ``[0, 1]^d``. After ``τ_succ = 3`` consecutive
-batches that improve the best value (by more than ``10⁻³·|best|``, the reference code's rule) ``L`` doubles up to
-``L_max = 1.6``; after ``τ_fail = ⌈max(4/q, d/q)⌉`` consecutive batches that do not, it halves; below
-``L_min = 2⁻⁷`` the region restarts (``L_init = 0.8``). Candidates are TuRBO's: Sobol points in the region, of
-which each coordinate replaces the centre's with probability ``min(1, 20/d)`` (at least one per candidate).
+The region is a hyperrectangle centred at the best point found, of side ``L·w_i`` with
+``w_i = ℓ_i / (Π_j ℓ_j)^(1/d)`` for the model's lengthscales ``ℓ`` (volume ``L^d``), clipped to ``[0, 1]^d``. After
+``τ_succ = 3`` consecutive batches that improve the best value (by more than ``10⁻³·|best|``, the reference code's
+rule) ``L`` doubles up to ``L_max = 1.6``; after ``τ_fail = ⌈max(4/q, d/q)⌉`` consecutive batches that do not, it
+halves; below ``L_min = 2⁻⁷`` the region restarts (``L_init = 0.8``). Candidates are TuRBO's: Sobol points in the
+region, of which each coordinate replaces the centre's with probability ``min(1, 20/d)`` (at least one per candidate).
 
 Example:
     >>> import torch
@@ -62,8 +62,8 @@ class TrustRegion:
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise InputDataError(f"{name}: expected an integer >= 1, got {v!r}")
         if not 0 < length_min <= length_init <= length_max:
-            raise InputDataError(
-                f"lengths: expected 0 < length_min <= length_init <= length_max, got {length_min}, {length_init}, {length_max}")
+            raise InputDataError("lengths: expected 0 < length_min <= length_init <= length_max, "
+                                 f"got {length_min}, {length_init}, {length_max}")
         if failure_tolerance is None:
             failure_tolerance = math.ceil(max(4.0 / batch_size, dim / batch_size))
         if isinstance(failure_tolerance, bool) or not isinstance(failure_tolerance, int) or failure_tolerance < 1:
@@ -133,7 +133,8 @@ class TrustRegion:
         """Restore :meth:`state_dict`; a wrong or incomplete one raises and changes nothing."""
         keys = ("length", "success_counter", "failure_counter", "best_value", "restart_triggered", "restarts")
         if not isinstance(state, dict) or set(state) != set(keys):
-            raise InputDataError(f"state: expected the keys {sorted(keys)}, got {sorted(state) if isinstance(state, dict) else state!r}")
+            got = sorted(state) if isinstance(state, dict) else repr(state)
+            raise InputDataError(f"state: expected the keys {sorted(keys)}, got {got}")
         for k in keys:
             setattr(self, k, state[k])
 

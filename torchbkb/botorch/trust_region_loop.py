@@ -84,8 +84,10 @@ class TrustRegionBKB:
                  beta: float = 1.0, n_init: int | None = None, n_candidates: int | None = None,
                  local_points: int = LOCAL_POINTS, model_kwargs: dict | None = None, fit_kwargs: dict | None = None,
                  warm_start: bool = True, seed: int = 0):
-        if not isinstance(bounds, Tensor) or bounds.dim() != 2 or bounds.shape[0] != 2 or not bounds.is_floating_point():
-            raise InputDataError(f"bounds: expected a floating tensor of shape (2, d), got {getattr(bounds, 'shape', bounds)}")
+        shaped = isinstance(bounds, Tensor) and bounds.dim() == 2 and bounds.shape[0] == 2
+        if not (shaped and bounds.is_floating_point()):
+            got = getattr(bounds, "shape", bounds)
+            raise InputDataError(f"bounds: expected a floating tensor of shape (2, d), got {got}")
         check_finite(bounds, "bounds")
         if not bool((bounds[1] > bounds[0]).all()):
             raise InputDataError("bounds: expected every upper bound above its lower bound")
@@ -133,7 +135,8 @@ class TrustRegionBKB:
             raise InputDataError("ask: expected the last batch told first, got a batch still pending")
         fresh = [r for r, owned in enumerate(self._owned) if not owned]
         if fresh:
-            designs = [SobolEngine(self.bounds.shape[1], scramble=True, seed=self._seed()).draw(self.n_init) for _ in fresh]
+            d = self.bounds.shape[1]
+            designs = [SobolEngine(d, scramble=True, seed=self._seed()).draw(self.n_init) for _ in fresh]
             self._pending = [r for r in fresh for _ in range(self.n_init)]
             return self._from_unit(torch.cat(designs).to(self.bounds))
         picks, values, owners = [], [], []
@@ -190,8 +193,8 @@ class TrustRegionBKB:
         center = U[Y.argmax()]
         local = self._local(U, center, r)
         model = self._fit(U[local], Y[local], r)
-        ls = model.covar_module.base_kernel.lengthscale.detach().reshape(-1) if hasattr(model.covar_module, "base_kernel") else torch.ones(1)
-        cand = self.regions[r].candidates(center, ls.to(center), self.n_candidates, seed=self._seed())
+        ls = _lengthscale(model, center)
+        cand = self.regions[r].candidates(center, ls, self.n_candidates, seed=self._seed())
         q = min(self.batch_size, cand.shape[0])
         if self.acquisition == "thompson":
             X, values = optimize_acqf_thompson(model, cand, q)
@@ -205,9 +208,7 @@ class TrustRegionBKB:
         if U.shape[0] <= self.local_points:
             return torch.arange(U.shape[0])
         model = self.models[r]
-        scale = torch.ones(U.shape[1], dtype=U.dtype)
-        if model is not None and hasattr(model.covar_module, "base_kernel"):
-            scale = model.covar_module.base_kernel.lengthscale.detach().reshape(-1).to(U)
+        scale = torch.ones(1, dtype=U.dtype) if model is None else _lengthscale(model, U)
         dist = ((U - center) / scale).pow(2).sum(-1)
         return dist.topk(self.local_points, largest=False).indices.sort().values
 
@@ -249,3 +250,10 @@ class TrustRegionBKB:
 
     def _from_unit(self, U: Tensor) -> Tensor:
         return self.bounds[0] + U * (self.bounds[1] - self.bounds[0])
+
+
+def _lengthscale(model: BKBModel, like: Tensor) -> Tensor:
+    """`(d,)` or `(1,)` the lengthscales of a (scaled) stationary kernel, ones for a kernel without them."""
+    kernel = getattr(model.covar_module, "base_kernel", model.covar_module)
+    ls = getattr(kernel, "lengthscale", None)
+    return torch.ones(1, dtype=like.dtype) if ls is None else ls.detach().reshape(-1).to(like)

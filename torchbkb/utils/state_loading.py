@@ -68,9 +68,11 @@ def load_state_dict_atomically(module: nn.Module, loader: Callable, state_dict, 
     :func:`check_state_dict`; if the copy still raises, the previous values are restored and an
     :class:`~torchbkb.errors.InputDataError` says why. Returns what ``loader`` returns."""
     check_state_dict(module, state_dict, strict)
-    backup = {k: v.detach().clone() for k, v in module.state_dict(keep_vars=True).items() if isinstance(v, torch.Tensor)}
+    own = module.state_dict(keep_vars=True)
+    backup = {k: v.detach().clone() for k, v in own.items() if isinstance(v, torch.Tensor)}
     try:
         return loader(module, state_dict, strict=strict, **kwargs)
     except Exception as err:
         nn.Module.load_state_dict(module, backup, strict=False)
-        raise InputDataError(f"state_dict: expected a state dict this {type(module).__name__} can load, got: {err}") from err
+        name = type(module).__name__
+        raise InputDataError(f"state_dict: expected a state dict this {name} can load, got: {err}") from err
