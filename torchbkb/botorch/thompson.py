@@ -7,7 +7,10 @@ exact Thompson draws of the DTC (or exact) posterior up to the random-feature pr
 ``A``; a joint ``(A × A)`` posterior covariance (BoTorch's ``MaxPosteriorSampling``) is never formed. As
 ``MaxPosteriorSampling(replacement=False)`` (TuRBO's choice), a batch holds ``q`` distinct candidates by default:
 draw ``i`` takes its best candidate that no earlier draw took (each draw's ``q`` best are kept across chunks);
-``replacement=True`` lets every draw take its own maximizer.
+``replacement=True`` lets every draw take its own maximizer. ``sampler="joint"`` draws the ``q`` functions exactly
+from the joint posterior over the candidates instead (one `(A, A)` Cholesky factorization, ``O(A³)``: for up to
+:data:`JOINT_MAX` candidates, such as TuRBO's trust-region candidates): inside a small region the posterior variance
+is far below a random-feature prior's approximation error, which a pathwise draw then samples instead.
 
 Example:
     >>> import torch
@@ -21,18 +24,23 @@ Example:
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 from torch import Size, Tensor
 
 from torchbkb.botorch.model import BKBModel
 from torchbkb.botorch.pathwise import draw_bkb_paths
 from torchbkb.botorch.training_data import check_candidates
-from torchbkb.errors import InputDataError
+from torchbkb.errors import InputDataError, NumericsWarning
+from torchbkb.utils.linalg import safe_cholesky
 
-__all__ = ["optimize_acqf_thompson", "DEFAULT_CHUNK"]
+__all__ = ["optimize_acqf_thompson", "DEFAULT_CHUNK", "JOINT_MAX"]
 
 #: Candidates evaluated at once.
 DEFAULT_CHUNK = 4096
+#: The most candidates of a joint draw (its `(A, A)` covariance: 800 MB in float64 at this size).
+JOINT_MAX = 10_000
 
 
 def optimize_acqf_thompson(
@@ -41,6 +49,7 @@ def optimize_acqf_thompson(
     q: int,
     *,
     replacement: bool = False,
+    sampler: str = "pathwise",
     chunk_size: int = DEFAULT_CHUNK,
     num_features: int = 1024,
     return_indices: bool = False,
@@ -54,6 +63,8 @@ def optimize_acqf_thompson(
         replacement: ``False`` (default, as ``MaxPosteriorSampling(replacement=False)``): ``q`` distinct
             candidates, draw ``i`` taking its best candidate not taken by draws ``1..i-1``; ``True``: each draw's
             own maximizer (two draws may pick the same candidate).
+        sampler: ``"pathwise"`` (default: random-feature prior plus the model's update, linear in ``A``) or
+            ``"joint"`` (exact draws from the joint posterior over at most :data:`JOINT_MAX` candidates).
         chunk_size: candidates evaluated at once.
         num_features: random features of the prior draws.
         return_indices: also return the `(q,)` indices into ``choices``.
@@ -72,14 +83,23 @@ def optimize_acqf_thompson(
         raise InputDataError(f"replacement: expected a bool, got {replacement!r}")
     if not replacement and q > choices.shape[0]:
         raise InputDataError(f"q: expected at most {choices.shape[0]} distinct candidates (the number given), got {q}")
+    if sampler not in ("pathwise", "joint"):
+        raise InputDataError(f"sampler: expected 'pathwise' or 'joint', got {sampler!r}")
+    if sampler == "joint" and choices.shape[0] > JOINT_MAX:
+        raise InputDataError(f"choices: expected at most {JOINT_MAX} candidates for joint draws, got {len(choices)}")
     model.eval()
     keep = 1 if replacement else q  # each draw's best `keep` candidates
     with torch.no_grad():
-        paths = draw_bkb_paths(model, Size([q]), num_features=num_features)
         best = torch.full((q, 0), -torch.inf, dtype=choices.dtype, device=choices.device)
         idx = torch.zeros((q, 0), dtype=torch.long, device=choices.device)
+        if sampler == "joint":
+            joint = _joint_draws(model, choices, q)  # (q, A)
+            draw = lambda start: joint[:, start : start + chunk_size]  # noqa: E731
+        else:
+            paths = draw_bkb_paths(model, Size([q]), num_features=num_features)
+            draw = lambda start: paths(choices[start : start + chunk_size])  # noqa: E731 - (q, c)
         for start in range(0, choices.shape[0], chunk_size):
-            values = paths(choices[start : start + chunk_size])  # (q, c)
+            values = draw(start)
             v, i = values.topk(min(keep, values.shape[-1]), dim=-1)  # (q, k) each chunk's best of every draw
             best, order = torch.cat([best, v], -1).topk(min(keep, best.shape[-1] + v.shape[-1]), dim=-1)
             idx = torch.cat([idx, i + start], -1).gather(-1, order)
@@ -102,3 +122,14 @@ def _distinct(values: Tensor, indices: Tensor) -> tuple[Tensor, Tensor]:
         pick.append(j)
     col = torch.tensor(pick, dtype=torch.long, device=indices.device).unsqueeze(-1)
     return values.gather(-1, col).squeeze(-1), indices.gather(-1, col).squeeze(-1)
+
+
+def _joint_draws(model: BKBModel, choices: Tensor, q: int) -> Tensor:
+    """`(q, A)` exact draws of the posterior over the candidates (original outcome units)."""
+    post = model.posterior(choices)
+    mean = post.mean.squeeze(-1)  # (A,)
+    with warnings.catch_warnings():  # a posterior covariance near the data is singular to rounding: jitter expected
+        warnings.simplefilter("ignore", NumericsWarning)
+        L = safe_cholesky(post.distribution.covariance_matrix, name="posterior covariance")  # (A, A)
+    eps = torch.randn(L.shape[-1], q, dtype=L.dtype, device=L.device)
+    return (mean.unsqueeze(-1) + (L @ eps).to(mean)).T

@@ -6,10 +6,10 @@ restart, starting from a Sobol design of ``n_init`` points. A proposal fits the 
 at most ``local_points`` of them, the nearest to the region's centre in the region's own metric, so that a fit
 costs the same at 10³ and at 10⁵ evaluations and the hyperparameters come from the exact evidence
 (:data:`~torchbkb.botorch.defaults.EXACT_FIT`) -- from the kernel's defaults and warm from the region's previous
-hyperparameters (the better evidence kept), draws TuRBO's
-candidates in the region and picks ``q`` of them by Thompson sampling (:func:`~torchbkb.botorch.optimize_acqf_thompson`,
-distinct pathwise draws) or by a fixed-``q`` BBKB batch (:func:`~torchbkb.botorch.optimize_acqf_bbkb`). With
-several regions the ``q`` best picks across regions are taken (their values are in the objective's units).
+hyperparameters (the better evidence kept), draws TuRBO's candidates in the region and picks ``q`` of them by
+Thompson sampling (:func:`~torchbkb.botorch.optimize_acqf_thompson`: distinct exact joint draws over the
+candidates, as TuRBO draws them) or by a fixed-``q`` BBKB batch (:func:`~torchbkb.botorch.optimize_acqf_bbkb`).
+With several regions the ``q`` best picks across regions are taken (their values are in the objective's units).
 
 Example:
     >>> import torch
@@ -73,6 +73,8 @@ class TrustRegionBKB:
             ``fit_gpytorch_mll``.
         warm_start: also fit from the region's previous hyperparameters and keep the fit of larger evidence
             (``False``: from the kernel's defaults only, as TuRBO's reference code).
+        sampler: the Thompson draws: ``"joint"`` (exact, over the candidates) or ``"pathwise"`` (random-feature
+            prior: inside a small region its approximation error swamps the posterior variance).
         seed: seeds the designs, candidates, dictionaries and draws.
 
     Attributes:
@@ -83,7 +85,7 @@ class TrustRegionBKB:
     def __init__(self, bounds: Tensor, batch_size: int = 100, *, num_regions: int = 1, acquisition: str = "thompson",
                  beta: float = 1.0, n_init: int | None = None, n_candidates: int | None = None,
                  local_points: int = LOCAL_POINTS, model_kwargs: dict | None = None, fit_kwargs: dict | None = None,
-                 warm_start: bool = True, seed: int = 0):
+                 warm_start: bool = True, sampler: str = "joint", seed: int = 0):
         shaped = isinstance(bounds, Tensor) and bounds.dim() == 2 and bounds.shape[0] == 2
         if not (shaped and bounds.is_floating_point()):
             got = getattr(bounds, "shape", bounds)
@@ -93,6 +95,8 @@ class TrustRegionBKB:
             raise InputDataError("bounds: expected every upper bound above its lower bound")
         if acquisition not in ("thompson", "bbkb"):
             raise InputDataError(f"acquisition: expected 'thompson' or 'bbkb', got {acquisition!r}")
+        if sampler not in ("joint", "pathwise"):
+            raise InputDataError(f"sampler: expected 'joint' or 'pathwise', got {sampler!r}")
         d = bounds.shape[1]
         for name, v in (("batch_size", batch_size), ("num_regions", num_regions), ("local_points", local_points),
                         ("n_init", 2 * d if n_init is None else n_init), ("seed", seed + 1)):
@@ -101,7 +105,7 @@ class TrustRegionBKB:
         self.bounds, self.batch_size, self.acquisition, self.beta = bounds, batch_size, acquisition, float(beta)
         self.n_init = 2 * d if n_init is None else n_init
         self.n_candidates = num_candidates(d) if n_candidates is None else int(n_candidates)
-        self.local_points, self.seed, self.warm_start = local_points, seed, bool(warm_start)
+        self.local_points, self.seed, self.warm_start, self.sampler = local_points, seed, bool(warm_start), sampler
         self.model_kwargs, self.fit_kwargs = model_kwargs, dict(fit_kwargs or {})
         self.regions = [TrustRegion(d, batch_size) for _ in range(num_regions)]
         self.models: list[BKBModel | None] = [None] * num_regions
@@ -197,7 +201,7 @@ class TrustRegionBKB:
         cand = self.regions[r].candidates(center, ls, self.n_candidates, seed=self._seed())
         q = min(self.batch_size, cand.shape[0])
         if self.acquisition == "thompson":
-            X, values = optimize_acqf_thompson(model, cand, q)
+            X, values = optimize_acqf_thompson(model, cand, q, sampler=self.sampler)
         else:
             X, values = optimize_acqf_bbkb(model, cand, q=q, beta=self.beta * math.sqrt(model.noise))
         return X, values
