@@ -5,9 +5,9 @@ Each region (:class:`~torchbkb.botorch.trust_region.TrustRegion`) owns the point
 restart, starting from a Sobol design of ``n_init`` points. A proposal fits the region's model on its points --
 at most ``local_points`` of them, the nearest to the region's centre in the region's own metric, so that a fit
 costs the same at 10³ and at 10⁵ evaluations and the hyperparameters come from the exact evidence
-(:data:`~torchbkb.botorch.defaults.EXACT_FIT`) -- from the kernel's defaults and warm from the region's previous
-hyperparameters (the better evidence kept), draws TuRBO's candidates in the region and picks ``q`` of them by
-Thompson sampling (:func:`~torchbkb.botorch.optimize_acqf_thompson`: distinct exact joint draws over the
+(:data:`~torchbkb.botorch.defaults.EXACT_FIT`) -- warm from the region's previous hyperparameters and, now and
+then, from the kernel's defaults (the better evidence kept), draws TuRBO's candidates in the region and picks ``q``
+of them by Thompson sampling (:func:`~torchbkb.botorch.optimize_acqf_thompson`: distinct exact joint draws over the
 candidates, as TuRBO draws them) or by a fixed-``q`` BBKB batch (:func:`~torchbkb.botorch.optimize_acqf_bbkb`).
 With several regions the ``q`` best picks across regions are taken (their values are in the objective's units).
 
@@ -44,10 +44,12 @@ from torchbkb.botorch.thompson import optimize_acqf_thompson
 from torchbkb.botorch.trust_region import TrustRegion, num_candidates
 from torchbkb.errors import InputDataError, check_finite
 
-__all__ = ["TrustRegionBKB", "LOCAL_POINTS", "turbo_modules"]
+__all__ = ["TrustRegionBKB", "LOCAL_POINTS", "COLD_EVERY", "turbo_modules"]
 
 #: A region's model is fitted on at most this many of its points (the exact evidence's limit).
 LOCAL_POINTS = EXACT_FIT
+#: Besides its warm fit, a region's model is fitted from the kernel's defaults at every this-many-th proposal.
+COLD_EVERY = 4
 
 
 def turbo_modules(dim: int) -> dict:
@@ -71,8 +73,9 @@ class TrustRegionBKB:
         local_points: the most points a region's model is fitted on (:data:`LOCAL_POINTS`).
         model_kwargs: ``BKBModel`` keyword arguments (default :func:`turbo_modules`); fit_kwargs: passed to
             ``fit_gpytorch_mll``.
-        warm_start: also fit from the region's previous hyperparameters and keep the fit of larger evidence
-            (``False``: from the kernel's defaults only, as TuRBO's reference code).
+        warm_start: fit warm from the region's previous hyperparameters, and from the kernel's defaults at the
+            first fit, when the points doubled and every :data:`COLD_EVERY`-th fit, keeping the better evidence
+            (``False``: from the kernel's defaults at every fit, as TuRBO's reference code).
         sampler: the Thompson draws: ``"joint"`` (exact, over the candidates) or ``"pathwise"`` (random-feature
             prior: inside a small region its approximation error swamps the posterior variance).
         seed: seeds the designs, candidates, dictionaries and draws.
@@ -111,6 +114,7 @@ class TrustRegionBKB:
         self.models: list[BKBModel | None] = [None] * num_regions
         self._owned: list[list[int]] = [[] for _ in range(num_regions)]  # each region's points since its restart
         self._hyper: list[dict | None] = [None] * num_regions  # each region's last hyperparameters
+        self._cold_at, self._fits = [0] * num_regions, [0] * num_regions  # points at its last fit from the defaults
         self._pending: list[int] | None = None  # the region of each asked point
         self._draws = 0
         self.X, self.Y = bounds.new_zeros((0, d)), bounds.new_zeros((0,))
@@ -181,6 +185,7 @@ class TrustRegionBKB:
             if region.restart_triggered:
                 region.restart()
                 self._owned[r], self._hyper[r], self.models[r] = [], None, None
+                self._cold_at[r] = self._fits[r] = 0
         self._pending = None
 
     @property
@@ -217,13 +222,21 @@ class TrustRegionBKB:
         return dist.topk(self.local_points, largest=False).indices.sort().values
 
     def _fit(self, U: Tensor, Y: Tensor, r: int) -> BKBModel:
-        """The region's model fitted from the kernel's defaults, as TuRBO fits, and -- with ``warm_start`` --
-        also from the region's previous hyperparameters; the fit of larger evidence is kept (a warm start alone
-        stays where the first fits on a few points left it: lengthscales of 3 on Ackley-20)."""
-        fits = [self._fit_from(U, Y, None)]
-        if self.warm_start and self._hyper[r] is not None:
-            fits.append(self._fit_from(U, Y, self._hyper[r]))
+        """The region's model: fitted warm from the region's previous hyperparameters, and also from the kernel's
+        defaults (as TuRBO fits) at its first fit, whenever its points doubled since that fit from the defaults and at
+        every :data:`COLD_EVERY`-th fit; the fit of larger exact evidence is kept. A warm start alone stays where the
+        first fits on a few points left it (lengthscales of 3 on Ackley-20); a fit from the defaults at every
+        proposal costs twice as much."""
+        prev, fits = self._hyper[r], []
+        cold = prev is None or not self.warm_start or U.shape[0] >= 2 * self._cold_at[r]
+        cold = cold or self._fits[r] % COLD_EVERY == 0
+        if cold:
+            fits.append(self._fit_from(U, Y, None))
+            self._cold_at[r] = U.shape[0]
+        if self.warm_start and prev is not None:
+            fits.append(self._fit_from(U, Y, prev))
         value, model = max(fits, key=lambda fit: fit[0])
+        self._fits[r] += 1
         self._hyper[r] = {k: v.detach().clone() for k, v in model.state_dict().items() if "transform" not in k}
         self.models[r] = model
         return model
