@@ -131,3 +131,25 @@ def test_thompson_batches_are_distinct_by_default_as_max_posterior_sampling():
         order = row.argsort(descending=True).tolist()
         taken.append(next(c for c in order if c not in taken))
     assert idx.tolist() == taken
+
+
+def test_joint_thompson_draws_follow_the_joint_posterior():
+    """With replacement, the share of draws whose maximizer is candidate 0 of two is P(f₀ > f₁) under the joint
+    posterior, Φ((μ₀ − μ₁)/√(σ₀² + σ₁² − 2c)), within 4 standard errors."""
+    import math
+
+    X, y, _ = _problem(n=15, A=1)
+    model = BKBModel(X, y.unsqueeze(-1), seed=0)
+    C = torch.tensor([[0.3, 0.3], [0.35, 0.32]], dtype=F64)
+    post = model.posterior(C)
+    mu, cov = post.mean.squeeze(-1), post.distribution.covariance_matrix
+    z = float((mu[0] - mu[1]) / (cov[0, 0] + cov[1, 1] - 2 * cov[0, 1]).sqrt())
+    p = 0.5 * (1 + math.erf(z / math.sqrt(2)))
+    torch.manual_seed(0)
+    _, _, idx = optimize_acqf_thompson(model, C, q=4000, replacement=True, sampler="joint", return_indices=True)
+    share = float((idx == 0).double().mean())
+    assert abs(share - p) < 4 * math.sqrt(p * (1 - p) / 4000) + 1e-3
+    cand, _ = optimize_acqf_thompson(model, C, q=2, sampler="joint")
+    assert torch.unique(cand, dim=0).shape[0] == 2
+    with pytest.raises(InputDataError, match="sampler"):
+        optimize_acqf_thompson(model, C, q=1, sampler="cholesky")
