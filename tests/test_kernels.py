@@ -92,10 +92,34 @@ def test_fast_rbf_path_matches_gpytorch(ard, scaled):
 
 
 def test_other_gpytorch_kernels_take_the_generic_path():
-    assert as_kernel(gpytorch.kernels.MaternKernel())._rbf is None
+    assert as_kernel(gpytorch.kernels.PeriodicKernel())._rbf is None
     assert as_kernel(gpytorch.kernels.RBFKernel(batch_shape=torch.Size([2])))._rbf is None
     assert as_kernel(gpytorch.kernels.RBFKernel(active_dims=[0]))._rbf is None
-    assert as_kernel(gpytorch.kernels.ScaleKernel(gpytorch.kernels.MaternKernel()))._rbf is None
+    assert as_kernel(gpytorch.kernels.ScaleKernel(gpytorch.kernels.MaternKernel(batch_shape=torch.Size([2]))))._rbf is None
+
+
+@pytest.mark.parametrize("nu", [0.5, 1.5, 2.5])
+@pytest.mark.parametrize("grad", [False, True])
+def test_fast_matern_path_matches_gpytorch(nu, grad):
+    """(Scale)MaternKernel is evaluated by one GEMM; values (both paths) and gradients equal GPyTorch's own."""
+    torch.manual_seed(0)
+    base = gpytorch.kernels.MaternKernel(nu=nu, ard_num_dims=3).double()
+    base.lengthscale = torch.tensor([[0.7, 1.3, 2.0]], dtype=torch.float64)
+    k = gpytorch.kernels.ScaleKernel(base).double()
+    k.outputscale = torch.tensor(1.7, dtype=torch.float64)
+    adapter = as_kernel(k)
+    assert adapter._rbf is not None
+    X1 = (1e3 + torch.randn(2, 7, 3, dtype=torch.float64)).requires_grad_(grad)
+    X2 = 1e3 + torch.randn(2, 4, 3, dtype=torch.float64)
+    with torch.set_grad_enabled(grad):
+        fast = adapter(X1, X2)
+        ref = k(X1, X2).to_dense()
+    assert torch.allclose(fast, ref, atol=1e-10)
+    if grad:
+        g_fast = torch.autograd.grad(fast.sum(), [X1, base.raw_lengthscale, k.raw_outputscale])
+        g_ref = torch.autograd.grad(k(X1, X2).to_dense().sum(), [X1, base.raw_lengthscale, k.raw_outputscale])
+        for a, b in zip(g_fast, g_ref):
+            assert torch.allclose(a, b, atol=1e-9)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])

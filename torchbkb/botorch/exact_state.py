@@ -90,7 +90,10 @@ class ExactGPState(nn.Module):
 
     def _apply(self, fn, recurse: bool = True):
         out = super()._apply(fn, recurse)
-        self._blocks = [{k: (fn(v) if isinstance(v, Tensor) and v.is_floating_point() else v) for k, v in b.items()} for b in self._blocks]
+        self._blocks = [
+            {k: (fn(v) if isinstance(v, Tensor) and v.is_floating_point() else v) for k, v in b.items()}
+            for b in self._blocks
+        ]
         return out
 
     # ------------------------------------------------------------------ prediction
@@ -115,7 +118,12 @@ class ExactGPState(nn.Module):
         """Posterior mean `(*b', q)` and joint covariance `(*b', q, q)` at `(*b, q, d)` ``X``."""
         U = self.features(X)
         mean = sum((u @ b["beta"].unsqueeze(-1)).squeeze(-1) for u, b in zip(U, self._blocks))
-        cov = self.kernel(X, X).to(U[0].dtype) - sum(u @ u.transpose(-1, -2) for u in U)
+        cov = self.kernel(X, X).to(U[0].dtype)
+        if not torch.is_grad_enabled() and cov.dim() == 2 and cov.shape[-1] > 256:
+            for u in U:  # a large (q, q) block is memory-bound: one pass each and no transposed copy (the kernel
+                cov = torch.addmm(cov, u, u.T, alpha=-1.0)  # and U Uᵀ are symmetric to rounding)
+            return mean.to(X.dtype), cov.to(X.dtype)
+        cov = cov - sum(u @ u.transpose(-1, -2) for u in U)
         return mean.to(X.dtype), (0.5 * (cov + cov.transpose(-1, -2))).to(X.dtype)
 
     def training_variances(self) -> Tensor:
@@ -166,8 +174,15 @@ class ExactGPState(nn.Module):
             L = first["C"].new_zeros(*first["C"].shape[:-2], n + k, n + k)
             L[..., :n, :n], L[..., n:, :n], L[..., n:, n:] = first["C"], B, C
             cat = torch.cat
-            new._blocks = [{"X": cat([first["X"], X], -2), "C": L, "beta": cat([first["beta"], beta], -1),
-                            "y": cat([first["y"], y], -1), "noise": cat([first["noise"], noise], -1)}]
+            new._blocks = [
+                {
+                    "X": cat([first["X"], X], -2),
+                    "C": L,
+                    "beta": cat([first["beta"], beta], -1),
+                    "y": cat([first["y"], y], -1),
+                    "noise": cat([first["noise"], noise], -1),
+                }
+            ]
         else:
             new._blocks = [*self._blocks, {"X": X, "B": B, "C": C, "beta": beta, "y": y, "noise": noise}]
         return new

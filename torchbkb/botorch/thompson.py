@@ -24,16 +24,13 @@ Example:
 
 from __future__ import annotations
 
-import warnings
-
 import torch
 from torch import Size, Tensor
 
 from torchbkb.botorch.model import BKBModel
 from torchbkb.botorch.pathwise import draw_bkb_paths
 from torchbkb.botorch.training_data import check_candidates
-from torchbkb.errors import InputDataError, NumericsWarning
-from torchbkb.utils.linalg import safe_cholesky
+from torchbkb.errors import InputDataError, NumericsError
 
 __all__ = ["optimize_acqf_thompson", "DEFAULT_CHUNK", "JOINT_MAX"]
 
@@ -125,11 +122,26 @@ def _distinct(values: Tensor, indices: Tensor) -> tuple[Tensor, Tensor]:
 
 
 def _joint_draws(model: BKBModel, choices: Tensor, q: int) -> Tensor:
-    """`(q, A)` exact draws of the posterior over the candidates (original outcome units)."""
-    post = model.posterior(choices)
-    mean = post.mean.squeeze(-1)  # (A,)
-    with warnings.catch_warnings():  # a posterior covariance near the data is singular to rounding: jitter expected
-        warnings.simplefilter("ignore", NumericsWarning)
-        L = safe_cholesky(post.distribution.covariance_matrix, name="posterior covariance")  # (A, A)
+    """`(q, A)` exact draws of the posterior over the candidates (original outcome units), from its dense joint
+    covariance in the model's transformed space: a jitter far below the posterior variances changes no draw, so the
+    factorization starts from one of 10⁻¹⁰ of the mean variance (not from rounding level) and escalates tenfold."""
+    X_tf = model.transform_inputs(choices)
+    mean, cov = model.engine.joint(X_tf)  # (A,), (A, A): centered, transformed outcomes
+    cov = cov.to(torch.float64)
+    scale = float(cov.diagonal().mean().clamp_min(torch.finfo(torch.float64).tiny))
+    added = 0.0
+    for jitter in (1e-10, 1e-8, 1e-6, 1e-4):
+        cov.diagonal().add_((jitter - added) * scale)  # in place: no second (A, A) matrix
+        added = jitter
+        L, info = torch.linalg.cholesky_ex(cov)
+        if not bool(info.any()):
+            break
+    else:
+        raise NumericsError(f"joint draws: expected a positive semidefinite posterior covariance over {len(choices)} "
+                            "candidates, got one that fails with a jitter of 1e-4 of its mean variance")
     eps = torch.randn(L.shape[-1], q, dtype=L.dtype, device=L.device)
-    return (mean.unsqueeze(-1) + (L @ eps).to(mean)).T
+    draws = (mean.to(L) + model.mean_constant.to(L)).unsqueeze(-1) + L @ eps  # (A, q)
+    if hasattr(model, "outcome_transform"):
+        draws = model.outcome_transform.untransform(draws.T.unsqueeze(-1).to(choices))[0].squeeze(-1)  # (q, A)
+        return draws
+    return draws.T.to(choices)
