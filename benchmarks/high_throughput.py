@@ -27,13 +27,16 @@ Usage::
     python -m benchmarks.high_throughput --threads 2 --seeds 3                      # the loops, hours
     python -m benchmarks.high_throughput --threads 2 --study speed --sizes 1000,5000,10000
     python -m benchmarks.high_throughput --quick                                    # seconds
+    python -m benchmarks.high_throughput --merge run_a run_b --out merged           # seeds run apart, one report
 """
 
 from __future__ import annotations
 
+import json
 import math
 import statistics
 import time
+from pathlib import Path
 
 import torch
 
@@ -332,6 +335,26 @@ def plot_speed(rows: list[dict], out: str) -> None:
     save_figure(fig, out, "high_throughput_speed")
 
 
+def merge(folders: list[str], out: str) -> dict:
+    """One loop report from the ``high_throughput.json`` of several runs (seeds or problems run in parallel
+    processes); every run must have the same budget and ``q``."""
+    docs = [json.loads((Path(f) / "high_throughput.json").read_text()) for f in folders]
+    kinds = sorted({(d["budget"], d["q"], d["size"]) for d in docs})
+    if len(kinds) != 1:
+        raise SystemExit(f"--merge: expected runs of one (budget, q, size), got {kinds}")
+    rows = [r for d in docs for r in d["rows"]]
+    budget, q = docs[0]["budget"], docs[0]["q"]
+    table = summarize(rows, budget)
+    columns = ["problem", "method", "median", "min", "max", "wall_s", "seeds"]
+    print_table(table, columns, f"best value at {budget} evaluations")
+    plot(rows, out)
+    sources = [{"folder": f, "command": d["command"], "created": d["created"]} for f, d in zip(folders, docs)]
+    payload = {"study": "loops", "size": kinds[0][2], "budget": budget, "q": q, "summary": table, "rows": rows,
+               "merged_from": sources}
+    write_json(out, "high_throughput", payload)
+    return payload
+
+
 def main(argv=None) -> dict:
     p = base_parser(__doc__.splitlines()[0])
     p.add_argument("--study", choices=["loops", "speed"], default="loops")
@@ -344,8 +367,11 @@ def main(argv=None) -> dict:
     p.add_argument("--dims", default="20,60")
     p.add_argument("--max-gib", type=float, default=12.0, help="skip TuRBO-1 where its n x n matrices exceed this")
     p.add_argument("--measure-max", type=int, default=5000, help="estimate TuRBO-1 from its parts past this n")
+    p.add_argument("--merge", nargs="+", metavar="DIR", help="combine the loop rows of earlier runs' --out folders")
     args = p.parse_args(argv)
     setup(args)
+    if args.merge:
+        return merge(args.merge, args.out)
     args.problems, args.methods = args.problems.split(","), args.methods.split(",")
     args.sizes, args.dims = [int(s) for s in args.sizes.split(",")], [int(s) for s in args.dims.split(",")]
     if args.quick:

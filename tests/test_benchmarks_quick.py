@@ -5,6 +5,7 @@ PNG, and that the quantities the reports rely on mean what they claim (the BoTor
 choices, SoR starves where DTC does not, the memory probe sees an allocation).
 """
 
+import importlib
 import json
 import subprocess
 import sys
@@ -251,6 +252,17 @@ def test_high_throughput_quick(tmp_path):
     assert methods == {"turbo1", "trbkb_thompson", "trbkb_bbkb", "bkb_thompson", "bkb_bbkb", "sobol"}
     for r in doc["rows"]:
         assert r["evaluations"][-1] == doc["budget"] and r["best"] == sorted(r["best"])  # best-so-far curves
+    other = tmp_path / "other"  # a second run (another seed) merged into one report
+    other.mkdir()
+    second = dict(doc, rows=[dict(r, seed=r["seed"] + 1) for r in doc["rows"]])
+    (other / "high_throughput.json").write_text(json.dumps(second))
+    merged = importlib.import_module("benchmarks.high_throughput").main(
+        ["--merge", str(tmp_path), str(other), "--out", str(tmp_path / "merged")])
+    assert len(merged["rows"]) == 2 * len(doc["rows"]) and {r["seeds"] for r in merged["summary"]} == {2}
+    assert (tmp_path / "merged" / "high_throughput.png").exists()
+    (other / "high_throughput.json").write_text(json.dumps(dict(second, budget=doc["budget"] + 1)))
+    with pytest.raises(SystemExit, match="one \\(budget, q, size\\)"):
+        importlib.import_module("benchmarks.high_throughput").main(["--merge", str(tmp_path), str(other)])
 
 
 def test_tutorial_swap_quick(tmp_path):
