@@ -35,6 +35,7 @@ from __future__ import annotations
 import json
 import math
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -198,9 +199,13 @@ def run_loop(method: str, name: str, seed: int, budget: int, q: int) -> dict:
 def proposal_time(method: str, n: int, d: int, q: int, seed: int) -> tuple[float, int | None]:
     """Seconds of one proposal (fit + q picks) at ``n`` Ackley points in a region of side 0.8 around the optimum,
     and TuRBO-1's number of fit evaluations.
-    Trust-region BKB is timed at its second proposal (its steady state: a cold and a warm fit); TuRBO-1 fits from
-    the kernel's defaults at every proposal."""
+    TuRBO-1 fits from the kernel's defaults at every proposal: one proposal is timed. Trust-region BKB alternates
+    warm fits with fits from the defaults (:data:`~torchbkb.botorch.trust_region_loop.COLD_EVERY`): the mean of
+    one whole cycle of proposals after the first is timed, each batch told before the next (``n`` to
+    ``n + (COLD_EVERY - 1) q`` points)."""
     import botorch.test_functions as tf
+
+    from torchbkb.botorch.trust_region_loop import COLD_EVERY
 
     fn = tf.Ackley(dim=d, negate=True).to(torch.float64)
     lo, hi = -32.768, 32.768
@@ -211,13 +216,19 @@ def proposal_time(method: str, n: int, d: int, q: int, seed: int) -> tuple[float
     opt = optimizer(method, bounds, q, seed)
     if method == "turbo1":
         opt.tell(X, fn(X))
-    else:
-        opt.initialize(X[:-q], fn(X[:-q]))
-        first = opt.ask()
-        opt.tell(first, fn(first))  # n points in all, as TuRBO-1's
-    t0 = time.perf_counter()
-    opt.ask()
-    return time.perf_counter() - t0, getattr(opt, "fit_evaluations", None)
+        t0 = time.perf_counter()
+        opt.ask()
+        return time.perf_counter() - t0, opt.fit_evaluations
+    opt.initialize(X[:-q], fn(X[:-q]))
+    first = opt.ask()
+    opt.tell(first, fn(first))  # n points in all, as TuRBO-1's
+    times = []
+    for _ in range(COLD_EVERY):
+        t0 = time.perf_counter()
+        batch = opt.ask()
+        times.append(time.perf_counter() - t0)
+        opt.tell(batch, fn(batch))
+    return statistics.mean(times), None
 
 
 def turbo_estimate(n: int, d: int, q: int, seed: int, evaluations: int) -> dict:
@@ -271,22 +282,28 @@ def loops(args) -> list[dict]:
 def speed(args) -> list[dict]:
     """One proposal against ``n``, TuRBO-1 and trust-region BKB interleaved; past ``--measure-max`` points TuRBO-1 is
     estimated from its parts (:func:`turbo_estimate`) with the evaluation count of its largest measured fit, and
-    where its ``n × n`` matrices exceed ``--max-gib`` it is not run at all."""
+    where its ``n × n`` matrices exceed ``--max-gib`` it is not run at all (its time extrapolated as ``n³`` from the
+    largest ``n`` it ran at, recorded apart as ``extrapolated_s``)."""
     rows = []
     for d in args.dims:
-        evaluations = None
+        evaluations, largest = None, None
         for n in args.sizes:
             for method in ("turbo1", "trbkb_thompson"):
                 gib = n * n * 8 / 2**30
                 row = {"method": method, "d": d, "n": n, "seconds": None}
                 if method == "turbo1" and 3 * gib > args.max_gib:  # K, its factor and a gradient's workspace
                     row["note"] = f"not run: {gib:.1f} GiB per n x n matrix"
+                    if largest:  # its Cholesky work, n^3, from the largest n it ran at
+                        row["extrapolated_s"] = largest[1] * (n / largest[0]) ** 3
+                        row["note"] += f"; n^3 from n = {largest[0]}: {row['extrapolated_s']:.0f} s"
                 elif method == "turbo1" and n > args.measure_max and evaluations:
                     row.update(turbo_estimate(n, d, args.q, args.seed, evaluations), note="estimated from its parts")
                 else:
                     row["seconds"], fit = proposal_time(method, n, d, args.q, args.seed)
                     if method == "turbo1":
                         evaluations = row["fit_evaluations"] = fit
+                if method == "turbo1" and row["seconds"] is not None:
+                    largest = (n, row["seconds"])
                 rows.append(row)
                 print(f"d={d} n={n} {method}: {row}", flush=True)
     return rows
@@ -330,6 +347,9 @@ def plot_speed(rows: list[dict], out: str) -> None:
         pts = [(r["n"], r["seconds"]) for r in mine if r["seconds"] is not None]
         if pts:
             ax.loglog(*zip(*pts), "o-" if method == "turbo1" else "s--", color=f"C{k}", label=f"{method}, d = {d}")
+        far = [(r["n"], r["extrapolated_s"]) for r in mine if "extrapolated_s" in r]
+        if far and pts:
+            ax.loglog(*zip(pts[-1], *far), ":", marker="o", mfc="none", color=f"C{k}", label=f"{method}, d = {d}, n³")
     ax.set(xlabel="n (observations)", ylabel="seconds per proposal (fit + q picks)")
     ax.legend(fontsize=7)
     save_figure(fig, out, "high_throughput_speed")
@@ -376,7 +396,7 @@ def main(argv=None) -> dict:
     args.sizes, args.dims = [int(s) for s in args.sizes.split(",")], [int(s) for s in args.dims.split(",")]
     if args.quick:
         args.problems, args.seeds, args.budget, args.q = args.problems[:1], 1, 140, 50
-        args.sizes, args.dims = [200], [20]
+        args.sizes, args.dims = ([200] if "--sizes" not in (argv or sys.argv) else args.sizes), [20]
     if args.study == "speed":
         rows = speed(args)
         payload = {"study": "speed", "size": "quick" if args.quick else "default", "q": args.q, "rows": rows}

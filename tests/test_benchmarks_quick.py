@@ -265,6 +265,18 @@ def test_high_throughput_quick(tmp_path):
         importlib.import_module("benchmarks.high_throughput").main(["--merge", str(tmp_path), str(other)])
 
 
+def test_high_throughput_speed_quick(tmp_path):
+    """The speed study: both methods timed at a size TuRBO-1 runs at; past --max-gib TuRBO-1 is not run and its
+    time is extrapolated as n^3 from the largest size it ran at, apart from the measured seconds."""
+    payload = importlib.import_module("benchmarks.high_throughput").main(
+        ["--study", "speed", "--quick", "--sizes", "100,400", "--max-gib", "0.002", "--out", str(tmp_path)])
+    rows = {(r["method"], r["n"]): r for r in payload["rows"]}
+    assert all(rows[key]["seconds"] > 0 for key in (("turbo1", 100), ("trbkb_thompson", 100), ("trbkb_thompson", 400)))
+    far = rows["turbo1", 400]
+    assert far["seconds"] is None and far["extrapolated_s"] == pytest.approx(rows["turbo1", 100]["seconds"] * 64)
+    assert (tmp_path / "high_throughput_speed.png").exists()
+
+
 def test_tutorial_swap_quick(tmp_path):
     _, doc = _run("tutorial_swap", tmp_path)
     assert {r["flow"] for r in doc["table"]} == {"batch_cross_validation", "fit_with_torch_optimizer"}
