@@ -78,6 +78,22 @@ def test_fixed_q_reads_candidates_in_chunks(monkeypatch):
     assert max(rows) <= 1024
 
 
+def test_fixed_q_memory_is_bounded_by_the_candidates_themselves():
+    """No `(A, m)` embedding and no `(A, q)` block: the largest intermediate of a fixed-q batch is the candidates'
+    own `(A, d)` (the pool of bounds is `O(A)`, the picks' fantasies `O(q (m + q))`); the picks equal one chunk's."""
+    from helpers import LargestOutput
+
+    X, y, _ = _problem(n=60)
+    A, q = 50_000, 100
+    C = torch.rand(A, 2, dtype=F64, generator=torch.Generator().manual_seed(4))
+    model = BKBModel(X, y.unsqueeze(-1), seed=0, inducing_points=X[:12], exact_fraction=None)
+    whole = optimize_acqf_bbkb(model, C, q=q, beta=2.0, chunk_size=A, return_indices=True)
+    with LargestOutput() as rec:
+        out = optimize_acqf_bbkb(model, C, q=q, beta=2.0, chunk_size=500, return_indices=True)
+    assert rec.numel <= A * 2 < A * model.num_inducing
+    assert torch.equal(out.indices, whole.indices) and out.indices.unique().numel() == q
+
+
 @settings(max_examples=30, deadline=None)
 @given(q=st.one_of(st.integers(-3, 0), st.just(501), st.floats(0.5, 3.5), st.just(True), st.just("3")))
 def test_bad_q_raises_and_changes_nothing(q):
