@@ -53,6 +53,7 @@ PROBLEMS = {  # name: (BoTorch class, d, lower, upper)
 METHODS = ("turbo1", "trbkb_thompson", "trbkb_bbkb", "bkb_thompson", "bkb_bbkb", "sobol")
 GLOBAL_CANDIDATES = 10_000
 BETA = 2.0  # GP-scale width of the BBKB proposals
+PROPOSAL_COLUMNS = ["problem", "method", "from_n", "to_n", "median_s", "proposals", "turbo1_ratio"]
 
 
 def problem(name: str):
@@ -322,6 +323,30 @@ def summarize(rows: list[dict], budget: int) -> list[dict]:
     return out
 
 
+def proposal_table(rows: list[dict], width: int = 500) -> list[dict]:
+    """Per problem, method and bin of ``width`` evaluations: the median seconds of the loops' proposals made in
+    that bin (initial designs excluded), over every seed, and TuRBO-1's median over the method's."""
+    out = []
+    for name in dict.fromkeys(r["problem"] for r in rows):
+        medians = {}
+        for method in dict.fromkeys(r["method"] for r in rows):
+            if method == "sobol":
+                continue
+            times: dict[int, list[float]] = {}
+            for r in rows:
+                if r["problem"] == name and r["method"] == method:
+                    for n, sec in r["proposal_s"][1:]:
+                        times.setdefault(n // width * width, []).append(sec)
+            for lo, secs in sorted(times.items()):
+                medians[method, lo] = statistics.median(secs)
+                out.append({"problem": name, "method": method, "from_n": lo, "to_n": lo + width,
+                            "median_s": medians[method, lo], "proposals": len(secs)})
+        for row in out:
+            if row["problem"] == name and ("turbo1", row["from_n"]) in medians:
+                row["turbo1_ratio"] = medians["turbo1", row["from_n"]] / row["median_s"]
+    return out
+
+
 def plot(rows: list[dict], out: str) -> None:
     names = list(dict.fromkeys(r["problem"] for r in rows))
     fig, axes = new_figure(ncols=len(names), nrows=2, width=4.2, height=3.5)
@@ -367,10 +392,12 @@ def merge(folders: list[str], out: str) -> dict:
     table = summarize(rows, budget)
     columns = ["problem", "method", "median", "min", "max", "wall_s", "seeds"]
     print_table(table, columns, f"best value at {budget} evaluations")
+    times = proposal_table(rows)
+    print_table(times, PROPOSAL_COLUMNS, "seconds per proposal in the loops, by evaluations so far")
     plot(rows, out)
     sources = [{"folder": f, "command": d["command"], "created": d["created"]} for f, d in zip(folders, docs)]
-    payload = {"study": "loops", "size": kinds[0][2], "budget": budget, "q": q, "summary": table, "rows": rows,
-               "merged_from": sources}
+    payload = {"study": "loops", "size": kinds[0][2], "budget": budget, "q": q, "summary": table,
+               "proposal_times": times, "rows": rows, "merged_from": sources}
     write_json(out, "high_throughput", payload)
     return payload
 
@@ -407,9 +434,11 @@ def main(argv=None) -> dict:
         table = summarize(rows, args.budget)
         columns = ["problem", "method", "median", "min", "max", "wall_s", "seeds"]
         print_table(table, columns, f"best value at {args.budget} evaluations")
+        times = proposal_table(rows)
+        print_table(times, PROPOSAL_COLUMNS, "seconds per proposal in the loops, by evaluations so far")
         plot(rows, args.out)
         payload = {"study": "loops", "size": "quick" if args.quick else "default", "budget": args.budget, "q": args.q,
-                   "summary": table, "rows": rows}
+                   "summary": table, "proposal_times": times, "rows": rows}
     write_json(args.out, "high_throughput" if args.study == "loops" else "high_throughput_speed", payload)
     return payload
 
