@@ -20,12 +20,15 @@ The loop study records every method's best value against evaluations and wall ti
 ``--budget``). The speed study (``--study speed``) times one proposal (fit + a batch of ``q``) at ``n`` points of a
 previous run's kind (uniform points of the region of side 0.8 around the optimum of Ackley), TuRBO-1 and
 trust-region BKB interleaved, for ``--sizes``; TuRBO-1 is skipped where its ``n × n`` kernel matrix would not fit in
-``--max-gib`` of memory.
+``--max-gib`` of memory. The fixed-q study (``--study fixed_q``) times a batch of ``--fixed-q`` picks from
+``--candidates`` uniform candidates and its extra peak memory, beside 001's adaptive batch (both in
+:mod:`benchmarks.proposal_speed`).
 
 Usage::
 
     python -m benchmarks.high_throughput --threads 2 --seeds 3                      # the loops, hours
     python -m benchmarks.high_throughput --threads 2 --study speed --sizes 1000,5000,10000
+    python -m benchmarks.high_throughput --threads 2 --study fixed_q --dims 20      # q = 1,000 from 10^6
     python -m benchmarks.high_throughput --quick                                    # seconds
     python -m benchmarks.high_throughput --merge run_a run_b --out merged           # seeds run apart, one report
 """
@@ -42,6 +45,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.cli import base_parser, setup
+from benchmarks.proposal_speed import fixed_q, plot_speed, speed
 from benchmarks.report import new_figure, print_table, save_figure, write_json
 
 PROBLEMS = {  # name: (BoTorch class, d, lower, upper)
@@ -197,76 +201,6 @@ def run_loop(method: str, name: str, seed: int, budget: int, q: int) -> dict:
             "proposal_s": proposals}
 
 
-def proposal_time(method: str, n: int, d: int, q: int, seed: int) -> tuple[float, int | None]:
-    """Seconds of one proposal (fit + q picks) at ``n`` Ackley points in a region of side 0.8 around the optimum,
-    and TuRBO-1's number of fit evaluations.
-    TuRBO-1 fits from the kernel's defaults at every proposal: one proposal is timed. Trust-region BKB alternates
-    warm fits with fits from the defaults (:data:`~torchbkb.botorch.trust_region_loop.COLD_EVERY`): the mean of
-    one whole cycle of proposals after the first is timed, each batch told before the next (``n`` to
-    ``n + (COLD_EVERY - 1) q`` points)."""
-    import botorch.test_functions as tf
-
-    from torchbkb.botorch.trust_region_loop import COLD_EVERY
-
-    fn = tf.Ackley(dim=d, negate=True).to(torch.float64)
-    lo, hi = -32.768, 32.768
-    g = torch.Generator().manual_seed(seed)
-    U = 0.5 + 0.8 * (torch.rand(n, d, generator=g, dtype=torch.float64) - 0.5)
-    X = lo + U * (hi - lo)
-    bounds = torch.tensor([[lo] * d, [hi] * d], dtype=torch.float64)
-    opt = optimizer(method, bounds, q, seed)
-    if method == "turbo1":
-        opt.tell(X, fn(X))
-        t0 = time.perf_counter()
-        opt.ask()
-        return time.perf_counter() - t0, opt.fit_evaluations
-    opt.initialize(X[:-q], fn(X[:-q]))
-    first = opt.ask()
-    opt.tell(first, fn(first))  # n points in all, as TuRBO-1's
-    times = []
-    for _ in range(COLD_EVERY):
-        t0 = time.perf_counter()
-        batch = opt.ask()
-        times.append(time.perf_counter() - t0)
-        opt.tell(batch, fn(batch))
-    return statistics.mean(times), None
-
-
-def turbo_estimate(n: int, d: int, q: int, seed: int, evaluations: int) -> dict:
-    """TuRBO-1's proposal at ``n`` points estimated from its parts: one exact-MLL evaluation (forward and backward,
-    Cholesky) timed at ``n``, times the ``evaluations`` a measured fit took, plus its Thompson draw timed at ``n``."""
-    import botorch.test_functions as tf
-    from botorch.generation import MaxPosteriorSampling
-    from botorch.models import SingleTaskGP
-    from gpytorch.mlls import ExactMarginalLogLikelihood
-    from gpytorch.settings import max_cholesky_size
-
-    from torchbkb.botorch import TrustRegion
-    from torchbkb.botorch.trust_region import num_candidates
-    from torchbkb.botorch.trust_region_loop import turbo_modules
-
-    fn = tf.Ackley(dim=d, negate=True).to(torch.float64)
-    g = torch.Generator().manual_seed(seed)
-    U = 0.5 + 0.8 * (torch.rand(n, d, generator=g, dtype=torch.float64) - 0.5)
-    Y = fn(-32.768 + 65.536 * U).unsqueeze(-1)
-    with max_cholesky_size(float("inf")):
-        model = SingleTaskGP(U, Y, **turbo_modules(d))
-        mll = ExactMarginalLogLikelihood(model.likelihood, model)
-        mll.train()
-        t0 = time.perf_counter()
-        (-mll(model(*model.train_inputs), model.train_targets)).backward()
-        per_eval = time.perf_counter() - t0
-        model.eval()
-        ones = torch.ones(d, dtype=torch.float64)
-        cand = TrustRegion(d, q).candidates(U[Y.argmax()], ones, num_candidates(d), seed=seed)
-        t0 = time.perf_counter()
-        with torch.no_grad():
-            MaxPosteriorSampling(model=model, replacement=False)(cand, num_samples=q)
-        sampling = time.perf_counter() - t0
-    return {"per_evaluation_s": per_eval, "evaluations": evaluations, "sampling_s": sampling,
-            "seconds": per_eval * evaluations + sampling}
-
-
 def loops(args) -> list[dict]:
     rows = []
     for name in args.problems:
@@ -277,36 +211,6 @@ def loops(args) -> list[dict]:
                 rows.append(row)
                 print(f"{name} seed {seed} {method:15s} best {row['best'][-1]:9.3f}  {time.perf_counter() - t0:7.1f} s",
                       flush=True)
-    return rows
-
-
-def speed(args) -> list[dict]:
-    """One proposal against ``n``, TuRBO-1 and trust-region BKB interleaved; past ``--measure-max`` points TuRBO-1 is
-    estimated from its parts (:func:`turbo_estimate`) with the evaluation count of its largest measured fit, and
-    where its ``n × n`` matrices exceed ``--max-gib`` it is not run at all (its time extrapolated as ``n³`` from the
-    largest ``n`` it ran at, recorded apart as ``extrapolated_s``)."""
-    rows = []
-    for d in args.dims:
-        evaluations, largest = None, None
-        for n in args.sizes:
-            for method in ("turbo1", "trbkb_thompson"):
-                gib = n * n * 8 / 2**30
-                row = {"method": method, "d": d, "n": n, "seconds": None}
-                if method == "turbo1" and 3 * gib > args.max_gib:  # K, its factor and a gradient's workspace
-                    row["note"] = f"not run: {gib:.1f} GiB per n x n matrix"
-                    if largest:  # its Cholesky work, n^3, from the largest n it ran at
-                        row["extrapolated_s"] = largest[1] * (n / largest[0]) ** 3
-                        row["note"] += f"; n^3 from n = {largest[0]}: {row['extrapolated_s']:.0f} s"
-                elif method == "turbo1" and n > args.measure_max and evaluations:
-                    row.update(turbo_estimate(n, d, args.q, args.seed, evaluations), note="estimated from its parts")
-                else:
-                    row["seconds"], fit = proposal_time(method, n, d, args.q, args.seed)
-                    if method == "turbo1":
-                        evaluations = row["fit_evaluations"] = fit
-                if method == "turbo1" and row["seconds"] is not None:
-                    largest = (n, row["seconds"])
-                rows.append(row)
-                print(f"d={d} n={n} {method}: {row}", flush=True)
     return rows
 
 
@@ -364,22 +268,6 @@ def plot(rows: list[dict], out: str) -> None:
     save_figure(fig, out, "high_throughput")
 
 
-def plot_speed(rows: list[dict], out: str) -> None:
-    fig, axes = new_figure(ncols=1, nrows=1, width=5.0, height=3.8)
-    ax = axes[0][0]
-    for k, (method, d) in enumerate(dict.fromkeys((r["method"], r["d"]) for r in rows)):
-        mine = [r for r in rows if r["method"] == method and r["d"] == d]
-        pts = [(r["n"], r["seconds"]) for r in mine if r["seconds"] is not None]
-        if pts:
-            ax.loglog(*zip(*pts), "o-" if method == "turbo1" else "s--", color=f"C{k}", label=f"{method}, d = {d}")
-        far = [(r["n"], r["extrapolated_s"]) for r in mine if "extrapolated_s" in r]
-        if far and pts:
-            ax.loglog(*zip(pts[-1], *far), ":", marker="o", mfc="none", color=f"C{k}", label=f"{method}, d = {d}, n³")
-    ax.set(xlabel="n (observations)", ylabel="seconds per proposal (fit + q picks)")
-    ax.legend(fontsize=7)
-    save_figure(fig, out, "high_throughput_speed")
-
-
 def merge(folders: list[str], out: str) -> dict:
     """One loop report from the ``high_throughput.json`` of several runs (seeds or problems run in parallel
     processes); every run must have the same budget and ``q``."""
@@ -404,7 +292,7 @@ def merge(folders: list[str], out: str) -> dict:
 
 def main(argv=None) -> dict:
     p = base_parser(__doc__.splitlines()[0])
-    p.add_argument("--study", choices=["loops", "speed"], default="loops")
+    p.add_argument("--study", choices=["loops", "speed", "fixed_q"], default="loops")
     p.add_argument("--problems", default=",".join(PROBLEMS))
     p.add_argument("--methods", default=",".join(METHODS))
     p.add_argument("--seeds", type=int, default=5)
@@ -414,6 +302,9 @@ def main(argv=None) -> dict:
     p.add_argument("--dims", default="20,60")
     p.add_argument("--max-gib", type=float, default=12.0, help="skip TuRBO-1 where its n x n matrices exceed this")
     p.add_argument("--measure-max", type=int, default=5000, help="estimate TuRBO-1 from its parts past this n")
+    p.add_argument("--candidates", default="1000000", help="fixed_q study: candidate set sizes")
+    p.add_argument("--fixed-q", type=int, default=1000, help="fixed_q study: the batch size")
+    p.add_argument("--fit-n", type=int, default=1000, help="fixed_q study: the model's training points")
     p.add_argument("--merge", nargs="+", metavar="DIR", help="combine the loop rows of earlier runs' --out folders")
     args = p.parse_args(argv)
     setup(args)
@@ -421,14 +312,22 @@ def main(argv=None) -> dict:
         return merge(args.merge, args.out)
     args.problems, args.methods = args.problems.split(","), args.methods.split(",")
     args.sizes, args.dims = [int(s) for s in args.sizes.split(",")], [int(s) for s in args.dims.split(",")]
+    args.candidates = [int(s) for s in args.candidates.split(",")]
     if args.quick:
         args.problems, args.seeds, args.budget, args.q = args.problems[:1], 1, 140, 50
         args.sizes, args.dims = ([200] if "--sizes" not in (argv or sys.argv) else args.sizes), [20]
+        args.candidates, args.fixed_q, args.fit_n = [20_000], 100, 200
+    size = "quick" if args.quick else "default"
     if args.study == "speed":
         rows = speed(args)
-        payload = {"study": "speed", "size": "quick" if args.quick else "default", "q": args.q, "rows": rows}
+        payload = {"study": "speed", "size": size, "q": args.q, "rows": rows}
         print_table(rows, ["method", "d", "n", "seconds", "note"], "one proposal (fit + q picks), seconds")
         plot_speed(rows, args.out)
+    elif args.study == "fixed_q":
+        rows = fixed_q(args)
+        payload = {"study": "fixed_q", "size": size, "rows": rows}
+        columns = ["d", "A", "q", "seconds", "picks", "distinct", "stop_reason", "extra_peak_mb"]
+        print_table(rows, columns + ["extra_over_candidates"], "a BBKB batch from A candidates")
     else:
         rows = loops(args)
         table = summarize(rows, args.budget)
@@ -439,7 +338,7 @@ def main(argv=None) -> dict:
         plot(rows, args.out)
         payload = {"study": "loops", "size": "quick" if args.quick else "default", "budget": args.budget, "q": args.q,
                    "summary": table, "proposal_times": times, "rows": rows}
-    write_json(args.out, "high_throughput" if args.study == "loops" else "high_throughput_speed", payload)
+    write_json(args.out, "high_throughput" if args.study == "loops" else f"high_throughput_{args.study}", payload)
     return payload
 
 

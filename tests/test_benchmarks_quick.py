@@ -277,6 +277,14 @@ def test_high_throughput_speed_quick(tmp_path):
     assert (tmp_path / "high_throughput_speed.png").exists()
 
 
+def test_high_throughput_fixed_q_quick(tmp_path):
+    payload = importlib.import_module("benchmarks.high_throughput").main(
+        ["--study", "fixed_q", "--quick", "--out", str(tmp_path)])
+    fixed = [r for r in payload["rows"] if r["q"] is not None]
+    assert fixed and all(r["picks"] == r["distinct"] == r["q"] and r["stop_reason"] == "q" for r in fixed)
+    assert all(r["seconds"] > 0 for r in payload["rows"]) and (tmp_path / "high_throughput_fixed_q.json").exists()
+
+
 def test_tutorial_swap_quick(tmp_path):
     _, doc = _run("tutorial_swap", tmp_path)
     assert {r["flow"] for r in doc["table"]} == {"batch_cross_validation", "fit_with_torch_optimizer"}
