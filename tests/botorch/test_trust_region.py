@@ -99,6 +99,27 @@ def test_a_whole_loop_in_a_few_lines(acquisition):
     assert loop.best[1] > -0.02 and loop.models[0] is not None
 
 
+@pytest.mark.parametrize("user_options", [None, {"options": {"maxiter": 7}}])
+def test_warm_fits_are_capped_and_fits_from_the_defaults_are_not(monkeypatch, user_options):
+    """A warm fit runs at most WARM_MAXITER L-BFGS-B iterations; a fit from the kernel's defaults is uncapped; a
+    user's own optimizer options win over both."""
+    import torchbkb.botorch.trust_region_loop as trl
+
+    calls = []
+    fit = trl.fit_gpytorch_mll
+    spy = lambda mll, **kw: calls.append(kw.get("optimizer_kwargs")) or fit(mll, **kw)  # noqa: E731
+    monkeypatch.setattr(trl, "fit_gpytorch_mll", spy)
+    bounds = torch.tensor([[0.0] * 3, [1.0] * 3], dtype=F64)
+    fit_kwargs = None if user_options is None else {"optimizer_kwargs": user_options}
+    loop = TrustRegionBKB(bounds, batch_size=5, n_init=6, fit_kwargs=fit_kwargs, seed=0)
+    loop.optimize(_sphere, budget=26)  # the design, then 4 proposals: a fit from the defaults first, then warm fits
+    capped = {"options": {"maxiter": trl.WARM_MAXITER}}
+    if user_options is None:
+        assert calls[0] is None and capped in calls and all(c is None or c == capped for c in calls)
+    else:
+        assert len(calls) >= 4 and all(c == user_options for c in calls)
+
+
 def test_several_regions_share_a_batch_and_restart_on_their_own():
     bounds = torch.tensor([[-1.0] * 3, [1.0] * 3], dtype=F64)
     loop = TrustRegionBKB(bounds, batch_size=6, num_regions=2, n_init=5, seed=1)

@@ -44,12 +44,15 @@ from torchbkb.botorch.thompson import optimize_acqf_thompson
 from torchbkb.botorch.trust_region import TrustRegion, num_candidates
 from torchbkb.errors import InputDataError, check_finite
 
-__all__ = ["TrustRegionBKB", "LOCAL_POINTS", "COLD_EVERY", "turbo_modules"]
+__all__ = ["TrustRegionBKB", "LOCAL_POINTS", "COLD_EVERY", "WARM_MAXITER", "turbo_modules"]
 
 #: A region's model is fitted on at most this many of its points (the exact evidence's limit).
 LOCAL_POINTS = EXACT_FIT
 #: Besides its warm fit, a region's model is fitted from the kernel's defaults at every this-many-th proposal.
 COLD_EVERY = 4
+#: L-BFGS-B iterations of a warm fit (unless ``fit_kwargs`` sets the optimizer's options): in 60 dimensions a warm
+#: start can wander for a thousand steps; a fit from the defaults is uncapped, as TuRBO's.
+WARM_MAXITER = 200
 
 
 def turbo_modules(dim: int) -> dict:
@@ -73,8 +76,9 @@ class TrustRegionBKB:
         local_points: the most points a region's model is fitted on (:data:`LOCAL_POINTS`).
         model_kwargs: ``BKBModel`` keyword arguments (default :func:`turbo_modules`); fit_kwargs: passed to
             ``fit_gpytorch_mll``.
-        warm_start: fit warm from the region's previous hyperparameters, and from the kernel's defaults at the
-            first fit, when the points doubled and every :data:`COLD_EVERY`-th fit, keeping the better evidence
+        warm_start: fit warm from the region's previous hyperparameters (at most :data:`WARM_MAXITER` L-BFGS-B
+            iterations), and from the kernel's defaults at the first fit, when the points doubled and every
+            :data:`COLD_EVERY`-th fit, keeping the better evidence
             (``False``: from the kernel's defaults at every fit, as TuRBO's reference code).
         sampler: the Thompson draws: ``"joint"`` (exact, over the candidates) or ``"pathwise"`` (random-feature
             prior: inside a small region its approximation error swamps the posterior variance).
@@ -244,11 +248,13 @@ class TrustRegionBKB:
     def _fit_from(self, U: Tensor, Y: Tensor, start: dict | None) -> tuple[float, BKBModel]:
         kwargs = turbo_modules(U.shape[1]) if self.model_kwargs is None else dict(self.model_kwargs)
         model = BKBModel(U, Y.unsqueeze(-1), seed=self._seed(), **kwargs)
+        fit_kwargs = dict(self.fit_kwargs)
         if start is not None:
             model.load_state_dict(start, strict=False, keep_transforms=False)
+            fit_kwargs.setdefault("optimizer_kwargs", {"options": {"maxiter": WARM_MAXITER}})
         mll = DTCMarginalLogLikelihood(model.likelihood, model)
         try:
-            fit_gpytorch_mll(mll, **self.fit_kwargs)
+            fit_gpytorch_mll(mll, **fit_kwargs)
         except ModelFittingError:
             if start is None:
                 raise
