@@ -79,7 +79,7 @@ def test_fast_rbf_path_matches_gpytorch(ard, scaled):
     if scaled:
         k.outputscale = torch.tensor(1.7, dtype=torch.float64)
     adapter = as_kernel(k)
-    assert adapter._rbf is not None
+    assert adapter.extra_repr() == "fast stationary path"
     X1 = (1e3 + torch.randn(2, 7, 3, dtype=torch.float64)).requires_grad_()  # far from the origin
     X2 = 1e3 + torch.randn(2, 4, 3, dtype=torch.float64)
     fast = adapter(X1, X2)
@@ -92,10 +92,11 @@ def test_fast_rbf_path_matches_gpytorch(ard, scaled):
 
 
 def test_other_gpytorch_kernels_take_the_generic_path():
-    assert as_kernel(gpytorch.kernels.PeriodicKernel())._rbf is None
-    assert as_kernel(gpytorch.kernels.RBFKernel(batch_shape=torch.Size([2])))._rbf is None
-    assert as_kernel(gpytorch.kernels.RBFKernel(active_dims=[0]))._rbf is None
-    assert as_kernel(gpytorch.kernels.ScaleKernel(gpytorch.kernels.MaternKernel(batch_shape=torch.Size([2]))))._rbf is None
+    assert as_kernel(gpytorch.kernels.PeriodicKernel()).extra_repr() == ""
+    assert as_kernel(gpytorch.kernels.RBFKernel(batch_shape=torch.Size([2]))).extra_repr() == ""
+    assert as_kernel(gpytorch.kernels.RBFKernel(active_dims=[0])).extra_repr() == ""
+    batched_matern = gpytorch.kernels.ScaleKernel(gpytorch.kernels.MaternKernel(batch_shape=torch.Size([2])))
+    assert as_kernel(batched_matern).extra_repr() == ""
 
 
 @pytest.mark.parametrize("nu", [0.5, 1.5, 2.5])
@@ -108,7 +109,7 @@ def test_fast_matern_path_matches_gpytorch(nu, grad):
     k = gpytorch.kernels.ScaleKernel(base).double()
     k.outputscale = torch.tensor(1.7, dtype=torch.float64)
     adapter = as_kernel(k)
-    assert adapter._rbf is not None
+    assert adapter.extra_repr() == "fast stationary path"
     X1 = (1e3 + torch.randn(2, 7, 3, dtype=torch.float64)).requires_grad_(grad)
     X2 = 1e3 + torch.randn(2, 4, 3, dtype=torch.float64)
     with torch.set_grad_enabled(grad):

@@ -97,14 +97,8 @@ def gaussian_cross(
     Returns:
         `(*b, n1, n2)`.
     """
-    c = B.detach().mean(-2, keepdim=True)  # (*b, 1, d): the kernel does not depend on it
-    A, B = A - c, B - c
-    if lengthscale is not None:
-        A, B = A / lengthscale, B / lengthscale
-    an, bn = (A * A).sum(-1).unsqueeze(-1), (B * B).sum(-1).unsqueeze(-2)  # (*b, n1, 1), (*b, 1, n2)
-    if torch.is_grad_enabled() and (
-        A.requires_grad or B.requires_grad or (outputscale is not None and outputscale.requires_grad)
-    ):
+    A, B, an, bn, grad = _centred_scaled(A, B, outputscale, lengthscale)
+    if grad:
         K = torch.exp(-0.5 * (an + bn - 2.0 * (A @ B.transpose(-1, -2))).clamp_min(0.0))
         return K if outputscale is None else outputscale * K
     # no autograd: one fused GEMM, then in place: -½(‖a‖² - 2aᵀb + ‖b‖²) + log s, capped at log s, exp
@@ -147,12 +141,7 @@ def matern_cross(
         >>> bool(torch.allclose(matern_cross(X, X, 2.5, lengthscale=ls), ref, atol=1e-4))
         True
     """
-    c = B.detach().mean(-2, keepdim=True)  # (*b, 1, d)
-    A, B = A - c, B - c
-    if lengthscale is not None:
-        A, B = A / lengthscale, B / lengthscale
-    an, bn = (A * A).sum(-1).unsqueeze(-1), (B * B).sum(-1).unsqueeze(-2)  # (*b, n1, 1), (*b, 1, n2)
-    grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (A, B, outputscale))
+    A, B, an, bn, grad = _centred_scaled(A, B, outputscale, lengthscale)
     if not grad:  # the (n1, n2) block in place: a few passes over memory instead of a dozen temporaries
         r = (A @ B.transpose(-1, -2)).mul_(-2.0).add_(an).add_(bn).clamp_min_(1e-30).sqrt_()
         if nu != 0.5:
@@ -170,6 +159,18 @@ def matern_cross(
         r = r * math.sqrt(5.0)
         K = (1.0 + r + r * r / 3.0) * torch.exp(-r)
     return K if outputscale is None else outputscale * K
+
+
+def _centred_scaled(A: torch.Tensor, B: torch.Tensor, outputscale, lengthscale) -> tuple:
+    """``(A', B', ‖a'‖² (*b, n1, 1), ‖b'‖² (*b, 1, n2), grad)``: both inputs centred on the mean of ``B`` (the kernel
+    does not depend on it), then divided by ``lengthscale``; ``grad`` says whether autograd must see the block."""
+    c = B.detach().mean(-2, keepdim=True)  # (*b, 1, d)
+    A, B = A - c, B - c
+    if lengthscale is not None:
+        A, B = A / lengthscale, B / lengthscale
+    an, bn = (A * A).sum(-1).unsqueeze(-1), (B * B).sum(-1).unsqueeze(-2)  # (*b, n1, 1), (*b, 1, n2)
+    grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (A, B, outputscale))
+    return A, B, an, bn, grad
 
 
 class KernelAdapter(nn.Module):
@@ -194,10 +195,10 @@ class KernelAdapter(nn.Module):
         self.kernel = kernel if isinstance(kernel, nn.Module) else _CallableModule(kernel)
         self._diag_fn = diag
         self._is_gpytorch = _is_gpytorch_kernel(kernel)
-        self._rbf = _plain_stationary_parts(kernel) if self._is_gpytorch else None
+        self._stationary = _plain_stationary_parts(kernel) if self._is_gpytorch else None
 
     def extra_repr(self) -> str:
-        return "fast stationary path" if self._rbf is not None else ""
+        return "fast stationary path" if self._stationary is not None else ""
 
     def forward(self, X1: torch.Tensor, X2: torch.Tensor) -> torch.Tensor:
         """Dense cross-covariance.
@@ -209,8 +210,8 @@ class KernelAdapter(nn.Module):
         Returns:
             `(*b, n1, n2)` tensor ``k(X1, X2)``.
         """
-        if self._rbf is not None:  # (Scale)RBF or Matérn kernel: one GEMM + exp instead of GPyTorch's lazy path
-            base, scale = self._rbf
+        if self._stationary is not None:  # (Scale)RBF or Matérn kernel: one GEMM + exp instead of GPyTorch's lazy path
+            base, scale = self._stationary
             ls = base.lengthscale.reshape(-1).to(device=X1.device, dtype=X1.dtype)  # (1,) or (d,)
             if ls.numel() in (1, X1.shape[-1]) and X1.shape[-1] == X2.shape[-1]:
                 s = None if scale is None else scale.outputscale.to(X1.dtype)

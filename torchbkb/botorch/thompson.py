@@ -142,6 +142,5 @@ def _joint_draws(model: BKBModel, choices: Tensor, q: int) -> Tensor:
     eps = torch.randn(L.shape[-1], q, dtype=L.dtype, device=L.device)
     draws = (mean.to(L) + model.mean_constant.to(L)).unsqueeze(-1) + L @ eps  # (A, q)
     if hasattr(model, "outcome_transform"):
-        draws = model.outcome_transform.untransform(draws.T.unsqueeze(-1).to(choices))[0].squeeze(-1)  # (q, A)
-        return draws
+        return model.outcome_transform.untransform(draws.T.unsqueeze(-1).to(choices))[0].squeeze(-1)  # (q, A)
     return draws.T.to(choices)
