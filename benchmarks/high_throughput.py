@@ -38,7 +38,6 @@ from __future__ import annotations
 import json
 import math
 import statistics
-import sys
 import time
 from pathlib import Path
 
@@ -276,18 +275,24 @@ def merge(folders: list[str], out: str) -> dict:
     if len(kinds) != 1:
         raise SystemExit(f"--merge: expected runs of one (budget, q, size), got {kinds}")
     rows = [r for d in docs for r in d["rows"]]
-    budget, q = docs[0]["budget"], docs[0]["q"]
+    budget, q, size = kinds[0]
+    payload = loop_report(rows, budget, q, size, out)
+    payload["merged_from"] = [{"folder": f, "command": d["command"], "created": d["created"]}
+                              for f, d in zip(folders, docs)]
+    write_json(out, "high_throughput", payload)
+    return payload
+
+
+def loop_report(rows: list[dict], budget: int, q: int, size: str, out: str) -> dict:
+    """The loop study's tables (printed), figure (written to ``out``) and JSON payload from its rows."""
     table = summarize(rows, budget)
     columns = ["problem", "method", "median", "min", "max", "wall_s", "seeds"]
     print_table(table, columns, f"best value at {budget} evaluations")
     times = proposal_table(rows)
     print_table(times, PROPOSAL_COLUMNS, "seconds per proposal in the loops, by evaluations so far")
     plot(rows, out)
-    sources = [{"folder": f, "command": d["command"], "created": d["created"]} for f, d in zip(folders, docs)]
-    payload = {"study": "loops", "size": kinds[0][2], "budget": budget, "q": q, "summary": table,
-               "proposal_times": times, "rows": rows, "merged_from": sources}
-    write_json(out, "high_throughput", payload)
-    return payload
+    return {"study": "loops", "size": size, "budget": budget, "q": q, "summary": table, "proposal_times": times,
+            "rows": rows}
 
 
 def main(argv=None) -> dict:
@@ -298,7 +303,7 @@ def main(argv=None) -> dict:
     p.add_argument("--seeds", type=int, default=5)
     p.add_argument("--budget", type=int, default=2000)
     p.add_argument("--q", type=int, default=100)
-    p.add_argument("--sizes", default="1000,2000,5000,10000,50000")
+    p.add_argument("--sizes", default=None, help="speed study: n values (default 1000,2000,5000,10000,50000)")
     p.add_argument("--dims", default="20,60")
     p.add_argument("--max-gib", type=float, default=12.0, help="skip TuRBO-1 where its n x n matrices exceed this")
     p.add_argument("--measure-max", type=int, default=5000, help="estimate TuRBO-1 from its parts past this n")
@@ -311,11 +316,12 @@ def main(argv=None) -> dict:
     if args.merge:
         return merge(args.merge, args.out)
     args.problems, args.methods = args.problems.split(","), args.methods.split(",")
-    args.sizes, args.dims = [int(s) for s in args.sizes.split(",")], [int(s) for s in args.dims.split(",")]
+    sizes = args.sizes or ("200" if args.quick else "1000,2000,5000,10000,50000")
+    args.sizes, args.dims = [int(s) for s in sizes.split(",")], [int(s) for s in args.dims.split(",")]
     args.candidates = [int(s) for s in args.candidates.split(",")]
     if args.quick:
         args.problems, args.seeds, args.budget, args.q = args.problems[:1], 1, 140, 50
-        args.sizes, args.dims = ([200] if "--sizes" not in (argv or sys.argv) else args.sizes), [20]
+        args.dims = [20]
         args.candidates, args.fixed_q, args.fit_n = [20_000], 100, 200
     size = "quick" if args.quick else "default"
     if args.study == "speed":
@@ -329,15 +335,7 @@ def main(argv=None) -> dict:
         columns = ["d", "A", "q", "seconds", "picks", "distinct", "stop_reason", "extra_peak_mb"]
         print_table(rows, columns + ["extra_over_candidates"], "a BBKB batch from A candidates")
     else:
-        rows = loops(args)
-        table = summarize(rows, args.budget)
-        columns = ["problem", "method", "median", "min", "max", "wall_s", "seeds"]
-        print_table(table, columns, f"best value at {args.budget} evaluations")
-        times = proposal_table(rows)
-        print_table(times, PROPOSAL_COLUMNS, "seconds per proposal in the loops, by evaluations so far")
-        plot(rows, args.out)
-        payload = {"study": "loops", "size": "quick" if args.quick else "default", "budget": args.budget, "q": args.q,
-                   "summary": table, "proposal_times": times, "rows": rows}
+        payload = loop_report(loops(args), args.budget, args.q, size, args.out)
     write_json(args.out, "high_throughput" if args.study == "loops" else f"high_throughput_{args.study}", payload)
     return payload
 

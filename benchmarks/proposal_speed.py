@@ -15,6 +15,19 @@ from benchmarks.report import new_figure, save_figure
 from benchmarks.timing import PeakMemory
 
 
+ACKLEY_BOX = (-32.768, 32.768)  # Ackley's box in every coordinate
+
+
+def _ackley_region(n: int, d: int, seed: int):
+    """``(f, U)``: the negated Ackley-``d`` on its box, and `(n, d)` unit-cube points uniform in the region of side
+    0.8 around its optimum (the centre), the points both methods of the speed study are timed on."""
+    import botorch.test_functions as tf
+
+    fn = tf.Ackley(dim=d, negate=True).to(torch.float64)
+    g = torch.Generator().manual_seed(seed)
+    return fn, 0.5 + 0.8 * (torch.rand(n, d, generator=g, dtype=torch.float64) - 0.5)
+
+
 def proposal_time(method: str, n: int, d: int, q: int, seed: int) -> tuple[float, int | None]:
     """Seconds of one proposal (fit + q picks) at ``n`` Ackley points in a region of side 0.8 around the optimum,
     and TuRBO-1's number of fit evaluations.
@@ -22,15 +35,11 @@ def proposal_time(method: str, n: int, d: int, q: int, seed: int) -> tuple[float
     warm fits with fits from the defaults (:data:`~torchbkb.botorch.trust_region_loop.COLD_EVERY`): the mean of
     one whole cycle of proposals after the first is timed, each batch told before the next (``n`` to
     ``n + (COLD_EVERY - 1) q`` points)."""
-    import botorch.test_functions as tf
-
     from benchmarks.high_throughput import optimizer
     from torchbkb.botorch.trust_region_loop import COLD_EVERY
 
-    fn = tf.Ackley(dim=d, negate=True).to(torch.float64)
-    lo, hi = -32.768, 32.768
-    g = torch.Generator().manual_seed(seed)
-    U = 0.5 + 0.8 * (torch.rand(n, d, generator=g, dtype=torch.float64) - 0.5)
+    fn, U = _ackley_region(n, d, seed)
+    lo, hi = ACKLEY_BOX
     X = lo + U * (hi - lo)
     bounds = torch.tensor([[lo] * d, [hi] * d], dtype=torch.float64)
     opt = optimizer(method, bounds, q, seed)
@@ -54,7 +63,6 @@ def proposal_time(method: str, n: int, d: int, q: int, seed: int) -> tuple[float
 def turbo_estimate(n: int, d: int, q: int, seed: int, evaluations: int) -> dict:
     """TuRBO-1's proposal at ``n`` points estimated from its parts: one exact-MLL evaluation (forward and backward,
     Cholesky) timed at ``n``, times the ``evaluations`` a measured fit took, plus its Thompson draw timed at ``n``."""
-    import botorch.test_functions as tf
     from botorch.generation import MaxPosteriorSampling
     from botorch.models import SingleTaskGP
     from gpytorch.mlls import ExactMarginalLogLikelihood
@@ -64,10 +72,9 @@ def turbo_estimate(n: int, d: int, q: int, seed: int, evaluations: int) -> dict:
     from torchbkb.botorch.trust_region import num_candidates
     from torchbkb.botorch.trust_region_loop import turbo_modules
 
-    fn = tf.Ackley(dim=d, negate=True).to(torch.float64)
-    g = torch.Generator().manual_seed(seed)
-    U = 0.5 + 0.8 * (torch.rand(n, d, generator=g, dtype=torch.float64) - 0.5)
-    Y = fn(-32.768 + 65.536 * U).unsqueeze(-1)
+    fn, U = _ackley_region(n, d, seed)
+    lo, hi = ACKLEY_BOX
+    Y = fn(lo + U * (hi - lo)).unsqueeze(-1)
     with max_cholesky_size(float("inf")):
         model = SingleTaskGP(U, Y, **turbo_modules(d))
         mll = ExactMarginalLogLikelihood(model.likelihood, model)
@@ -146,7 +153,8 @@ def fixed_q(args) -> list[dict]:
         fn = tf.Ackley(dim=d, negate=True).to(torch.float64)
         g = torch.Generator().manual_seed(args.seed)
         X = torch.rand(args.fit_n, d, generator=g, dtype=torch.float64)
-        model = BKBModel(X, fn(-32.768 + 65.536 * X).unsqueeze(-1), seed=args.seed)
+        lo, hi = ACKLEY_BOX
+        model = BKBModel(X, fn(lo + X * (hi - lo)).unsqueeze(-1), seed=args.seed)
         fit_gpytorch_mll(DTCMarginalLogLikelihood(model.likelihood, model))
         for A in args.candidates:
             C = torch.rand(A, d, generator=g, dtype=torch.float64)
