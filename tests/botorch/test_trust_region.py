@@ -120,6 +120,20 @@ def test_warm_fits_are_capped_and_fits_from_the_defaults_are_not(monkeypatch, us
         assert len(calls) >= 4 and all(c == user_options for c in calls)
 
 
+def test_the_loops_seed_decides_its_thompson_draws_and_the_callers_rng_is_untouched():
+    bounds = torch.tensor([[0.0] * 3, [1.0] * 3], dtype=F64)
+    runs = []
+    for global_seed in (1, 2):
+        torch.manual_seed(global_seed)
+        loop = TrustRegionBKB(bounds, batch_size=5, n_init=6, seed=0)
+        X, _ = loop.optimize(_sphere, budget=21)
+        after = torch.rand(3)
+        torch.manual_seed(global_seed)
+        assert torch.equal(after, torch.rand(3))  # the loop drew nothing from the global generator
+        runs.append(X)
+    assert torch.equal(runs[0], runs[1])
+
+
 def test_several_regions_share_a_batch_and_restart_on_their_own():
     bounds = torch.tensor([[-1.0] * 3, [1.0] * 3], dtype=F64)
     loop = TrustRegionBKB(bounds, batch_size=6, num_regions=2, n_init=5, seed=1)

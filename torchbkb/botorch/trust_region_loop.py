@@ -210,7 +210,10 @@ class TrustRegionBKB:
         cand = self.regions[r].candidates(center, ls, self.n_candidates, seed=self._seed())
         q = min(self.batch_size, cand.shape[0])
         if self.acquisition == "thompson":
-            X, values = optimize_acqf_thompson(model, cand, q, sampler=self.sampler)
+            devices = [cand.device.index or 0] if cand.is_cuda else []
+            with torch.random.fork_rng(devices=devices):  # the draws follow the loop's seed; the caller's RNG is kept
+                torch.manual_seed(self._seed())
+                X, values = optimize_acqf_thompson(model, cand, q, sampler=self.sampler)
         else:
             X, values = optimize_acqf_bbkb(model, cand, q=q, beta=self.beta * math.sqrt(model.noise))
         return X, values
