@@ -163,3 +163,18 @@ def test_gaussian_kernel_is_accurate_for_float32_inputs_far_from_the_origin():
     Y = (torch.rand(20, 3, generator=g) * 3 + 1e6).float()
     k = GaussianKernel(0.7)
     assert (k(X, Y).double() - k(X.double(), Y.double())).abs().max() < 1e-5  # centred before scaling
+
+
+@pytest.mark.parametrize("nu", [0.5, 1.5, 2.5])
+def test_matern_block_of_a_set_with_itself_has_the_exact_diagonal(nu, device):
+    """k(X, X)'s diagonal is the outputscale exactly in float32: the distance expansion's rounding, amplified by the
+    square root (a Matérn-½ kernel loses ~1e-4 at r ≈ √1e-7), never reaches it."""
+    X = (torch.rand(3, 40, 5, device=device) * 50.0 + 1e3).float()
+    k = as_kernel(gpytorch.kernels.ScaleKernel(gpytorch.kernels.MaternKernel(nu=nu))).to(device)
+    K = k(X, X)
+    ref = k.diag(X)
+    assert torch.equal(torch.diagonal(K, dim1=-2, dim2=-1), ref)
+    Xg = X.clone().requires_grad_()
+    Kg = k(Xg, Xg)
+    Kg.sum().backward()
+    assert torch.equal(torch.diagonal(Kg, dim1=-2, dim2=-1).detach(), ref) and torch.isfinite(Xg.grad).all()

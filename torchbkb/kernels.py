@@ -141,15 +141,22 @@ def matern_cross(
         >>> bool(torch.allclose(matern_cross(X, X, 2.5, lengthscale=ls), ref, atol=1e-4))
         True
     """
+    same = A is B  # k(X, X): a zero distance on the diagonal, not the expansion's rounding (GPyTorch's x1_eq_x2)
     A, B, an, bn, grad = _centred_scaled(A, B, outputscale, lengthscale)
     if not grad:  # the (n1, n2) block in place: a few passes over memory instead of a dozen temporaries
-        r = (A @ B.transpose(-1, -2)).mul_(-2.0).add_(an).add_(bn).clamp_min_(1e-30).sqrt_()
+        d2 = (A @ B.transpose(-1, -2)).mul_(-2.0).add_(an).add_(bn)
+        if same:
+            d2.diagonal(dim1=-2, dim2=-1).zero_()
+        r = d2.clamp_min_(1e-30).sqrt_()
         if nu != 0.5:
             r.mul_(math.sqrt(3.0 if nu == 1.5 else 5.0))
         poly = None if nu == 0.5 else (r + 1.0 if nu == 1.5 else r.mul(1.0 / 3.0).add_(1.0).mul_(r).add_(1.0))
         K = r.neg_().exp_() if poly is None else poly.mul_(r.neg_().exp_())
         return K if outputscale is None else K.mul_(outputscale)
-    r = (an + bn - 2.0 * (A @ B.transpose(-1, -2))).clamp_min(1e-30).sqrt()  # GPyTorch's floor: finite gradients
+    d2 = an + bn - 2.0 * (A @ B.transpose(-1, -2))
+    if same:
+        d2 = d2 * (1.0 - torch.eye(d2.shape[-1], dtype=d2.dtype, device=d2.device))
+    r = d2.clamp_min(1e-30).sqrt()  # GPyTorch's floor: finite gradients
     if nu == 0.5:
         K = torch.exp(-r)
     elif nu == 1.5:

@@ -58,7 +58,6 @@ from torchbkb.bandits.sketched import SketchedKernelBandit
 from torchbkb.batch_selection import BatchSelection, check_batch_limits, select_batch
 from torchbkb.confidence import bbkb_beta, bbkb_practical_beta
 from torchbkb.fantasy_batch import FeatureReader, check_q, select_fixed_batch
-from torchbkb.nystrom import DEFAULT_CHUNK
 from torchbkb.rls_dictionary import DEFAULT_INCLUSION
 from torchbkb.theorems import warn_unmet_preconditions
 
@@ -96,7 +95,8 @@ class BBKB(SketchedKernelBandit):
         noise_std: ``ξ`` of the theory β (default ``√λ``).
         lazy: lazy UCB updates inside a batch (``False`` recomputes every arm after each pick: the
             same batches, slower -- for testing).
-        chunk_size: arms embedded/scored at once.
+        chunk_size: arms scored at once (``None``: sized for the device, see
+            :func:`~torchbkb.scoring_chunk.scoring_chunk`).
         row_cache_bytes: memory for the kernel rows of the pulled arms (see :class:`~torchbkb.bandits.sketched.SketchedKernelBandit`).
         prune: at a resparsification, score the variance only of the arms whose UCB bound
             ``μ̃ + α̃ √(k/λ)`` reaches the largest mean, and select the batch among them: no other arm can
@@ -159,7 +159,7 @@ class BBKB(SketchedKernelBandit):
         delta: float = 0.01,
         noise_std: float | None = None,
         lazy: bool = True,
-        chunk_size: int = DEFAULT_CHUNK,
+        chunk_size: int | None = None,
         row_cache_bytes: int = ROW_CACHE_BYTES,
         prune: bool = True,
         inclusion: str = DEFAULT_INCLUSION,

@@ -40,7 +40,6 @@ from torchbkb.bandits.kernel_row_cache import ROW_CACHE_BYTES
 from torchbkb.bandits.sketched import SketchedKernelBandit
 from torchbkb.confidence import alpha_from_epsilon, bkb_beta, bkb_practical_beta
 from torchbkb.errors import InputDataError, check_positive
-from torchbkb.nystrom import DEFAULT_CHUNK
 from torchbkb.rls_dictionary import DEFAULT_INCLUSION
 from torchbkb.theorems import warn_unmet_preconditions
 
@@ -64,7 +63,8 @@ class BKB(SketchedKernelBandit):
         epsilon: dictionary accuracy ``ε`` (theory β, ``α = (1+ε)/(1-ε)``); or give ``alpha`` instead.
         alpha: ``α > 1``, overrides ``epsilon``.
         noise_std: ``ξ`` of the theory β (default ``√λ``).
-        chunk_size: arms embedded/scored at once.
+        chunk_size: arms scored at once (``None``: sized for the device, see
+            :func:`~torchbkb.scoring_chunk.scoring_chunk`).
         row_cache_bytes: memory for the kernel rows of the pulled arms (see :class:`~torchbkb.bandits.sketched.SketchedKernelBandit`).
         kernel_cache_bytes: memory for the dictionary's kernel rows; past it they are streamed (see
             :class:`~torchbkb.bandits.sketched.SketchedKernelBandit`).
@@ -102,7 +102,7 @@ class BKB(SketchedKernelBandit):
         epsilon: float = 0.5,
         alpha: float | None = None,
         noise_std: float | None = None,
-        chunk_size: int = DEFAULT_CHUNK,
+        chunk_size: int | None = None,
         row_cache_bytes: int = ROW_CACHE_BYTES,
         prune: bool = True,
         inclusion: str = DEFAULT_INCLUSION,

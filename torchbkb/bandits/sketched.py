@@ -48,6 +48,7 @@ from torchbkb.dtc_posterior import DTCPosterior
 from torchbkb.errors import TorchBKBError, check_int, check_positive
 from torchbkb.functional import fit_kernel_row_operator, rls_kernel_columns, score_kernel_columns
 from torchbkb.nystrom import DEFAULT_CHUNK, NystromEmbedding
+from torchbkb.scoring_chunk import check_chunk_size, scoring_chunk
 from torchbkb.rls_dictionary import DEFAULT_INCLUSION, RLSDictionary, check_inclusion
 from torchbkb.stable_scoring import AccuracyMonitor
 from torchbkb.utils.linalg import inv_sqrt_factor
@@ -65,7 +66,8 @@ class SketchedKernelBandit(KernelBandit):
         q_bar: oversampling ``q̄`` of the dictionary resampling.
         beta: a name in :attr:`beta_modes` or a constant width (RLS scale).
         seed, F, delta, noise_std: see :class:`~torchbkb.bandits.base.KernelBandit`.
-        chunk_size: arms scored at once.
+        chunk_size: arms scored at once; ``None`` (default) sizes it for the device
+            (:func:`~torchbkb.scoring_chunk.scoring_chunk`), an ``int`` is used as given.
         row_cache_bytes: memory for the pulled arms' kernel rows, past which entering rows are computed
             (:class:`~torchbkb.bandits.kernel_row_cache.KernelRowCache`).
         prune: score the variance only of the arms whose UCB bound reaches the largest mean when the width is
@@ -97,7 +99,7 @@ class SketchedKernelBandit(KernelBandit):
         F: float = 1.0,
         delta: float = 0.01,
         noise_std: float | None = None,
-        chunk_size: int = DEFAULT_CHUNK,
+        chunk_size: int | None = None,
         row_cache_bytes: int = ROW_CACHE_BYTES,
         prune: bool = True,
         inclusion: str = DEFAULT_INCLUSION,
@@ -109,7 +111,8 @@ class SketchedKernelBandit(KernelBandit):
         self.prune = bool(prune)
         self.inclusion = check_inclusion(inclusion)
         self.q_bar = check_positive(q_bar, "q_bar")
-        self.chunk_size = int(chunk_size)
+        self.score_chunk_size = check_chunk_size(chunk_size)  # None: sized for the device at every scoring
+        self.chunk_size = DEFAULT_CHUNK if chunk_size is None else chunk_size  # kernel rows computed at once
         self.rows = KernelRowCache(self.kernel, self.arms, chunk_size=self.chunk_size, row_cache_bytes=check_int(row_cache_bytes, "row_cache_bytes", minimum=0), kernel_cache_bytes=kernel_cache_bytes)
         self.pruning = PruningSchedule()
         self.sampler = RLSDictionary(self.q_bar, generator=self.generator, inclusion=self.inclusion)
@@ -125,6 +128,10 @@ class SketchedKernelBandit(KernelBandit):
         self._bonus_cache: tuple[float, torch.Tensor] | None = None  # (width, width·√(k/λ)) for the UCB bound
         self._accuracy = AccuracyMonitor(type(self).__name__)  # variances vs a float64 reference, as the dictionary grows
         self._clear_posterior()
+
+    def _scoring_chunk(self) -> int:
+        """Arms per `(m, m)·(m, c)` scoring product at the current dictionary size."""
+        return scoring_chunk(self.score_chunk_size, len(self.rows.order), self.arms.device, self.arms.dtype)
 
     def _clear_posterior(self) -> None:
         """The prior: an empty dictionary, ``z ≡ 0``."""
@@ -196,7 +203,7 @@ class SketchedKernelBandit(KernelBandit):
                 rest[self._scored] = False
                 rest = rest.nonzero().squeeze(1)  # (A - k,)
                 rls = self._rls.clone()
-                rls[rest] = rls_kernel_columns(self.rows.rows()[:, rest], self.kdiag[rest], self._M, self.lam, self.chunk_size)
+                rls[rest] = rls_kernel_columns(self.rows.rows()[:, rest], self.kdiag[rest], self._M, self.lam, self._scoring_chunk())
                 self._rls_full = rls
         return self._mean, self._rls_full
 
@@ -288,7 +295,7 @@ class SketchedKernelBandit(KernelBandit):
         if not self._accuracy.due(len(self.rows.order)):
             return
         S = self.rows.order_index  # (m,) the dictionary's arms in slot order
-        fast = rls_kernel_columns(K_SA.index_select(1, S), self.kdiag[S], M, self.lam, self.chunk_size)
+        fast = rls_kernel_columns(K_SA.index_select(1, S), self.kdiag[S], M, self.lam, self._scoring_chunk())
         self._accuracy.check(self.kernel, fast, self.arms[S], self.arms[pulled], n, self.lam, self.arms.dtype, stacklevel=7)
 
     def _ucb_width(self) -> float | None:
@@ -313,11 +320,11 @@ class SketchedKernelBandit(KernelBandit):
         if idx is not None:
             rls = self._prior_rls.clone()  # σ̃² <= k/λ for the arms not scored
             K_scored = K_SA.index_select(1, idx)  # (m, k): kept for the scored arms' features
-            rls[idx] = rls_kernel_columns(K_scored, self.kdiag[idx], M, self.lam, self.chunk_size)
+            rls[idx] = rls_kernel_columns(K_scored, self.kdiag[idx], M, self.lam, self._scoring_chunk())
         elif attempt:  # the means are there already
-            rls = rls_kernel_columns(K_SA, self.kdiag, M, self.lam, self.chunk_size)
+            rls = rls_kernel_columns(K_SA, self.kdiag, M, self.lam, self._scoring_chunk())
         else:
-            mean, rls = score_kernel_columns(K_SA, self.kdiag, Ma, self.lam, self.chunk_size)
+            mean, rls = score_kernel_columns(K_SA, self.kdiag, Ma, self.lam, self._scoring_chunk())
         self._mean, self._rls, self._scored, self._K_scored = mean, rls, idx, K_scored
         self._M, self._rls_full = M, None
         self.arms_scored = self.num_arms if idx is None else int(idx.numel())
