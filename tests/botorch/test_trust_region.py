@@ -99,25 +99,62 @@ def test_a_whole_loop_in_a_few_lines(acquisition):
     assert loop.best[1] > -0.02 and loop.models[0] is not None
 
 
-@pytest.mark.parametrize("user_options", [None, {"options": {"maxiter": 7}}])
-def test_warm_fits_are_capped_and_fits_from_the_defaults_are_not(monkeypatch, user_options):
-    """A warm fit runs at most WARM_MAXITER L-BFGS-B iterations; a fit from the kernel's defaults is uncapped; a
-    user's own optimizer options win over both."""
+def _spy_fits(monkeypatch, exhaust_warm: bool = False) -> list:
+    """Record each fit's optimizer options and evaluations; ``exhaust_warm``: a warm fit reports its whole budget."""
     import torchbkb.botorch.trust_region_loop as trl
 
     calls = []
     fit = trl.fit_gpytorch_mll
-    spy = lambda mll, **kw: calls.append(kw.get("optimizer_kwargs")) or fit(mll, **kw)  # noqa: E731
+
+    def spy(mll, **kw):
+        out = fit(mll, **kw)
+        options = (kw.get("optimizer_kwargs") or {}).get("options", {})
+        if exhaust_warm and "maxfun" in options:
+            mll.evaluations = options["maxfun"]
+        calls.append((kw.get("optimizer_kwargs"), mll.evaluations))
+        return out
+
     monkeypatch.setattr(trl, "fit_gpytorch_mll", spy)
+    return calls
+
+
+@pytest.mark.parametrize("user_options", [None, {"options": {"maxiter": 7}}])
+def test_one_fit_per_proposal_and_a_warm_fit_costs_at_most_the_last_fit_from_the_defaults(monkeypatch, user_options):
+    """Each proposal fits once; a fit from the defaults stops at FIT_FTOL; a warm fit also stops after the
+    evaluations of the region's last fit from the defaults (and WARM_MAXITER); a user's own options win."""
+    import torchbkb.botorch.trust_region_loop as trl
+
+    calls = _spy_fits(monkeypatch)
     bounds = torch.tensor([[0.0] * 3, [1.0] * 3], dtype=F64)
     fit_kwargs = None if user_options is None else {"optimizer_kwargs": user_options}
     loop = TrustRegionBKB(bounds, batch_size=5, n_init=6, fit_kwargs=fit_kwargs, seed=0)
-    loop.optimize(_sphere, budget=26)  # the design, then 4 proposals: a fit from the defaults first, then warm fits
-    capped = {"options": {"maxiter": trl.WARM_MAXITER}}
-    if user_options is None:
-        assert calls[0] is None and capped in calls and all(c is None or c == capped for c in calls)
-    else:
-        assert len(calls) >= 4 and all(c == user_options for c in calls)
+    loop.optimize(_sphere, budget=36)  # the design, then 6 proposals
+    assert len(calls) == 6
+    if user_options is not None:
+        assert all(kw == user_options for kw, _ in calls)
+        return
+    cold = {"options": {"ftol": trl.FIT_FTOL}}
+    assert calls[0][0] == cold
+    budget, warm = None, 0
+    for kw, evaluations in calls:
+        if kw == cold:
+            budget = min(trl.WARM_MAXITER, evaluations)
+        else:
+            warm += 1
+            assert kw == {"options": {"ftol": trl.FIT_FTOL, "maxiter": budget, "maxfun": budget}}
+    assert warm >= 2
+
+
+def test_a_region_whose_warm_fit_uses_its_whole_budget_fits_from_the_defaults_until_it_restarts(monkeypatch):
+    import torchbkb.botorch.trust_region_loop as trl
+
+    calls = _spy_fits(monkeypatch, exhaust_warm=True)
+    bounds = torch.tensor([[0.0] * 3, [1.0] * 3], dtype=F64)
+    loop = TrustRegionBKB(bounds, batch_size=5, n_init=6, seed=0)
+    loop.optimize(_sphere, budget=41)
+    warm = [i for i, (kw, _) in enumerate(calls) if "maxfun" in kw["options"]]
+    assert len(warm) == 1 and len(calls) == 7  # the first warm fit was its last
+    assert all(kw == {"options": {"ftol": trl.FIT_FTOL}} for kw, _ in calls[warm[0] + 1 :])
 
 
 def test_the_loops_seed_decides_its_thompson_draws_and_the_callers_rng_is_untouched():

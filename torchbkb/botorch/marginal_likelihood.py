@@ -66,6 +66,9 @@ class DTCMarginalLogLikelihood(Module):
     every hyperparameter; the dictionary is the one of the model's last posterior (fixed during the call, not
     re-drawn at each step of a loop). Numerical failures raise :class:`BoundNanError` / :class:`BoundNotPSDError`,
     which BoTorch's fit handles as it handles ``SingleTaskGP``'s.
+
+    Attributes:
+        evaluations: how many times it has been called (a fit's cost in evaluations of the bound or evidence).
     """
 
     def __init__(self, likelihood, model) -> None:
@@ -76,12 +79,14 @@ class DTCMarginalLogLikelihood(Module):
         super().__init__()
         self.likelihood = likelihood
         self.model = model
+        self.evaluations = 0
 
     def forward(self, *args, indices: Tensor | None = None, inducing_points: Tensor | None = None, **kwargs) -> Tensor:
         """`(*batch)` the bound per training point plus the priors' log densities per training point; with
         ``indices`` `(k,)`, the exact evidence of those training points instead (the fit's warm start); with
         ``inducing_points`` `(k, d)` (transformed space), the bound over them instead of the model's dictionary
         (of the points ``indices`` when both are given: a fitting round on a subset)."""
+        self.evaluations += 1
         model = self.model
         X, y = model.train_inputs[0], model.train_targets
         n, noise = X.shape[-2], training_noise(model)

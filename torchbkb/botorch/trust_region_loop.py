@@ -5,8 +5,8 @@ Each region (:class:`~torchbkb.botorch.trust_region.TrustRegion`) owns the point
 restart, starting from a Sobol design of ``n_init`` points. A proposal fits the region's model on its points --
 at most ``local_points`` of them, the nearest to the region's centre in the region's own metric, so that a fit
 costs the same at 10³ and at 10⁵ evaluations and the hyperparameters come from the exact evidence
-(:data:`~torchbkb.botorch.defaults.EXACT_FIT`) -- warm from the region's previous hyperparameters and, now and
-then, from the kernel's defaults (the better evidence kept), draws TuRBO's candidates in the region and picks ``q``
+(:data:`~torchbkb.botorch.defaults.EXACT_FIT`) -- once, warm from the region's previous hyperparameters or, now
+and then, from the kernel's defaults (:data:`FIT_FTOL`, :data:`COLD_EVERY`), draws TuRBO's candidates in the region and picks ``q``
 of them by Thompson sampling (:func:`~torchbkb.botorch.optimize_acqf_thompson`: distinct exact joint draws over the
 candidates, as TuRBO draws them) or by a fixed-``q`` BBKB batch (:func:`~torchbkb.botorch.optimize_acqf_bbkb`).
 With several regions the ``q`` best picks across regions are taken (their values are in the objective's units).
@@ -44,15 +44,20 @@ from torchbkb.botorch.thompson import optimize_acqf_thompson
 from torchbkb.botorch.trust_region import TrustRegion, num_candidates
 from torchbkb.errors import InputDataError, check_finite
 
-__all__ = ["TrustRegionBKB", "LOCAL_POINTS", "COLD_EVERY", "WARM_MAXITER", "turbo_modules"]
+__all__ = ["TrustRegionBKB", "LOCAL_POINTS", "COLD_EVERY", "WARM_MAXITER", "FIT_FTOL", "turbo_modules"]
 
 #: A region's model is fitted on at most this many of its points (the exact evidence's limit).
 LOCAL_POINTS = EXACT_FIT
-#: Besides its warm fit, a region's model is fitted from the kernel's defaults at every this-many-th proposal.
+#: A region's model is fitted from the kernel's defaults at its first fit, when its points doubled since that fit,
+#: and at every this-many-th fit; warm from its previous hyperparameters otherwise.
 COLD_EVERY = 4
-#: L-BFGS-B iterations of a warm fit (unless ``fit_kwargs`` sets the optimizer's options): in 60 dimensions a warm
-#: start can wander for a thousand steps; a fit from the defaults is uncapped, as TuRBO's.
+#: The most L-BFGS-B iterations of a warm fit (also at most the evaluations of the region's last fit from the
+#: defaults: a warm start that needs more does not pay, and the region fits from the defaults until it restarts).
 WARM_MAXITER = 200
+#: A fit stops when an L-BFGS-B step changes the evidence by less than this fraction (scipy's ``ftol``; BoTorch's
+#: default is 2.2e-9): on 500 Ackley-60 points a fit from the defaults took 77 evaluations instead of 200 and
+#: ended at the same evidence to 1e-4.
+FIT_FTOL = 1e-6
 
 
 def turbo_modules(dim: int) -> dict:
@@ -76,10 +81,10 @@ class TrustRegionBKB:
         local_points: the most points a region's model is fitted on (:data:`LOCAL_POINTS`).
         model_kwargs: ``BKBModel`` keyword arguments (default :func:`turbo_modules`); fit_kwargs: passed to
             ``fit_gpytorch_mll``.
-        warm_start: fit warm from the region's previous hyperparameters (at most :data:`WARM_MAXITER` L-BFGS-B
-            iterations), and from the kernel's defaults at the first fit, when the points doubled and every
-            :data:`COLD_EVERY`-th fit, keeping the better evidence
-            (``False``: from the kernel's defaults at every fit, as TuRBO's reference code).
+        warm_start: one fit per proposal, warm from the region's previous hyperparameters except at the first fit,
+            when the points doubled and every :data:`COLD_EVERY`-th fit, which start from the kernel's defaults;
+            a region whose warm fit needs more evaluations than its last fit from the defaults fits from the
+            defaults until it restarts (``False``: from the defaults at every fit, as TuRBO's reference code).
         sampler: the Thompson draws: ``"joint"`` (exact, over the candidates) or ``"pathwise"`` (random-feature
             prior: inside a small region its approximation error swamps the posterior variance).
         seed: seeds the designs, candidates, dictionaries and draws.
@@ -119,6 +124,7 @@ class TrustRegionBKB:
         self._owned: list[list[int]] = [[] for _ in range(num_regions)]  # each region's points since its restart
         self._hyper: list[dict | None] = [None] * num_regions  # each region's last hyperparameters
         self._cold_at, self._fits = [0] * num_regions, [0] * num_regions  # points at its last fit from the defaults
+        self._cold_cost = [0] * num_regions  # evaluations of its last fit from the defaults (0: warm starts off)
         self._pending: list[int] | None = None  # the region of each asked point
         self._draws = 0
         self.X, self.Y = bounds.new_zeros((0, d)), bounds.new_zeros((0,))
@@ -189,7 +195,7 @@ class TrustRegionBKB:
             if region.restart_triggered:
                 region.restart()
                 self._owned[r], self._hyper[r], self.models[r] = [], None, None
-                self._cold_at[r] = self._fits[r] = 0
+                self._cold_at[r] = self._fits[r] = self._cold_cost[r] = 0
         self._pending = None
 
     @property
@@ -229,43 +235,50 @@ class TrustRegionBKB:
         return dist.topk(self.local_points, largest=False).indices.sort().values
 
     def _fit(self, U: Tensor, Y: Tensor, r: int) -> BKBModel:
-        """The region's model: fitted warm from the region's previous hyperparameters, and also from the kernel's
-        defaults (as TuRBO fits) at its first fit, whenever its points doubled since that fit from the defaults and at
-        every :data:`COLD_EVERY`-th fit; the fit of larger exact evidence is kept. A warm start alone stays where the
-        first fits on a few points left it (lengthscales of 3 on Ackley-20); a fit from the defaults at every
-        proposal costs twice as much."""
-        prev, fits = self._hyper[r], []
-        cold = prev is None or not self.warm_start or U.shape[0] >= 2 * self._cold_at[r]
+        """The region's model, fitted once: warm from the region's previous hyperparameters, or from the kernel's
+        defaults (as TuRBO fits) at its first fit, whenever its points doubled since that fit and at every
+        :data:`COLD_EVERY`-th fit. A warm start alone stays where the first fits on a few points left it
+        (lengthscales of 3 on Ackley-20). A warm fit may take at most the evaluations of the last fit from the
+        defaults; one that needs them all (in 60 dimensions warm starts from bound-saturated hyperparameters took
+        150-250 evaluations against 80-150 from the defaults, to a lower evidence) turns warm starts off for the
+        region until it restarts."""
+        prev, cost = self._hyper[r], self._cold_cost[r]
+        cold = prev is None or not self.warm_start or cost == 0 or U.shape[0] >= 2 * self._cold_at[r]
         cold = cold or self._fits[r] % COLD_EVERY == 0
-        if cold:
-            fits.append(self._fit_from(U, Y, None))
+        if not cold:
+            warm, evaluations = self._fit_from(U, Y, prev, min(WARM_MAXITER, cost))
+            if warm is None or evaluations >= cost:
+                self._cold_cost[r] = cost = 0  # warm starts do not pay in this region
+            model = warm
+        if cold or model is None:
+            model, evaluations = self._fit_from(U, Y, None, None)
             self._cold_at[r] = U.shape[0]
-        if self.warm_start and prev is not None:
-            fits.append(self._fit_from(U, Y, prev))
-        value, model = max(fits, key=lambda fit: fit[0])
+            if cost or prev is None:
+                self._cold_cost[r] = max(evaluations, 1)
         self._fits[r] += 1
         self._hyper[r] = {k: v.detach().clone() for k, v in model.state_dict().items() if "transform" not in k}
         self.models[r] = model
         return model
 
-    def _fit_from(self, U: Tensor, Y: Tensor, start: dict | None) -> tuple[float, BKBModel]:
+    def _fit_from(self, U: Tensor, Y: Tensor, start: dict | None, maxfun: int | None) -> tuple[BKBModel | None, int]:
+        """A model fitted from ``start`` (hyperparameters; ``None``: the kernel's defaults) with at most ``maxfun``
+        evaluations, and the evaluations it took; ``(None, evaluations)`` when a warm fit fails."""
         kwargs = turbo_modules(U.shape[1]) if self.model_kwargs is None else dict(self.model_kwargs)
         model = BKBModel(U, Y.unsqueeze(-1), seed=self._seed(), **kwargs)
         fit_kwargs = dict(self.fit_kwargs)
+        options = {"ftol": FIT_FTOL} if maxfun is None else {"ftol": FIT_FTOL, "maxiter": maxfun, "maxfun": maxfun}
+        fit_kwargs.setdefault("optimizer_kwargs", {"options": options})
         if start is not None:
             model.load_state_dict(start, strict=False, keep_transforms=False)
-            fit_kwargs.setdefault("optimizer_kwargs", {"options": {"maxiter": WARM_MAXITER}})
         mll = DTCMarginalLogLikelihood(model.likelihood, model)
         try:
             fit_gpytorch_mll(mll, **fit_kwargs)
         except ModelFittingError:
             if start is None:
                 raise
-            return -math.inf, model
-        with torch.no_grad():
-            value = float(mll.train()(indices=torch.arange(U.shape[0])).sum()) if U.shape[0] <= EXACT_FIT else 0.0
+            return None, mll.evaluations
         mll.eval()
-        return value, model
+        return model, mll.evaluations
 
     def _seed(self) -> int:
         self._draws += 1
