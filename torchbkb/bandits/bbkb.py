@@ -57,6 +57,7 @@ from torchbkb.bandits.kernel_row_cache import ROW_CACHE_BYTES
 from torchbkb.bandits.sketched import SketchedKernelBandit
 from torchbkb.batch_selection import BatchSelection, check_batch_limits, select_batch
 from torchbkb.confidence import bbkb_beta, bbkb_practical_beta
+from torchbkb.device_batch import select_batch_on_device
 from torchbkb.fantasy_batch import FeatureReader, check_q, select_fixed_batch
 from torchbkb.rls_dictionary import DEFAULT_INCLUSION
 from torchbkb.theorems import warn_unmet_preconditions
@@ -94,7 +95,8 @@ class BBKB(SketchedKernelBandit):
         delta: failure probability (theory β).
         noise_std: ``ξ`` of the theory β (default ``√λ``).
         lazy: lazy UCB updates inside a batch (``False`` recomputes every arm after each pick: the
-            same batches, slower -- for testing).
+            same batches, slower -- for testing). On a GPU a batch over features held in memory is selected by
+            :func:`~torchbkb.device_batch.select_batch_on_device` instead (every arm per pick, no host read).
         chunk_size: arms scored at once (``None``: sized for the device, see
             :func:`~torchbkb.scoring_chunk.scoring_chunk`).
         row_cache_bytes: memory for the kernel rows of the pulled arms (see :class:`~torchbkb.bandits.sketched.SketchedKernelBandit`).
@@ -226,6 +228,8 @@ class BBKB(SketchedKernelBandit):
             with torch.no_grad():
                 if self.batch_size is not None:  # arm indices
                     sel = self._fixed_batch(Z, mean, rls, V_inv, scored)
+                elif isinstance(Z, torch.Tensor) and Z.device.type != "cpu" and self.lazy:  # no host read per pick
+                    sel = select_batch_on_device(Z, mean, rls, V_inv, self.beta, self.batch_bound, self.max_batch_size)
                 else:
                     sel = select_batch(Z, mean, rls, V_inv, self.beta, self.batch_bound, self.max_batch_size, lazy=self.lazy, validate=False, chunk_size=self.chunk_size if self.streams_kernel_rows else None)
                     if scored is not None:

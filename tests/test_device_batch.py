@@ -1,0 +1,59 @@
+"""The in-batch loop with no host read per pick makes the batches of the lazy one."""
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from torchbkb.batch_selection import select_batch
+from torchbkb.device_batch import select_batch_on_device
+
+
+def _problem(A, r, seed, device, scale=1.0, lam=0.1):
+    g = torch.Generator().manual_seed(seed)
+    Z = torch.randn(A, r, generator=g, dtype=torch.float64) * scale
+    V = Z[: 3 * r].T @ Z[: 3 * r] + lam * torch.eye(r, dtype=torch.float64)
+    V_inv = torch.linalg.inv(V)
+    rls = ((Z @ V_inv) * Z).sum(-1)  # σ̃² = zᵀ V⁻¹ z (the RLS scale with λ folded in)
+    mean = torch.randn(A, generator=g, dtype=torch.float64)
+    return Z.to(device), mean.to(device), rls.to(device), V_inv.to(device)
+
+
+@pytest.mark.parametrize("A, r, C, cap", [(200, 5, 2.0, None), (500, 12, 4.0, None), (300, 8, 50.0, 40), (50, 3, 1.0, None)])
+@pytest.mark.parametrize("check_every", [1, 7, 32])
+def test_the_same_batches_as_the_lazy_and_the_literal_selection(A, r, C, cap, check_every, device):
+    for seed in range(6):
+        Z, mean, rls, V_inv = _problem(A, r, seed, device)
+        for alpha in (0.3, 2.0):
+            ref = select_batch(Z, mean, rls, V_inv, alpha, C, cap)
+            literal = select_batch(Z, mean, rls, V_inv, alpha, C, cap, lazy=False)
+            out = select_batch_on_device(Z, mean, rls, V_inv, alpha, C, cap, check_every=check_every)
+            assert torch.equal(out.indices, ref.indices) and torch.equal(out.indices, literal.indices)
+            assert torch.allclose(out.rls_start, ref.rls_start, rtol=0, atol=0)
+            assert torch.allclose(out.rls_in_batch, ref.rls_in_batch, rtol=1e-9, atol=1e-12)
+            assert torch.allclose(out.V_inv, ref.V_inv, rtol=1e-9, atol=1e-12)
+
+
+def test_runs_of_one_arm_excluded_arms_and_a_zero_variance_end_as_in_the_lazy_selection(device):
+    Z, mean, rls, V_inv = _problem(400, 6, 0, device, scale=0.05)  # small features: one arm repeats for long runs
+    mean[::3] = -torch.inf  # excluded arms
+    for C, cap in ((3.0, None), (1e3, 500), (5.0, 7)):
+        ref = select_batch(Z, mean, rls, V_inv, 1.0, C, cap, validate=False)  # -inf: excluded, as BBKB passes them
+        out = select_batch_on_device(Z, mean, rls, V_inv, 1.0, C, cap)
+        assert torch.equal(out.indices, ref.indices)
+        assert len(set(out.indices.tolist())) < out.indices.numel() or out.indices.numel() <= 7
+    rls_zero = rls.clone()
+    rls_zero[int((mean + rls.sqrt()).argmax())] = 0.0  # the best arm has σ̃²_fb = 0: the batch ends with it
+    ref = select_batch(Z, mean, rls_zero, V_inv, 1.0, 3.0, validate=False)
+    out = select_batch_on_device(Z, mean, rls_zero, V_inv, 1.0, 3.0)
+    assert torch.equal(out.indices, ref.indices)
+
+
+@settings(max_examples=40, deadline=None)
+@given(A=st.integers(1, 60), r=st.integers(1, 6), C=st.floats(1.0, 8.0), cap=st.one_of(st.none(), st.integers(1, 30)),
+       seed=st.integers(0, 2**16), alpha=st.floats(0.0, 3.0))
+def test_hypothesis_same_batches(A, r, C, cap, seed, alpha):
+    Z, mean, rls, V_inv = _problem(A, r, seed, "cpu")
+    ref = select_batch(Z, mean, rls, V_inv, alpha, C, cap)
+    out = select_batch_on_device(Z, mean, rls, V_inv, alpha, C, cap, check_every=5)
+    assert torch.equal(out.indices, ref.indices)
