@@ -57,3 +57,32 @@ def test_hypothesis_same_batches(A, r, C, cap, seed, alpha):
     ref = select_batch(Z, mean, rls, V_inv, alpha, C, cap)
     out = select_batch_on_device(Z, mean, rls, V_inv, alpha, C, cap, check_every=5)
     assert torch.equal(out.indices, ref.indices)
+
+
+@pytest.mark.parametrize("prune", [True, False])
+def test_bbkb_with_the_device_loop_makes_the_lazy_loops_choices(monkeypatch, prune, device):
+    """BBKB's batches (over the pruned arms, mapped back to arm indices, or over every arm) are the same with
+    the device loop as with the lazy loop: on 4,000 Cadata arms at the paper's settings."""
+    import torchbkb.datasets
+    import torchbkb.device_batch as db
+    from torchbkb import BBKB
+    from torchbkb.kernels import GaussianKernel
+
+    arms, _ = torchbkb.datasets.load("cadata", dtype=torch.float64, device=device)
+    _, values = torchbkb.datasets.load("cadata", dtype=torch.float64, device=device, standardize_rewards=False)
+    arms, values = arms[:4000], values[:4000]
+
+    def run(loop_on_device):
+        monkeypatch.setattr(db, "use_device_loop", lambda dev: loop_on_device)
+        b = BBKB(arms, GaussianKernel.from_width(5.0), noise=0.2, beta=0.894, batch_bound=2.0, seed=1, prune=prune)
+        picks, scored = [], []
+        while b.t < 600:
+            idx = b.ask()
+            b.tell(idx, values[idx])
+            picks.append(idx.cpu())
+            scored.append(b.arms_scored)
+        return torch.cat(picks), b.batch_sizes, min(scored)
+
+    lazy, device_loop = run(False), run(True)
+    assert torch.equal(lazy[0], device_loop[0]) and lazy[1] == device_loop[1]
+    assert max(lazy[1]) > 1 and (lazy[2] < arms.shape[0]) == prune  # batches of several picks; pruned when asked

@@ -30,10 +30,16 @@ import torch
 
 from torchbkb.batch_selection import UNBOUNDED_PICKS, BatchSelection, check_batch_limits
 
-__all__ = ["select_batch_on_device", "CHECK_EVERY"]
+__all__ = ["select_batch_on_device", "use_device_loop", "CHECK_EVERY"]
 
 #: Picks between two host reads of the done flag.
 CHECK_EVERY = 32
+
+
+def use_device_loop(device: torch.device) -> bool:
+    """Whether :class:`~torchbkb.BBKB` selects its batches on ``device`` with this loop: on every device but the
+    CPU, where the lazy loop's fewer flops win (2× faster in-batch on Cadata) and a host read costs nothing."""
+    return torch.device(device).type != "cpu"
 
 
 def select_batch_on_device(

@@ -57,7 +57,7 @@ from torchbkb.bandits.kernel_row_cache import ROW_CACHE_BYTES
 from torchbkb.bandits.sketched import SketchedKernelBandit
 from torchbkb.batch_selection import BatchSelection, check_batch_limits, select_batch
 from torchbkb.confidence import bbkb_beta, bbkb_practical_beta
-from torchbkb.device_batch import select_batch_on_device
+from torchbkb import device_batch
 from torchbkb.fantasy_batch import FeatureReader, check_q, select_fixed_batch
 from torchbkb.rls_dictionary import DEFAULT_INCLUSION
 from torchbkb.theorems import warn_unmet_preconditions
@@ -228,10 +228,12 @@ class BBKB(SketchedKernelBandit):
             with torch.no_grad():
                 if self.batch_size is not None:  # arm indices
                     sel = self._fixed_batch(Z, mean, rls, V_inv, scored)
-                elif isinstance(Z, torch.Tensor) and Z.device.type != "cpu" and self.lazy:  # no host read per pick
-                    sel = select_batch_on_device(Z, mean, rls, V_inv, self.beta, self.batch_bound, self.max_batch_size)
                 else:
-                    sel = select_batch(Z, mean, rls, V_inv, self.beta, self.batch_bound, self.max_batch_size, lazy=self.lazy, validate=False, chunk_size=self.chunk_size if self.streams_kernel_rows else None)
+                    if isinstance(Z, torch.Tensor) and device_batch.use_device_loop(Z.device) and self.lazy:
+                        sel = device_batch.select_batch_on_device(Z, mean, rls, V_inv, self.beta, self.batch_bound,
+                                                                  self.max_batch_size)  # no host read per pick
+                    else:
+                        sel = select_batch(Z, mean, rls, V_inv, self.beta, self.batch_bound, self.max_batch_size, lazy=self.lazy, validate=False, chunk_size=self.chunk_size if self.streams_kernel_rows else None)
                     if scored is not None:
                         sel = sel._replace(indices=scored[sel.indices])
             idx = sel.indices
