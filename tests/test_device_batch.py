@@ -86,3 +86,29 @@ def test_bbkb_with_the_device_loop_makes_the_lazy_loops_choices(monkeypatch, pru
     lazy, device_loop = run(False), run(True)
     assert torch.equal(lazy[0], device_loop[0]) and lazy[1] == device_loop[1]
     assert max(lazy[1]) > 1 and (lazy[2] < arms.shape[0]) == prune  # batches of several picks; pruned when asked
+
+
+@pytest.mark.parametrize("stall_check", [True, False])
+def test_a_pick_compiles_as_one_graph_and_equals_the_eager_pick(stall_check, device):
+    """``fullgraph=True`` fails on any graph break: a host read (``.item()``, ``bool(tensor)``), a data-dependent
+    shape (``nonzero``, a boolean mask). The compiled picks equal the eager ones."""
+    import torch._dynamo
+
+    from torchbkb.device_batch import PickState, pick_step
+
+    torch._dynamo.reset()
+    Z, mean, rls, V_inv = _problem(300, 6, 0, device)
+    compiled = torch.compile(pick_step, fullgraph=True, backend="eager", dynamic=False)
+
+    def start():
+        cur = rls.clone()
+        zero = torch.zeros((), device=Z.device)
+        return PickState(cur, mean + 0.7 * cur.sqrt(), V_inv.clone(), zero.double() + 1.0, zero.bool(), zero.long())
+
+    eager_state, compiled_state = start(), start()
+    for t in range(12):
+        i, r_i, eager_state = pick_step(Z, mean, rls, eager_state, 0.7, 3.0, stall_check, t == 11)
+        j, r_j, compiled_state = compiled(Z, mean, rls, compiled_state, 0.7, 3.0, stall_check, t == 11)
+        assert int(i) == int(j) and torch.equal(r_i, r_j)
+        assert all(torch.equal(a, b) for a, b in zip(eager_state, compiled_state))
+    assert bool(eager_state.done)

@@ -26,14 +26,57 @@ Example:
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 from torchbkb.batch_selection import UNBOUNDED_PICKS, BatchSelection, check_batch_limits
 
-__all__ = ["select_batch_on_device", "use_device_loop", "CHECK_EVERY"]
+__all__ = ["select_batch_on_device", "pick_step", "PickState", "use_device_loop", "CHECK_EVERY"]
 
 #: Picks between two host reads of the done flag.
 CHECK_EVERY = 32
+
+
+class PickState(NamedTuple):
+    """The device-side state of a batch between two picks (0-d tensors and the running arrays)."""
+
+    cur: torch.Tensor  #: `(A,)` σ̃²_t of every arm
+    ucb: torch.Tensor  #: `(A,)` μ̃_fb + α̃ σ̃_t
+    V_inv: torch.Tensor  #: `(r, r)` V_t⁻¹, every pick but the batch's last hallucinated
+    level: torch.Tensor  #: 1 + Σ σ̃²_fb of the picks so far
+    done: torch.Tensor  #: the batch has ended
+    count: torch.Tensor  #: picks up to and including the batch's last
+
+
+def pick_step(Z: torch.Tensor, mean: torch.Tensor, rls0: torch.Tensor, state: PickState, alpha: float, C: float,
+              stall_check: bool, at_cap: bool) -> tuple[torch.Tensor, torch.Tensor, PickState]:
+    """One pick with no host read (it compiles with ``torch.compile(fullgraph=True)``): the argmax arm ``i``, its
+    ``σ̃²_t`` when picked, and the state after hallucinating it (unless it ends the batch, or the batch had ended).
+
+    Args:
+        Z: `(A, r)`; mean, rls0: `(A,)` in ``Z``'s dtype; state: :class:`PickState`; alpha: ``α̃``; C: ``C̃``;
+        stall_check: no cap (a stalled stop rule ends the batch); at_cap: this pick is the cap's.
+    """
+    work, dt = state.V_inv.dtype, Z.dtype
+    # (1,) on the device, lowest index among ties; read with index_select: x[i] with a 0-d tensor reads i on the host
+    i = torch.argmax(state.ucb).reshape(1)
+    z = Z.index_select(0, i)[0].to(work)  # (r,)
+    u = state.V_inv @ z
+    s = z @ u
+    s0 = rls0.index_select(0, i)[0].to(work)
+    stalls = s0 <= 0  # a zero variance, or (without a cap) a rule that would need over UNBOUNDED_PICKS picks
+    if stall_check:
+        stalls = stalls | ((C - state.level) >= UNBOUNDED_PICKS * s0.clamp_min(0.0))
+    level = torch.where(state.done, state.level, state.level + s0)
+    last = ~state.done & ((level > C) | stalls | at_cap)
+    g = torch.where(state.done | last, torch.zeros_like(s), 1.0 / (1.0 + s))  # the last pick is not hallucinated
+    V_t = state.V_inv - g * torch.outer(u, u)
+    w = Z @ u.to(dt)  # (A,)
+    cur = (state.cur - g.to(dt) * w * w).clamp_min(0.0)
+    ucb = mean + alpha * cur.sqrt()
+    count = state.count + (~state.done).long()
+    return i[0], state.cur.index_select(0, i)[0], PickState(cur, ucb, V_t, level, state.done | last, count)
 
 
 def use_device_loop(device: torch.device) -> bool:
@@ -69,44 +112,31 @@ def select_batch_on_device(
         A :class:`~torchbkb.batch_selection.BatchSelection` (``ucb_evaluations`` counts every arm of every pick).
     """
     C, cap = check_batch_limits(batch_bound, max_batch_size)
-    A, r = Z.shape
+    A = Z.shape[0]
     dt, work, dev = Z.dtype, V_inv.dtype, Z.device
     alpha = float(alpha)
     mean_c, rls0 = mean.to(dt), rls.to(dt)
     cur = rls0.clone()
-    ucb = mean_c + alpha * cur.clamp_min(0.0).sqrt()
-    V_t = V_inv.clone()
-    level = torch.ones((), dtype=work, device=dev)  # 1 + Σ σ̃²_fb of the picks so far
-    done = torch.zeros((), dtype=torch.bool, device=dev)
-    count = torch.zeros((), dtype=torch.long, device=dev)  # picks up to and including the batch's last
+    state = PickState(
+        cur=cur,
+        ucb=mean_c + alpha * cur.clamp_min(0.0).sqrt(),
+        V_inv=V_inv.clone(),
+        level=torch.ones((), dtype=work, device=dev),
+        done=torch.zeros((), dtype=torch.bool, device=dev),
+        count=torch.zeros((), dtype=torch.long, device=dev),
+    )
     picks, in_batch = [], []
     limit = UNBOUNDED_PICKS if cap is None else cap
     t = 0
-    while True:
-        for _ in range(check_every):
-            i = torch.argmax(ucb)  # 0-d, on the device: lowest index among ties
-            z = Z.index_select(0, i.reshape(1))[0].to(work)  # (r,)
-            u = V_t @ z
-            s = z @ u
-            s0 = rls0[i].to(work)
+    while t < limit:
+        for _ in range(min(check_every, limit - t)):
             t += 1
-            # the batch ends with this pick: the stop rule, a zero variance, a stalled rule or the cap
-            stalls = (s0 <= 0) | (cap is None) & ((C - level) >= UNBOUNDED_PICKS * s0.clamp_min(0.0))
-            level = torch.where(done, level, level + s0)
-            last = ~done & ((level > C) | stalls | (t >= limit))
+            i, rls_i, state = pick_step(Z, mean_c, rls0, state, alpha, C, cap is None, t >= limit)
             picks.append(i)
-            in_batch.append(cur[i])
-            count = count + (~done).long()
-            g = torch.where(done | last, torch.zeros_like(s), 1.0 / (1.0 + s))  # the last pick is not hallucinated
-            V_t = V_t - g * torch.outer(u, u)
-            w = Z @ u.to(dt)  # (A,)
-            cur = (cur - g.to(dt) * w * w).clamp_min(0.0)
-            ucb = mean_c + alpha * cur.sqrt()
-            done = done | last
-            if t >= limit:
-                break
-        if t >= limit or bool(done):  # the one host read per check_every picks
+            in_batch.append(rls_i)
+        if bool(state.done):  # the one host read per check_every picks
             break
+    count, V_t = state.count, state.V_inv
     n = int(count)
     idx = torch.stack(picks[:n])
     return BatchSelection(
