@@ -154,8 +154,8 @@ def matern_cross(
         K = r.neg_().exp_() if poly is None else poly.mul_(r.neg_().exp_())
         return K if outputscale is None else K.mul_(outputscale)
     d2 = an + bn - 2.0 * (A @ B.transpose(-1, -2))
-    if same:
-        d2 = d2 * (1.0 - torch.eye(d2.shape[-1], dtype=d2.dtype, device=d2.device))
+    if same:  # in place: the subtraction's backward does not read its output
+        d2.diagonal(dim1=-2, dim2=-1).zero_()
     r = d2.clamp_min(1e-30).sqrt()  # GPyTorch's floor: finite gradients
     if nu == 0.5:
         K = torch.exp(-r)
