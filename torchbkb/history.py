@@ -86,6 +86,7 @@ class History:
         return [sizes[b] for b in sorted(sizes)]
 
     def to_dict(self) -> dict[str, Any]:
+        """The per-evaluation lists and the run's summaries as plain Python values (JSON-ready)."""
         return {
             **{k: getattr(self, k) for k in PER_EVALUATION},
             "cumulative_regret": self.cumulative_regret,

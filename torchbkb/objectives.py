@@ -76,9 +76,11 @@ class ArmObjective:
         return self.values[idx.to(self.values.device)] + noise.to(self.values)
 
     def state_dict(self) -> dict:
+        """``{"generator": state}``: the noise generator's state, so that a resumed run draws the same noise."""
         return {"generator": self.generator.get_state()}
 
     def load_state_dict(self, state: dict) -> None:
+        """Restore :meth:`state_dict`'s generator state; a malformed one raises ``InputDataError``, state unchanged."""
         gen = state.get("generator") if isinstance(state, dict) else None
         if not isinstance(gen, torch.Tensor) or gen.dtype != torch.uint8:
             raise InputDataError(f"state: expected {{'generator': uint8 tensor}}, got {type(state).__name__}")

@@ -80,6 +80,7 @@ class IncrementalNystromBasis(nn.Module):
 
     @property
     def history_size(self) -> int:
+        """How many points the basis keeps in its history (``0`` before the first)."""
         return 0 if self._X is None else self._X.n
 
     def kernel_to_dictionary(self, X: torch.Tensor) -> torch.Tensor:
