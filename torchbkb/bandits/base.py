@@ -38,6 +38,7 @@ import torch
 from torch import nn
 
 from torchbkb.bandits.fingerprint import bandit_fingerprint, check_fingerprint
+from torchbkb.bandits.checkpoint_formats import upgraded
 from torchbkb.bandits.saved_state import check_algorithm_state, check_saved_state
 from torchbkb.errors import CheckpointError, InputDataError, TorchBKBError, check_finite, check_generator, check_matrix, check_positive
 from torchbkb.confidence import check_beta
@@ -213,8 +214,9 @@ class Bandit:
             raise CheckpointError(f"state: expected a {type(self).__name__} checkpoint over {self.num_arms} arms, got {got[0]} over {got[1]} arms")
         if "fingerprint" in state:  # absent in checkpoints written before fingerprints
             check_fingerprint(state["fingerprint"], self.fingerprint())
-        check_saved_state(state, self.num_arms)
         backup = self.state_dict()
+        state = upgraded(state, backup)  # older checkpoints' missing fields, in one place
+        check_saved_state(state, self.num_arms)
         check_algorithm_state(state["algorithm"], backup["algorithm"], self.num_arms)
         try:
             self._apply_state(state)
@@ -231,9 +233,8 @@ class Bandit:
         self.history = copy.deepcopy(state["history"])
         self._pending = list(state["pending"])
         self._told_idx, self._told_y = list(state["told"][0]), list(state["told"][1])
-        excluded = state.get("excluded")  # absent in checkpoints written before exclusion existed
-        self.excluded = torch.zeros_like(self.excluded) if excluded is None else excluded.to(self.arms.device).clone()
-        reasons = state.get("exclusions") or {}
+        self.excluded = state["excluded"].to(self.arms.device).clone()
+        reasons = state["exclusions"]
         self.exclusions = {int(a): str(reasons.get(a, "excluded")) for a in self.excluded.nonzero().squeeze(1).tolist()}
         self._load_algorithm_state(state["algorithm"])
 

@@ -295,7 +295,7 @@ class BBKB(SketchedKernelBandit):
 
     def _load_algorithm_state(self, state: dict[str, Any]) -> None:
         self.log_sum = float(state["log_sum"])  # before the refit: they set the width the arms are pruned with
-        self.practical_sum = float(state.get("practical_sum", 0.0))  # absent before the practical width
+        self.practical_sum = float(state["practical_sum"])
         super()._load_algorithm_state(state)
         self.beta_tilde = float(state["beta_tilde"])
         self.batch_sizes = list(state["batch_sizes"])

@@ -230,13 +230,13 @@ class GPBUCB(GPUCB):
     def _load_algorithm_state(self, state: dict[str, Any]) -> None:
         self.log_det, self.beta = float(state["log_det"]), float(state["beta"])
         self._batch, self._batch_rls = list(state["batch"]), list(state["batch_rls"])
-        self._batch_fb = list(state.get("batch_fb", self._batch_rls))  # absent before the practical width
-        self.practical_sum = float(state.get("practical_sum", 0.0))
+        self._batch_fb = list(state["batch_fb"])
+        self.practical_sum = float(state["practical_sum"])
         self.batch_sizes = list(state["batch_sizes"])
         self.time_in_batch, self.time_update = float(state["time_in_batch"]), float(state["time_update"])
         # the rows of the completed batches: the history minus what was told of the open batch
         done = len(self.history["index"]) - len(self._told_idx)
-        self.compactions, self._compacted_at = int(state.get("compactions", 0)), int(state.get("compacted_at", 0))
+        self.compactions, self._compacted_at = int(state["compactions"]), int(state["compacted_at"])
         self._reset_posterior()
         with torch.no_grad():
             if done:  # the compacted arms with their counts, then one row per reward told since

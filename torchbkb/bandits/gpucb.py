@@ -165,7 +165,7 @@ class GPUCB(KernelBandit):
 
     def _load_algorithm_state(self, state: dict[str, Any]) -> None:
         self.log_det, self.beta = float(state["log_det"]), float(state["beta"])
-        self.compactions, self._compacted_at = int(state.get("compactions", 0)), int(state.get("compacted_at", 0))
+        self.compactions, self._compacted_at = int(state["compactions"]), int(state["compacted_at"])
         self._reset_posterior()
         told = len(self.history["index"])
         if told:  # the compacted arms with their counts, then the rows told since (rewards only)

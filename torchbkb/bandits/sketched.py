@@ -350,20 +350,20 @@ class SketchedKernelBandit(KernelBandit):
         self.rows.add_pulled(list(dict.fromkeys(self.history["index"])))  # each row alone, as first computed
         self._clear_posterior()
         self.dictionary = self._long([])
-        saved = state.get("prune", (False, 0, 0))  # absent before pruning
-        if self.t > 0:  # no order/blocks: an older checkpoint (rows recomputed in one block)
+        saved = state["prune"]
+        if self.t > 0:  # order/blocks None: an older checkpoint (rows recomputed in one block)
             self.pruning.forced = bool(saved[0])  # the refit takes the scoring path the saved one took
             try:
-                self._rebuild(state["dictionary"].to(self.arms.device), order=state.get("order"), blocks=state.get("blocks"))
+                self._rebuild(state["dictionary"].to(self.arms.device), order=state["order"], blocks=state["blocks"])
             finally:
                 self.pruning.forced = None
         self.pruning.load(saved)
         self._rls = state["rls"].to(self.arms.device)
-        scored = state.get("scored")  # absent in checkpoints written before pruning: every arm was scored
+        scored = state["scored"]
         self._scored = None if scored is None else scored.to(self.arms.device)
         if self._scored is not None:  # the refit above found the same arms; their kernel columns, to be sure
             self._K_scored = self.rows.rows().index_select(1, self._scored)
         self._rls_full = None
         self.beta = float(state["beta"])
         self.embeddings_computed = int(state["embeddings_computed"])
-        self.arms_scored_total = int(state.get("arms_scored_total", 0))  # absent before pruning
+        self.arms_scored_total = int(state["arms_scored_total"])
