@@ -6,7 +6,7 @@ export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
 R=/tmp/res; mkdir -p $R
 finish() { (cd /tmp && tar czf "$OUT/res.tgz" res); }
 nvidia-smi -L; nproc
-python -c "import torch,botorch,gpytorch;print('torch',torch.__version__,'botorch',botorch.__version__,'gpytorch',gpytorch.__version__)"
+python -c "import torch, botorch, gpytorch; print(torch.__version__, botorch.__version__, gpytorch.__version__)"
 L="python -m benchmarks.launches --device cuda"
 timeout 150 $L --cases bkb_anchor bbkb_anchor bkb_large bkb_large_all --out $R/l5 2>&1 | tail -8
 finish
@@ -19,7 +19,8 @@ finish
 timeout 60 $L --cases bkb_large bkb_large_all --arms 10000000 --chunk-size 16384 --out $R/l7c 2>&1 | tail -4
 finish
 for dev in cuda cpu; do
-  timeout 60 python -m benchmarks.batch --device $dev --threads 2 --methods BBKB:constant --seeds 3 --out $R/batch_$dev 2>&1 | grep -E "median|BBKB" | tail -6
+  timeout 60 python -m benchmarks.batch --device $dev --threads 2 --methods BBKB:constant --seeds 3 \
+    --out $R/batch_$dev 2>&1 | grep -E "median|BBKB" | tail -6
   finish
 done
 timeout 90 python -m benchmarks.botorch_peer --device cuda --sizes 500 1000 2000 5000 --out $R/peer 2>&1 | tail -12

@@ -56,19 +56,19 @@ def bandit(case: str, device, dtype, arms_large: int, chunk_size: int | None = N
     from torchbkb.datasets import ANCHOR_SETTINGS, anchor_problem
     from torchbkb.kernels import GaussianKernel
 
-    chunk = chunk_size  # None: the library's default, sized for the device
     if case.startswith("bkb_large"):
         g = torch.Generator().manual_seed(0)
         arms = torch.rand(arms_large, 8, generator=g, dtype=torch.float64).to(device=device, dtype=dtype)
         values = torch.sin(6 * arms).sum(-1)
         return BKB(arms, GaussianKernel(0.5), noise=0.01, beta=0.5, seed=0, prune=case == "bkb_large",
-                   chunk_size=chunk), values, 0.1
+                   chunk_size=chunk_size), values, 0.1
     arms, values, noise_std, _ = anchor_problem(dtype=dtype, device=device)
     kernel = GaussianKernel(ANCHOR_SETTINGS["lengthscale"])
     if case == "bkb_anchor":
-        return BKB(arms, kernel, noise=ANCHOR_SETTINGS["noise"], beta=0.5, seed=0, chunk_size=chunk), values, noise_std
+        bkb = BKB(arms, kernel, noise=ANCHOR_SETTINGS["noise"], beta=0.5, seed=0, chunk_size=chunk_size)
+        return bkb, values, noise_std
     return BBKB(arms, kernel, noise=ANCHOR_SETTINGS["noise"], beta=0.5, batch_bound=2.0, seed=0,
-                chunk_size=chunk), values, noise_std
+                chunk_size=chunk_size), values, noise_std
 
 
 def top_level_ops(prof) -> list[str]:
@@ -154,7 +154,8 @@ def main(argv=None):
     p.add_argument("--warmup", type=int, default=200)
     p.add_argument("--steps", type=int, default=20, help="profiled steps")
     p.add_argument("--timed-steps", type=int, default=50, help="steps timed without the profiler, beside the floor GEMM")
-    p.add_argument("--chunk-size", type=int, default=None, help="arms scored at once (default: the library's, sized for the device)")
+    p.add_argument("--chunk-size", type=int, default=None,
+                   help="arms scored at once (default: the library's, sized for the device)")
     args = p.parse_args(argv)
     device, dtype = setup(args, default_threads=1)
     if args.quick:

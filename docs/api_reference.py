@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 OUT = Path(__file__).resolve().parent / "api"
+GENERATED = "Generated from the docstrings by `python docs/api_reference.py`."
 PACKAGES = {
     "torchbkb": "The core: kernels, Nyström embedding, DTC and exact posteriors, RLS dictionaries, bandits, runs.",
     "torchbkb.bandits": "Bandit algorithms: BKB, BBKB, GP-UCB, GP-BUCB, S-BPE and the simple baselines.",
@@ -73,7 +74,7 @@ def entry(qualname: str, obj) -> list[str]:
 
 def page(package: str) -> str:
     module = importlib.import_module(package)
-    lines = [f"# `{package}`", "", PACKAGES[package], "", "Generated from the docstrings by `python docs/api_reference.py`.", ""]
+    lines = [f"# `{package}`", "", PACKAGES[package], "", GENERATED, ""]
     for name in module.__all__:
         lines += entry(f"{package}.{name}", getattr(module, name))
     return "\n".join(lines).rstrip() + "\n"
@@ -82,7 +83,7 @@ def page(package: str) -> str:
 def pages() -> dict[str, str]:
     """``{file name: markdown}`` of every page, the index included."""
     out = {f"{p}.md": page(p) for p in PACKAGES}
-    index = ["# API reference", "", "Generated from the docstrings by `python docs/api_reference.py`.", ""]
+    index = ["# API reference", "", GENERATED, ""]
     index += [f"- [`{p}`]({p}.md) -- {text}" for p, text in PACKAGES.items()]
     out["README.md"] = "\n".join(index) + "\n"
     return out

@@ -19,7 +19,8 @@ def _problem(A, r, seed, device, scale=1.0, lam=0.1):
     return Z.to(device), mean.to(device), rls.to(device), V_inv.to(device)
 
 
-@pytest.mark.parametrize("A, r, C, cap", [(200, 5, 2.0, None), (500, 12, 4.0, None), (300, 8, 50.0, 40), (50, 3, 1.0, None)])
+@pytest.mark.parametrize("A, r, C, cap",
+                         [(200, 5, 2.0, None), (500, 12, 4.0, None), (300, 8, 50.0, 40), (50, 3, 1.0, None)])
 @pytest.mark.parametrize("check_every", [1, 7, 32])
 def test_the_same_batches_as_the_lazy_and_the_literal_selection(A, r, C, cap, check_every, device):
     for seed in range(6):

@@ -2,7 +2,7 @@
 
 :func:`~torchbkb.batch_selection.select_batch` refreshes only the arms that can still win (lazy UCB) and reads
 each pick on the host to decide which: the fewest flops, and on a GPU a host synchronization or several per pick
-(measured on an H200: 3.9-5.0 s of a 4.6 s BBKB run on Cadata were in-batch picks). Here every pick refreshes every
+(``docs/gpu.md``). Here every pick refreshes every
 arm -- ``O(A·r)`` flops, a few kernel launches, no host read -- and the stop rule is kept on the device as a done
 flag: picks after it are computed and dropped, and the host reads the flag once per ``check_every`` picks and the
 picks once per batch. Same rule and picks as ``select_batch(..., lazy=False)``::
@@ -81,7 +81,7 @@ def pick_step(Z: torch.Tensor, mean: torch.Tensor, rls0: torch.Tensor, state: Pi
 
 def use_device_loop(device: torch.device) -> bool:
     """Whether :class:`~torchbkb.BBKB` selects its batches on ``device`` with this loop: on every device but the
-    CPU, where the lazy loop's fewer flops win (2× faster in-batch on Cadata) and a host read costs nothing."""
+    CPU, where the lazy loop's fewer flops win and a host read costs nothing."""
     return torch.device(device).type != "cpu"
 
 

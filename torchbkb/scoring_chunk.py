@@ -2,9 +2,8 @@
 
 Scoring ``A`` arms against an `(m, m)` operator is a loop of `(m, m)·(m, c)` products over chunks of ``c`` arms. On
 the CPU a chunk that stays in cache is fastest (:data:`~torchbkb.nystrom.DEFAULT_CHUNK`); on a GPU every chunk is a
-handful of kernel launches, so 10⁷ arms in chunks of 16,384 are 611 chunks of launches where a few would do (measured
-on an H200, ``docs/gpu.md``: a BKB step scoring every arm at A = 10⁷ took 70 ms in chunks of 16,384, 13 ms in chunks of
-2²⁰). A chunk the user gives is used as given.
+handful of kernel launches, so the chunk is as large as a bounded block allows (the measurements: ``docs/gpu.md``).
+A chunk the user gives is used as given.
 """
 
 from __future__ import annotations

@@ -233,7 +233,9 @@ class BBKB(SketchedKernelBandit):
                         sel = device_batch.select_batch_on_device(Z, mean, rls, V_inv, self.beta, self.batch_bound,
                                                                   self.max_batch_size)  # no host read per pick
                     else:
-                        sel = select_batch(Z, mean, rls, V_inv, self.beta, self.batch_bound, self.max_batch_size, lazy=self.lazy, validate=False, chunk_size=self.chunk_size if self.streams_kernel_rows else None)
+                        chunk = self.chunk_size if self.streams_kernel_rows else None
+                        sel = select_batch(Z, mean, rls, V_inv, self.beta, self.batch_bound, self.max_batch_size,
+                                           lazy=self.lazy, validate=False, chunk_size=chunk)
                     if scored is not None:
                         sel = sel._replace(indices=scored[sel.indices])
             idx = sel.indices

@@ -112,7 +112,7 @@ class SketchedKernelBandit(KernelBandit):
         self.inclusion = check_inclusion(inclusion)
         self.q_bar = check_positive(q_bar, "q_bar")
         self.score_chunk_size = check_chunk_size(chunk_size)  # None: sized for the device at every scoring
-        self.chunk_size = DEFAULT_CHUNK if chunk_size is None else chunk_size  # kernel rows computed at once
+        self.chunk_size = self.score_chunk_size or DEFAULT_CHUNK  # kernel rows computed at once
         self.rows = KernelRowCache(self.kernel, self.arms, chunk_size=self.chunk_size, row_cache_bytes=check_int(row_cache_bytes, "row_cache_bytes", minimum=0), kernel_cache_bytes=kernel_cache_bytes)
         self.pruning = PruningSchedule()
         self.sampler = RLSDictionary(self.q_bar, generator=self.generator, inclusion=self.inclusion)
@@ -203,7 +203,8 @@ class SketchedKernelBandit(KernelBandit):
                 rest[self._scored] = False
                 rest = rest.nonzero().squeeze(1)  # (A - k,)
                 rls = self._rls.clone()
-                rls[rest] = rls_kernel_columns(self.rows.rows()[:, rest], self.kdiag[rest], self._M, self.lam, self._scoring_chunk())
+                rls[rest] = rls_kernel_columns(self.rows.rows()[:, rest], self.kdiag[rest], self._M, self.lam,
+                                               self._scoring_chunk())
                 self._rls_full = rls
         return self._mean, self._rls_full
 

@@ -6,7 +6,8 @@ restart, starting from a Sobol design of ``n_init`` points. A proposal fits the 
 at most ``local_points`` of them, the nearest to the region's centre in the region's own metric, so that a fit
 costs the same at 10³ and at 10⁵ evaluations and the hyperparameters come from the exact evidence
 (:data:`~torchbkb.botorch.defaults.EXACT_FIT`) -- once, warm from the region's previous hyperparameters or, now
-and then, from the kernel's defaults (:data:`FIT_FTOL`, :data:`COLD_EVERY`), draws TuRBO's candidates in the region and picks ``q``
+and then, from the kernel's defaults (:data:`FIT_FTOL`, :data:`COLD_EVERY`), draws TuRBO's candidates in the
+region and picks ``q``
 of them by Thompson sampling (:func:`~torchbkb.botorch.optimize_acqf_thompson`: distinct exact joint draws over the
 candidates, as TuRBO draws them) or by a fixed-``q`` BBKB batch (:func:`~torchbkb.botorch.optimize_acqf_bbkb`).
 With several regions the ``q`` best picks across regions are taken (their values are in the objective's units).
@@ -55,8 +56,7 @@ COLD_EVERY = 4
 #: defaults: a warm start that needs more does not pay, and the region fits from the defaults until it restarts).
 WARM_MAXITER = 200
 #: A fit stops when an L-BFGS-B step changes the evidence by less than this fraction (scipy's ``ftol``; BoTorch's
-#: default is 2.2e-9): on 500 Ackley-60 points a fit from the defaults took 77 evaluations instead of 200 and
-#: ended at the same evidence to 1e-4.
+#: default, 2.2e-9, spends most of a 60-d fit's evaluations below any change that matters; docs/high_throughput.md).
 FIT_FTOL = 1e-6
 
 
@@ -238,10 +238,9 @@ class TrustRegionBKB:
         """The region's model, fitted once: warm from the region's previous hyperparameters, or from the kernel's
         defaults (as TuRBO fits) at its first fit, whenever its points doubled since that fit and at every
         :data:`COLD_EVERY`-th fit. A warm start alone stays where the first fits on a few points left it
-        (lengthscales of 3 on Ackley-20). A warm fit may take at most the evaluations of the last fit from the
-        defaults; one that needs them all (in 60 dimensions warm starts from bound-saturated hyperparameters took
-        150-250 evaluations against 80-150 from the defaults, to a lower evidence) turns warm starts off for the
-        region until it restarts."""
+        (docs/high_throughput.md). A warm fit may take at most the evaluations of the last fit from the defaults;
+        one that needs them all (a warm start from hyperparameters stuck on their bounds) turns warm starts off for
+        the region until it restarts."""
         prev, cost = self._hyper[r], self._cold_cost[r]
         cold = prev is None or not self.warm_start or cost == 0 or U.shape[0] >= 2 * self._cold_at[r]
         cold = cold or self._fits[r] % COLD_EVERY == 0
