@@ -11,7 +11,7 @@ Widths:
   RLS-scale multiplier α̃ = 2·√λ ≈ 0.894, given as ``beta=0.894`` to every algorithm (for BBKB and
   GP-BUCB a float ``beta`` is the in-batch multiplier itself, not multiplied by C̃);
 * theory β: BBKB α̃ = C̃·β̃ (001 Thm 2), GP-BUCB α = C̃·β (exact log-det), BKB β̃ of 000 Thm 2,
-  GP-UCB the self-normalized β (``torchbkb.confidence``).
+  GP-UCB the self-normalized β (``torchbkb.bandits.confidence``).
 
 BBKB runs to T (three seeds for the constant β; exact GP-UCB with the constant β runs the same seeds, so that
 regrets are compared at equal t over equal seeds). The exact methods (and BKB, and BBKB with the theory β)

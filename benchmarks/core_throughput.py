@@ -44,8 +44,8 @@ from benchmarks.cli import base_parser, setup, size_of
 from benchmarks.report import new_figure, print_table, save_figure, write_json
 from benchmarks.timing import PeakMemory, sync, time_interleaved
 from torchbkb import DTCPosterior, NystromEmbedding
-from torchbkb.kernels import GaussianKernel
-from torchbkb.nystrom import DEFAULT_CHUNK
+from torchbkb.gp.kernels import GaussianKernel
+from torchbkb.gp.nystrom import DEFAULT_CHUNK
 
 NAME = "core_throughput"
 SIZES = {

@@ -19,7 +19,7 @@ import torch
 
 import torchbkb
 from torchbkb import DTCPosterior, NystromEmbedding
-from torchbkb.kernels import GaussianKernel
+from torchbkb.gp.kernels import GaussianKernel
 
 from benchmarks.batch import LAM, WIDTH, build, load_cadata
 from benchmarks.cli import base_parser, setup, size_of

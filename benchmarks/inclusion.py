@@ -42,7 +42,7 @@ SIZES = {
 def _problem(name: str, seed: int, dtype, device):
     """``(arms, values, noise_std, kernel, lam, width, batched)`` of one problem instance."""
     from torchbkb.datasets import anchor_problem, gp_sample
-    from torchbkb.kernels import GaussianKernel
+    from torchbkb.gp.kernels import GaussianKernel
 
     if name == "anchor":
         p = anchor_problem(dtype=dtype, device=device)

@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from torchbkb.kernels import GaussianKernel
+from torchbkb.gp.kernels import GaussianKernel
 
 
 class Matern52(torch.nn.Module):
@@ -36,5 +36,5 @@ def check_matern_against_gpytorch() -> float:
 
 
 def make_kernel(name: str, ls: float):
-    """``"rbf"`` (or ``"gaussian"``): :class:`~torchbkb.kernels.GaussianKernel`; ``"matern52"``: :class:`Matern52`."""
+    """``"rbf"`` (or ``"gaussian"``): :class:`~torchbkb.gp.kernels.GaussianKernel`; ``"matern52"``: :class:`Matern52`."""
     return GaussianKernel(ls) if name in ("rbf", "gaussian") else Matern52(ls)

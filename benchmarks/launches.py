@@ -54,7 +54,7 @@ SYNC_OPS = ("aten::_local_scalar_dense", "aten::nonzero", "aten::masked_select",
 def bandit(case: str, device, dtype, arms_large: int, chunk_size: int | None = None):
     from torchbkb import BBKB, BKB
     from torchbkb.datasets import ANCHOR_SETTINGS, anchor_problem
-    from torchbkb.kernels import GaussianKernel
+    from torchbkb.gp.kernels import GaussianKernel
 
     if case.startswith("bkb_large"):
         g = torch.Generator().manual_seed(0)

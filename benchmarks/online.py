@@ -42,7 +42,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from torchbkb.kernels import GaussianKernel
+from torchbkb.gp.kernels import GaussianKernel
 from torchbkb.online import FOGD, PKAWV, KernelAWV, ProsNKONS, TaylorEmbedding
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -25,7 +25,7 @@ from botorch.optim import optimize_acqf_discrete
 from gpytorch.kernels import RBFKernel, ScaleKernel
 
 from torchbkb.bandits.base import Bandit
-from torchbkb.confidence import to_botorch_beta
+from torchbkb.bandits.confidence import to_botorch_beta
 from torchbkb.errors import InputDataError, check_positive
 
 __all__ = ["BoTorchUCB"]

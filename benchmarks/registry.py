@@ -34,7 +34,7 @@ import torch
 import torchbkb
 from benchmarks.kernels import make_kernel
 from benchmarks.peers import BoTorchUCB
-from torchbkb.kernels import GaussianKernel
+from torchbkb.gp.kernels import GaussianKernel
 
 
 @dataclass

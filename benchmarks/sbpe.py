@@ -15,7 +15,7 @@ true ``C``. The kernel used by the algorithms is the one the sample was drawn fr
 
 Widths: ``theory`` -- each algorithm's own theorem with the true ``C`` and ``R`` (S-BPE: 003 Eq. 13
 with measured λ_max; BKB: 000 Theorem 2; GP-UCB: the self-normalized bound of
-:func:`torchbkb.confidence.gpucb_beta`); ``const`` -- one shared GP-scale multiplier ``μ ± 2σ`` for all
+:func:`torchbkb.bandits.confidence.gpucb_beta`); ``const`` -- one shared GP-scale multiplier ``μ ± 2σ`` for all
 three (RLS scale ``2√λ`` for BKB/GP-UCB).
 """
 
@@ -34,10 +34,10 @@ import torch
 
 import torchbkb
 from torchbkb import ArmObjective
-from torchbkb.design import UncertaintyExplorer, linf_error
-from torchbkb.dtc_posterior import DTCPosterior
-from torchbkb.nystrom import NystromEmbedding
-from torchbkb.recursive_rls import recursive_rls
+from torchbkb.bandits.design import UncertaintyExplorer, linf_error
+from torchbkb.gp.dtc_posterior import DTCPosterior
+from torchbkb.gp.nystrom import NystromEmbedding
+from torchbkb.sampling.recursive_rls import recursive_rls
 
 from benchmarks.kernels import check_matern_against_gpytorch, make_kernel
 from benchmarks.registry import BanditSettings, make_bandit

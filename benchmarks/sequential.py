@@ -128,8 +128,8 @@ def idealized_bkb_loop(prob, T: int, seed: int) -> dict:
     arms with their counts, ``L⁻¹`` of ``K_S``, ``V`` from the pulled arms, ``[M; aᵀ]``, one scoring
     GEMM, β̃ of Theorem 2, argmax). Its random stream differs from :class:`~torchbkb.BKB`'s, so its
     choices do too; only its time is reported."""
-    from torchbkb.confidence import bkb_beta
-    from torchbkb.kernels import GaussianKernel
+    from torchbkb.bandits.confidence import bkb_beta
+    from torchbkb.gp.kernels import GaussianKernel
 
     X, f = prob.arms, prob.values.to(torch.float64)
     A, lam, dt = X.shape[0], 0.01, torch.float64

@@ -41,7 +41,7 @@ from benchmarks.cli import base_parser, setup, size_of
 from benchmarks.report import new_figure, print_table, save_figure, write_json
 from torchbkb import DTCPosterior, ExactPosterior, NystromEmbedding, RLSDictionary
 from torchbkb.datasets import gp_sample
-from torchbkb.kernels import GaussianKernel
+from torchbkb.gp.kernels import GaussianKernel
 
 NAME = "variance_starvation"
 TS = (6, 63, 215)

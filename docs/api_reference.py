@@ -19,6 +19,8 @@ OUT = Path(__file__).resolve().parent / "api"
 GENERATED = "Generated from the docstrings by `python docs/api_reference.py`."
 PACKAGES = {
     "torchbkb": "The core: kernels, Nyström embedding, DTC and exact posteriors, RLS dictionaries, bandits, runs.",
+    "torchbkb.gp": "The GP layer: kernels, the Nyström embedding, the DTC and exact posteriors.",
+    "torchbkb.sampling": "Dictionary sampling: RLS resampling, recursive RLS, BKB's sampling replayed on a training set.",
     "torchbkb.bandits": "Bandit algorithms: BKB, BBKB, GP-UCB, GP-BUCB, S-BPE and the simple baselines.",
     "torchbkb.botorch": "BoTorch: the `BKBModel`, its evidence bound, acquisitions, batches, trust regions.",
     "torchbkb.gpytorch": "GPyTorch: the DTC posterior as an `ApproximateGP` and its variational strategy.",

@@ -15,7 +15,7 @@ import torch
 
 import torchbkb
 from torchbkb.datasets import load
-from torchbkb.kernels import GaussianKernel
+from torchbkb.gp.kernels import GaussianKernel
 
 
 def main() -> None:

@@ -53,6 +53,29 @@ def test_no_import_cycle():
             visit(u, [u])
 
 
+# the layers of docs/design.md, bottom up; the adapters and the other papers' packages sit on top, apart
+LAYERS = {"errors": 0, "objectives": 0, "utils": 0, "legacy_paths": 0, "gp": 1, "sampling": 2, "bandits": 3, "experiment": 4}
+TOP = 5
+
+
+def _layer(module: str) -> tuple[int, str]:
+    parts = module.split(".")
+    if len(parts) == 1:
+        return TOP + 1, ""  # the package's own __init__ re-exports everything
+    return LAYERS.get(parts[1], TOP), parts[1]
+
+
+def test_each_layer_imports_only_the_layers_below():
+    bad = []
+    for name, tree in TREES.items():
+        rank, group = _layer(name)
+        for node in _imports(tree):
+            other, other_group = _layer(node.module)
+            if other > rank or (other == rank == TOP and other_group != group):
+                bad.append(f"{name} (layer {group or 'torchbkb'}) imports {node.module}")
+    assert not bad, "imports against the layers:\n" + "\n".join(bad)
+
+
 def test_no_private_name_crosses_a_module():
     bad = []
     for name, tree in TREES.items():

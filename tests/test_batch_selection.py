@@ -6,9 +6,9 @@ from hypothesis import given, settings, strategies as st
 
 from helpers import close
 from torchbkb import DTCPosterior, NystromEmbedding
-from torchbkb.batch_selection import UNBOUNDED_PICKS, picks_to_stop, select_batch, stop_rule_stalls
+from torchbkb.bandits.batch_selection import UNBOUNDED_PICKS, picks_to_stop, select_batch, stop_rule_stalls
 from torchbkb.errors import InputDataError
-from torchbkb.kernels import GaussianKernel
+from torchbkb.gp.kernels import GaussianKernel
 
 
 def _problem(seed=0, A=400, n=300, m=15, lam=1.0, dtype=torch.float64):

@@ -2,7 +2,7 @@ import math
 
 import pytest
 
-from torchbkb.confidence import alpha_from_epsilon, bbkb_beta, bkb_beta, gpucb_beta, to_botorch_beta
+from torchbkb.bandits.confidence import alpha_from_epsilon, bbkb_beta, bkb_beta, gpucb_beta, to_botorch_beta
 from torchbkb.errors import InputDataError
 
 

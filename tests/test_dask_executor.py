@@ -12,7 +12,7 @@ import torch
 import torchbkb
 from helpers import claim
 from torchbkb import BBKB, ObjectiveError
-from torchbkb.kernels import GaussianKernel
+from torchbkb.gp.kernels import GaussianKernel
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny operations: one intra-op thread (tests/conftest.py)

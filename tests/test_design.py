@@ -7,10 +7,10 @@ import torch
 
 from helpers import exact_gp, rbf, titsias_dtc
 from torchbkb import DTCPosterior, NystromEmbedding
-from torchbkb.confidence import vakili_beta_finite
-from torchbkb.design import UncertaintyExplorer, linf_error, theory_rls_delta, uncertainty_design
+from torchbkb.bandits.confidence import vakili_beta_finite
+from torchbkb.bandits.design import UncertaintyExplorer, linf_error, theory_rls_delta, uncertainty_design
 from torchbkb.errors import InputDataError, TorchBKBError
-from torchbkb.kernels import GaussianKernel
+from torchbkb.gp.kernels import GaussianKernel
 
 
 def _grid(n=41, d=1):

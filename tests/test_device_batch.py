@@ -5,8 +5,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from torchbkb.batch_selection import select_batch
-from torchbkb.device_batch import select_batch_on_device
+from torchbkb.bandits.batch_selection import select_batch
+from torchbkb.bandits.device_batch import select_batch_on_device
 
 
 def _problem(A, r, seed, device, scale=1.0, lam=0.1):
@@ -65,9 +65,9 @@ def test_bbkb_with_the_device_loop_makes_the_lazy_loops_choices(monkeypatch, pru
     """BBKB's batches (over the pruned arms, mapped back to arm indices, or over every arm) are the same with
     the device loop as with the lazy loop: on 4,000 Cadata arms at the paper's settings."""
     import torchbkb.datasets
-    import torchbkb.device_batch as db
+    import torchbkb.bandits.device_batch as db
     from torchbkb import BBKB
-    from torchbkb.kernels import GaussianKernel
+    from torchbkb.gp.kernels import GaussianKernel
 
     arms, _ = torchbkb.datasets.load("cadata", dtype=torch.float64, device=device)
     _, values = torchbkb.datasets.load("cadata", dtype=torch.float64, device=device, standardize_rewards=False)
@@ -95,7 +95,7 @@ def test_a_pick_compiles_as_one_graph_and_equals_the_eager_pick(stall_check, dev
     shape (``nonzero``, a boolean mask). The compiled picks equal the eager ones."""
     import torch._dynamo
 
-    from torchbkb.device_batch import PickState, pick_step
+    from torchbkb.bandits.device_batch import PickState, pick_step
 
     torch._dynamo.reset()
     Z, mean, rls, V_inv = _problem(300, 6, 0, device)

@@ -6,7 +6,7 @@ from conftest import tol
 from helpers import close, bkb_eq4, exact_gp, rbf, spy_factorizations, titsias_dtc
 from torchbkb import DTCPosterior, NystromEmbedding
 from torchbkb.errors import InputDataError, TorchBKBError
-from torchbkb.kernels import GaussianKernel
+from torchbkb.gp.kernels import GaussianKernel
 
 LS = 0.3
 
@@ -333,8 +333,8 @@ def test_kernel_row_operator_and_column_scoring_are_000_eq4(whitening):
     """The bandits' per-step refit (fit_kernel_row_operator, then the mean aᵀK and rls_kernel_columns, or both at
     once by score_kernel_columns, on kernel rows stored one per inducing point) equals 000 Eq. 4 with weighted
     (repeated) observations."""
-    from torchbkb.functional import fit_kernel_row_operator, rls_kernel_columns, score_kernel_columns
-    from torchbkb.utils.linalg import inv_sqrt_factor, psd_inv_sqrt
+    from torchbkb.gp.functional import fit_kernel_row_operator, rls_kernel_columns, score_kernel_columns
+    from torchbkb.gp.linalg import inv_sqrt_factor, psd_inv_sqrt
 
     X, y, Xq = _data()
     S, lam = X[::3], 0.02

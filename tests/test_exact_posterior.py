@@ -6,7 +6,7 @@ from conftest import tol
 from helpers import close, exact_gp, rbf
 from torchbkb import ExactPosterior
 from torchbkb.errors import InputDataError
-from torchbkb.kernels import GaussianKernel
+from torchbkb.gp.kernels import GaussianKernel
 
 LS = 0.25
 

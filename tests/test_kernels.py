@@ -5,7 +5,7 @@ from hypothesis import given, settings, strategies as st
 
 from helpers import rbf
 from torchbkb.errors import InputDataError
-from torchbkb.kernels import GaussianKernel, KernelAdapter, as_kernel
+from torchbkb.gp.kernels import GaussianKernel, KernelAdapter, as_kernel
 
 
 def _gpytorch_kernels():
@@ -127,7 +127,7 @@ def test_fast_matern_path_matches_gpytorch(nu, grad):
 @pytest.mark.parametrize("shape", [(), (3,)])
 def test_gaussian_cross_fused_no_grad_path_equals_the_formula(dtype, shape):
     """The in-place (no autograd) path, with the outputscale folded into the exponent, equals the formula."""
-    from torchbkb.kernels import gaussian_cross
+    from torchbkb.gp.kernels import gaussian_cross
 
     g = torch.Generator().manual_seed(1)
     A = 5.0 + torch.randn(*shape, 50, 4, generator=g, dtype=torch.float64)

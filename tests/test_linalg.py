@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from torchbkb.errors import NumericsError, NumericsWarning
-from torchbkb.utils.linalg import compute_dtype, psd_inv_sqrt, safe_cholesky, spd_inverse
+from torchbkb.gp.linalg import compute_dtype, psd_inv_sqrt, safe_cholesky, spd_inverse
 
 
 def test_cholesky_upcasts_small_float32():
@@ -62,7 +62,7 @@ def test_no_warning_when_well_conditioned():
 
 
 def test_inv_sqrt_factor_takes_cholesky_when_well_conditioned_and_eigh_otherwise(monkeypatch):
-    from torchbkb.utils.linalg import inv_sqrt_factor
+    from torchbkb.gp.linalg import inv_sqrt_factor
 
     X = torch.rand(12, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
     K = torch.exp(-torch.cdist(X, X) ** 2 / (2 * 0.3**2))

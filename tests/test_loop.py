@@ -7,7 +7,7 @@ import torch
 
 from torchbkb import BKB, ArmObjective, History, ObjectiveError, Random, run
 from torchbkb.errors import InputDataError
-from torchbkb.kernels import GaussianKernel
+from torchbkb.gp.kernels import GaussianKernel
 
 ARMS = torch.rand(40, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
 F = torch.sin(3 * ARMS[:, 0]) + ARMS[:, 1]

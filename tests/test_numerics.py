@@ -9,7 +9,7 @@ import torch
 
 from torchbkb import BBKB, BKB, GPBUCB, GPUCB, DTCPosterior, ExactPosterior, NumericsWarning, NystromEmbedding
 from torchbkb.errors import InputDataError, NumericsError
-from torchbkb.kernels import GaussianKernel
+from torchbkb.gp.kernels import GaussianKernel
 
 mpmath = pytest.importorskip("mpmath")
 
@@ -174,7 +174,7 @@ def test_a_kernel_that_returns_nan_never_puts_nan_into_a_bandit():
         def diag(self, X):
             return torch.ones(X.shape[:-1], dtype=X.dtype)
 
-    from torchbkb.kernels import as_kernel
+    from torchbkb.gp.kernels import as_kernel
 
     bandit = BKB(ARMS, as_kernel(Holey(), diag=Holey().diag), noise=0.01, beta=0.3, seed=0)
     with pytest.raises(NumericsError, match="NaN/inf in the rows of arms"):

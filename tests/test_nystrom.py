@@ -6,7 +6,7 @@ from conftest import tol
 from helpers import close, rbf
 from torchbkb import NystromEmbedding
 from torchbkb.errors import InputDataError, TorchBKBError
-from torchbkb.kernels import GaussianKernel
+from torchbkb.gp.kernels import GaussianKernel
 
 
 def _emb(S, ls=0.4, **kw):
@@ -158,7 +158,7 @@ def test_bad_queries():
 
 
 def test_forward_into_preallocated_out_equals_forward():
-    from torchbkb.kernels import GaussianKernel
+    from torchbkb.gp.kernels import GaussianKernel
 
     g = torch.Generator().manual_seed(0)
     X = torch.randn(2, 700, 3, generator=g, dtype=torch.float64)

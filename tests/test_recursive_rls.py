@@ -9,9 +9,9 @@ from hypothesis import given, settings, strategies as st
 from helpers import rbf
 from torchbkb import nystrom_lambda_max, recursive_rls
 from torchbkb.errors import InputDataError
-from torchbkb.kernels import GaussianKernel
-from torchbkb.recursive_rls import ridge_scores
-from torchbkb.kernels import as_kernel
+from torchbkb.gp.kernels import GaussianKernel
+from torchbkb.sampling.recursive_rls import ridge_scores
+from torchbkb.gp.kernels import as_kernel
 
 
 def _pts(n, d=2, seed=100, dtype=torch.float64):

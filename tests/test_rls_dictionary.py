@@ -5,7 +5,7 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 from torchbkb import BBKB, BKB, CheckpointError, RLSDictionary
-from torchbkb.kernels import GaussianKernel
+from torchbkb.gp.kernels import GaussianKernel
 from torchbkb.errors import InputDataError
 
 

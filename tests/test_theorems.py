@@ -1,4 +1,4 @@
-"""torchbkb.theorems against the theorems' formulas typed from the papers, and the TheoryWarning."""
+"""torchbkb.bandits.theorems against the theorems' formulas typed from the papers, and the TheoryWarning."""
 
 import math
 import warnings
@@ -8,8 +8,8 @@ import torch
 
 from torchbkb import BBKB, BKB, TheoryWarning
 from torchbkb.errors import InputDataError
-from torchbkb.kernels import GaussianKernel
-from torchbkb.theorems import (
+from torchbkb.gp.kernels import GaussianKernel
+from torchbkb.bandits.theorems import (
     bbkb_dictionary_bound,
     bbkb_regret_bound,
     bbkb_required_lam,

@@ -8,7 +8,7 @@ from hypothesis import given, settings, strategies as st
 
 from helpers import rbf, titsias_dtc
 from torchbkb import nystrom_lambda_max, recursive_rls
-from torchbkb.confidence import (
+from torchbkb.bandits.confidence import (
     to_botorch_beta,
     vakili_beta,
     vakili_beta_continuous,
@@ -16,7 +16,7 @@ from torchbkb.confidence import (
     vakili_continuous_halfwidth,
 )
 from torchbkb.errors import InputDataError
-from torchbkb.kernels import GaussianKernel
+from torchbkb.gp.kernels import GaussianKernel
 
 
 # ----------------------------------------------------------------------------- formulas

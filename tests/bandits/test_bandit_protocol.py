@@ -4,7 +4,7 @@ from hypothesis import given, settings, strategies as st
 
 from torchbkb import BKB, GPUCB, EpsGreedy, Random
 from torchbkb.errors import InputDataError, TorchBKBError
-from torchbkb.kernels import GaussianKernel
+from torchbkb.gp.kernels import GaussianKernel
 
 ARMS = torch.rand(30, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
 F = -((ARMS - 0.4) ** 2).sum(-1)

@@ -5,10 +5,10 @@ import torch
 
 from helpers import close
 from torchbkb import BBKB, BKB, DTCPosterior, ExactPosterior, NystromEmbedding
-from torchbkb.batch_selection import select_batch
-from torchbkb.confidence import bbkb_beta
+from torchbkb.bandits.batch_selection import select_batch
+from torchbkb.bandits.confidence import bbkb_beta
 from torchbkb.errors import InputDataError
-from torchbkb.kernels import GaussianKernel
+from torchbkb.gp.kernels import GaussianKernel
 
 LS = 0.2
 

@@ -6,9 +6,9 @@ import torch
 from helpers import close
 from torchbkb import BKB, GPUCB, ArmObjective, ExactPosterior, run
 from torchbkb.bandits import kernel_row_cache as row_cache_module
-from torchbkb.confidence import bkb_beta
+from torchbkb.bandits.confidence import bkb_beta
 from torchbkb.errors import InputDataError
-from torchbkb.kernels import GaussianKernel
+from torchbkb.gp.kernels import GaussianKernel
 
 
 def _problem(A=150, d=2, seed=0, ls=0.25):

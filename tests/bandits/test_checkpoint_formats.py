@@ -5,7 +5,7 @@ import torch
 
 from torchbkb import BBKB, BKB, GPBUCB, GPUCB
 from torchbkb.bandits.checkpoint_formats import ALGORITHM_DEFAULTS, upgraded
-from torchbkb.kernels import GaussianKernel
+from torchbkb.gp.kernels import GaussianKernel
 
 BASE_FIELDS_ADDED = ("excluded", "exclusions", "fingerprint")
 

@@ -5,7 +5,7 @@ import torch
 
 from torchbkb import BBKB, BKB, GPBUCB, GPUCB, SBPE, EpsGreedy, Random
 from torchbkb.errors import TorchBKBError
-from torchbkb.kernels import GaussianKernel
+from torchbkb.gp.kernels import GaussianKernel
 
 ARMS = torch.rand(40, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
 F = -((ARMS - 0.5) ** 2).sum(-1)

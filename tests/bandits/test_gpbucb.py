@@ -6,9 +6,9 @@ import torch
 from conftest import tol
 from helpers import close, exact_gp, rbf
 from torchbkb import GPBUCB, GPUCB, ExactPosterior
-from torchbkb.confidence import gpucb_beta
+from torchbkb.bandits.confidence import gpucb_beta
 from torchbkb.errors import InputDataError
-from torchbkb.kernels import GaussianKernel
+from torchbkb.gp.kernels import GaussianKernel
 
 LS = 0.2
 LAM = 0.01

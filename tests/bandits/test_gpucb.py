@@ -6,8 +6,8 @@ import torch
 from helpers import close, rbf
 from torchbkb import GPUCB, ArmObjective, ExactPosterior, run
 from torchbkb.bandits import gpucb as gpucb_module
-from torchbkb.confidence import gpucb_beta
-from torchbkb.kernels import GaussianKernel
+from torchbkb.bandits.confidence import gpucb_beta
+from torchbkb.gp.kernels import GaussianKernel
 
 
 def _problem(A=120, seed=0):

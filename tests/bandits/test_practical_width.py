@@ -15,7 +15,7 @@ import torch
 from helpers import bkb_eq4, exact_gp, rbf
 from torchbkb import BBKB, BKB, GPBUCB, GPUCB
 from torchbkb.errors import InputDataError
-from torchbkb.kernels import GaussianKernel
+from torchbkb.gp.kernels import GaussianKernel
 
 LS, LAM, F, DELTA, XI = 0.25, 0.05, 2.0, 0.05, 0.3
 

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from helpers import close
 from torchbkb import BBKB, BKB
-from torchbkb.kernels import GaussianKernel
+from torchbkb.gp.kernels import GaussianKernel
 
 LAM, WIDTH = 0.2, 2.0 * 0.2**0.5  # "2σ on the GP scale": the RLS-scale UCB bonus at the prior is 2.0
 

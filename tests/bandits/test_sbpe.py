@@ -10,9 +10,9 @@ from helpers import exact_gp, rbf, titsias_dtc
 import torchbkb
 from torchbkb import ArmObjective, SBPE
 from torchbkb.bandits import sbpe_batch_sizes
-from torchbkb.confidence import vakili_beta, vakili_beta_continuous
+from torchbkb.bandits.confidence import vakili_beta, vakili_beta_continuous
 from torchbkb.errors import InputDataError, TorchBKBError
-from torchbkb.kernels import GaussianKernel
+from torchbkb.gp.kernels import GaussianKernel
 
 LS = 0.25
 

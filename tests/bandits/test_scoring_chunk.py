@@ -5,9 +5,9 @@ import torch
 
 from torchbkb import BBKB, BKB
 from torchbkb.errors import InputDataError
-from torchbkb.kernels import GaussianKernel
-from torchbkb.nystrom import DEFAULT_CHUNK
-from torchbkb.scoring_chunk import GPU_BLOCK_BYTES, scoring_chunk
+from torchbkb.gp.kernels import GaussianKernel
+from torchbkb.gp.nystrom import DEFAULT_CHUNK
+from torchbkb.gp.scoring_chunk import GPU_BLOCK_BYTES, scoring_chunk
 
 
 def _run(cls, arms, chunk_size, steps=25, **kw):

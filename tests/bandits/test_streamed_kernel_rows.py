@@ -6,7 +6,7 @@ import torch
 
 from helpers import LargestOutput
 from torchbkb.bandits import BBKB, BKB
-from torchbkb.kernels import GaussianKernel
+from torchbkb.gp.kernels import GaussianKernel
 
 
 def _problem(A=600, seed=0):

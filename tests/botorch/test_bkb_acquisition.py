@@ -14,7 +14,7 @@ from gpytorch.kernels import RBFKernel, ScaleKernel
 from conftest import tol
 from helpers import LargestOutput, close, rbf, titsias_dtc
 from torchbkb.botorch import BBKBUpperConfidenceBound, BKBModel, BKBUpperConfidenceBound, optimize_acqf_bbkb, theory_beta
-from torchbkb.confidence import to_botorch_beta
+from torchbkb.bandits.confidence import to_botorch_beta
 from torchbkb.errors import InputDataError
 
 LS, OS, LAM = 0.25, 1.3, 0.02
@@ -214,8 +214,8 @@ def test_bbkb_bad_inputs():
 
 def test_vakili_width_is_theorem_3_5_with_the_measured_lambda_max():
     from torchbkb.botorch import BKBModel, BKBUpperConfidenceBound
-    from torchbkb.confidence import vakili_beta, vakili_beta_finite
-    from torchbkb.recursive_rls import nystrom_lambda_max
+    from torchbkb.bandits.confidence import vakili_beta, vakili_beta_finite
+    from torchbkb.sampling.recursive_rls import nystrom_lambda_max
 
     X = torch.rand(40, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
     model = BKBModel(X, torch.sin(4 * X[:, :1]), seed=0)

@@ -15,7 +15,7 @@ from conftest import tol
 from helpers import close, exact_gp, rbf, titsias_dtc
 from torchbkb.botorch import BKBModel, sample_dictionary
 from torchbkb.errors import InputDataError
-from torchbkb.kernels import GaussianKernel
+from torchbkb.gp.kernels import GaussianKernel
 
 LS, OS, LAM = 0.3, 1.7, 0.05
 

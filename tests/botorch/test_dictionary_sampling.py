@@ -4,8 +4,8 @@ import torch
 
 from torchbkb import DTCPosterior, NystromEmbedding
 from torchbkb.botorch import sample_dictionary
-from torchbkb.kernels import GaussianKernel
-from torchbkb.nystrom import DEFAULT_CHUNK
+from torchbkb.gp.kernels import GaussianKernel
+from torchbkb.gp.nystrom import DEFAULT_CHUNK
 
 F64 = torch.float64
 

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from torchbkb.botorch import BKBModel, optimize_acqf_bbkb, optimize_acqf_thompson
 from torchbkb.errors import InputDataError
-from torchbkb.kernels import GaussianKernel
+from torchbkb.gp.kernels import GaussianKernel
 
 F64 = torch.float64
 
@@ -65,7 +65,7 @@ def test_a_pick_lowers_its_own_variance_as_an_exact_fantasy_and_may_repeat_witho
 
 
 def test_fixed_q_reads_candidates_in_chunks(monkeypatch):
-    from torchbkb.nystrom import NystromEmbedding
+    from torchbkb.gp.nystrom import NystromEmbedding
 
     X, y, _ = _problem(n=100)
     C = torch.rand(20_000, 2, dtype=F64, generator=torch.Generator().manual_seed(3))

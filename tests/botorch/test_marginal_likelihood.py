@@ -12,10 +12,10 @@ from hypothesis import given, settings, strategies as st
 
 from helpers import spy_factorizations
 from torchbkb.botorch import BKBModel, DTCMarginalLogLikelihood
-from torchbkb.botorch.dictionary_sampling import sample_dictionary
+from torchbkb.sampling.dictionary_replay import sample_dictionary
 from torchbkb.botorch.fitting import EXACT_FIT, FIT_INDUCING, FIT_POINTS, MAX_ROUNDS, ROUND_NATS, WARM_START, hyperparameter_change, hyperparameters
 from torchbkb.errors import InputDataError
-from torchbkb.evidence_bound import dtc_evidence_bound, exact_evidence
+from torchbkb.gp.evidence_bound import dtc_evidence_bound, exact_evidence
 
 F64 = torch.float64
 

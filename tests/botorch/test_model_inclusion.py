@@ -4,9 +4,9 @@ import pytest
 import torch
 
 from torchbkb.botorch import BKBModel, sample_dictionary
-from torchbkb.botorch.dictionary_sampling import draw_dictionary
+from torchbkb.sampling.dictionary_replay import draw_dictionary
 from torchbkb.errors import InputDataError
-from torchbkb.kernels import GaussianKernel
+from torchbkb.gp.kernels import GaussianKernel
 
 
 def _rows():

@@ -92,7 +92,7 @@ def test_joint_entropy_search_with_optimal_samples_from_paths():
 
 
 def test_pathwise_needs_a_gpytorch_kernel():
-    from torchbkb.kernels import GaussianKernel
+    from torchbkb.gp.kernels import GaussianKernel
 
     X, Y, _ = _data()
     model = BKBModel(X, Y, kernel=GaussianKernel(0.3), inducing_points=X[:5], exact_fraction=None)

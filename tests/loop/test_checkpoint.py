@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 
 import torchbkb
 from torchbkb import BBKB, BKB, GPUCB, CheckpointError, Random
-from torchbkb.checkpoint import FORMAT_VERSION, read_checkpoint, save_checkpoint
-from torchbkb.kernels import GaussianKernel
+from torchbkb.experiment.checkpoint import FORMAT_VERSION, read_checkpoint, save_checkpoint
+from torchbkb.gp.kernels import GaussianKernel
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

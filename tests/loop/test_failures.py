@@ -19,7 +19,7 @@ from helpers import claim
 from torchbkb import BBKB, InfrastructureError, ObjectiveError, ObjectiveOutputError
 from torchbkb.bandits.base import Bandit
 from torchbkb.errors import InputDataError
-from torchbkb.kernels import GaussianKernel
+from torchbkb.gp.kernels import GaussianKernel
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -348,7 +348,7 @@ def test_values_are_validated_up_front():
 
 
 def test_infrastructure_retries_back_off_exponentially_up_to_a_cap_and_a_deadline(monkeypatch):
-    import torchbkb.evaluation as evaluation
+    import torchbkb.experiment.evaluation as evaluation
 
     waits, clock = [], [0.0]
     monkeypatch.setattr(evaluation.time, "sleep", lambda s: (waits.append(s), clock.__setitem__(0, clock[0] + s)))

@@ -41,9 +41,9 @@ from torchbkb.bandits.fingerprint import bandit_fingerprint, check_fingerprint
 from torchbkb.bandits.checkpoint_formats import upgraded
 from torchbkb.bandits.saved_state import check_algorithm_state, check_saved_state
 from torchbkb.errors import CheckpointError, InputDataError, TorchBKBError, check_finite, check_generator, check_matrix, check_positive
-from torchbkb.confidence import check_beta
-from torchbkb.kernels import KernelAdapter, as_kernel
-from torchbkb.utils.linalg import check_units
+from torchbkb.bandits.confidence import check_beta
+from torchbkb.gp.kernels import KernelAdapter, as_kernel
+from torchbkb.gp.linalg import check_units
 
 __all__ = ["Bandit", "KernelBandit", "check_beta"]
 

@@ -1,7 +1,7 @@
 """BBKB -- batch budgeted kernel bandit (001, Algorithm 1): adaptive batches, delayed resparsification.
 
 A batch starts from the posterior of the last resparsification (dictionary ``S_fb``, mean ``μ̃_fb``,
-RLS variances ``σ̃²_fb``, all cached for every arm). Inside the batch (:func:`~torchbkb.batch_selection.select_batch`):
+RLS variances ``σ̃²_fb``, all cached for every arm). Inside the batch (:func:`~torchbkb.bandits.batch_selection.select_batch`):
 
 * the dictionary and the mean stay fixed; each pick is hallucinated into ``V`` by a rank-one update
   (no reward), so the in-batch variances ``σ̃²_t`` are exactly those of a DTC posterior on ``S_fb``
@@ -33,7 +33,7 @@ Checkpoints: :meth:`state_dict` can be taken at any time, including between ``as
 Example:
     >>> import torch
     >>> from torchbkb.bandits import BBKB
-    >>> from torchbkb.kernels import GaussianKernel
+    >>> from torchbkb.gp.kernels import GaussianKernel
     >>> arms = torch.rand(500, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
     >>> f = 1 - ((arms - 0.3) ** 2).sum(-1)
     >>> bandit = BBKB(arms, GaussianKernel(0.3), noise=0.01, beta=0.05, batch_bound=2.0, seed=0)
@@ -55,12 +55,12 @@ import torch
 
 from torchbkb.bandits.kernel_row_cache import ROW_CACHE_BYTES
 from torchbkb.bandits.sketched import SketchedKernelBandit
-from torchbkb.batch_selection import BatchSelection, check_batch_limits, select_batch
-from torchbkb.confidence import bbkb_beta, bbkb_practical_beta
-from torchbkb import device_batch
-from torchbkb.fantasy_batch import FeatureReader, check_q, select_fixed_batch
-from torchbkb.rls_dictionary import DEFAULT_INCLUSION
-from torchbkb.theorems import warn_unmet_preconditions
+from torchbkb.bandits.batch_selection import BatchSelection, check_batch_limits, select_batch
+from torchbkb.bandits.confidence import bbkb_beta, bbkb_practical_beta
+from torchbkb.bandits import device_batch
+from torchbkb.bandits.fantasy_batch import FeatureReader, check_q, select_fixed_batch
+from torchbkb.sampling.rls_dictionary import DEFAULT_INCLUSION
+from torchbkb.bandits.theorems import warn_unmet_preconditions
 
 __all__ = ["BBKB"]
 
@@ -75,20 +75,20 @@ class BBKB(SketchedKernelBandit):
         q_bar: oversampling ``q̄`` of the dictionary resampling (001 Theorem 2 asks
             ``q̄ >= 72 C̃ log(4T/δ)``; the paper's experiments use ``q̄ = 2``).
         beta: ``"theory"`` -- the batch multiplier is ``α̃ = C̃ β̃_fb`` with ``β̃_fb`` of 001 Theorem 2
-            (:func:`torchbkb.confidence.bbkb_beta`); or a float, which **is** the multiplier ``α̃`` of
+            (:func:`torchbkb.bandits.confidence.bbkb_beta`); or a float, which **is** the multiplier ``α̃`` of
             ``σ̃`` in the in-batch UCB ``μ̃_fb + α̃ σ̃_t`` (RLS scale; ``C̃`` does not multiply it, so a
             user tunes the exploration actually used). A GP-scale multiplier ``b`` (``μ + b·σ_GP``) is
             ``α̃ = b·√λ`` since ``σ_GP = √λ σ̃``.
             ``"practical"``: the authors' code, ``√λ F + ξ √(C̃ L + log 1/δ)`` with ``L`` the attribute
-            :attr:`practical_sum` (:func:`~torchbkb.confidence.bbkb_practical_beta`), used as ``α̃`` as it is.
+            :attr:`practical_sum` (:func:`~torchbkb.bandits.confidence.bbkb_practical_beta`), used as ``α̃`` as it is.
         batch_bound: ``C̃ >= 1``; a batch continues while ``1 + Σ_{s in batch} σ̃²_fb(x_s) <= C̃``
             (``C̃ = 1`` gives batches of one).
         max_batch_size: optional cap on the batch length. Without it a pick
             whose ``σ̃²_fb`` is 0, or ≈ 0 next to ``C̃`` (the rule would need more than 2²⁴ picks of it), ends
-            the batch (see :func:`~torchbkb.batch_selection.select_batch`).
+            the batch (see :func:`~torchbkb.bandits.batch_selection.select_batch`).
         batch_size: a fixed batch size (a fixed pool of workers) instead of 001's adaptive rule: every batch
             (after the uniform first one) is ``batch_size`` distinct arms, picked greedily by the same UCB with
-            each pick an exact fantasy of the DTC posterior (:mod:`torchbkb.fantasy_batch`); ``C̃`` then only
+            each pick an exact fantasy of the DTC posterior (:mod:`torchbkb.bandits.fantasy_batch`); ``C̃`` then only
             scales the ``"theory"`` width.
         seed: generator seed (first arm, dictionary draws).
         F: bound on ``‖f‖_H`` (theory β).
@@ -96,9 +96,9 @@ class BBKB(SketchedKernelBandit):
         noise_std: ``ξ`` of the theory β (default ``√λ``).
         lazy: lazy UCB updates inside a batch (``False`` recomputes every arm after each pick: the
             same batches, slower -- for testing). On a GPU a batch over features held in memory is selected by
-            :func:`~torchbkb.device_batch.select_batch_on_device` instead (every arm per pick, no host read).
+            :func:`~torchbkb.bandits.device_batch.select_batch_on_device` instead (every arm per pick, no host read).
         chunk_size: arms scored at once (``None``: sized for the device, see
-            :func:`~torchbkb.scoring_chunk.scoring_chunk`).
+            :func:`~torchbkb.gp.scoring_chunk.scoring_chunk`).
         row_cache_bytes: memory for the kernel rows of the pulled arms (see :class:`~torchbkb.bandits.sketched.SketchedKernelBandit`).
         prune: at a resparsification, score the variance only of the arms whose UCB bound
             ``μ̃ + α̃ √(k/λ)`` reaches the largest mean, and select the batch among them: no other arm can
@@ -107,10 +107,10 @@ class BBKB(SketchedKernelBandit):
             batches, slower).
         inclusion: how an arm pulled ``n`` times enters the dictionary: ``"count_scaled"`` (default,
             ``min(1, q̄·n·σ̃²)``, the authors' code) or ``"per_pull"`` (``1 - (1 - p)^n``, 000 Algorithm 1 read literally); see
-            :mod:`torchbkb.rls_dictionary`.
+            :mod:`torchbkb.sampling.rls_dictionary`.
         horizon: the run's length ``T``, if known: ``beta="theory"`` warns
             (:class:`~torchbkb.errors.TheoryWarning`) when ``q̄`` or ``λ`` is below 001 Theorem 2's requirement
-            (:func:`~torchbkb.theorems.bbkb_required_q_bar`; without it, for ``T = 1``).
+            (:func:`~torchbkb.bandits.theorems.bbkb_required_q_bar`; without it, for ``T = 1``).
 
     Attributes:
         dictionary: `(m,)` long, arm indices of the dictionary ``S_fb``.
@@ -125,12 +125,12 @@ class BBKB(SketchedKernelBandit):
         ucb_evaluations: UCBs recomputed inside batches, in total (lazy: far below ``A·T``).
         time_in_batch: seconds spent selecting batches (hallucinated updates, lazy UCB).
         time_resparsify: seconds spent at batch ends (resampling, kernel rows and ``K_S``, refit, rescoring).
-        last_selection: the :class:`~torchbkb.batch_selection.BatchSelection` of the last batch
+        last_selection: the :class:`~torchbkb.bandits.batch_selection.BatchSelection` of the last batch
             (in-batch variances of the picks, UCB evaluations; ``None`` for the uniform first batch).
 
     Example:
         >>> import torch
-        >>> from torchbkb.kernels import GaussianKernel
+        >>> from torchbkb.gp.kernels import GaussianKernel
         >>> arms = torch.linspace(0, 1, 200)[:, None]
         >>> bandit = BBKB(arms, GaussianKernel(0.1), noise=0.1, beta="theory", batch_bound=3.0, seed=0)
         >>> first = bandit.ask(); len(first)               # x_1 is uniform: a batch of one

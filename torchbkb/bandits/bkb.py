@@ -20,7 +20,7 @@ exactly GP-UCB's choices ("BKB transforms back into exact GP-UCB").
 Example:
     >>> import torch
     >>> from torchbkb.bandits import BKB
-    >>> from torchbkb.kernels import GaussianKernel
+    >>> from torchbkb.gp.kernels import GaussianKernel
     >>> arms = torch.rand(200, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
     >>> f = 1 - ((arms - 0.3) ** 2).sum(-1)
     >>> bandit = BKB(arms, GaussianKernel(0.3), noise=0.01, q_bar=1.0, beta=0.05, seed=0)
@@ -38,10 +38,10 @@ import torch
 
 from torchbkb.bandits.kernel_row_cache import ROW_CACHE_BYTES
 from torchbkb.bandits.sketched import SketchedKernelBandit
-from torchbkb.confidence import alpha_from_epsilon, bkb_beta, bkb_practical_beta
+from torchbkb.bandits.confidence import alpha_from_epsilon, bkb_beta, bkb_practical_beta
 from torchbkb.errors import InputDataError, check_positive
-from torchbkb.rls_dictionary import DEFAULT_INCLUSION
-from torchbkb.theorems import warn_unmet_preconditions
+from torchbkb.sampling.rls_dictionary import DEFAULT_INCLUSION
+from torchbkb.bandits.theorems import warn_unmet_preconditions
 
 __all__ = ["BKB"]
 
@@ -55,7 +55,7 @@ class BKB(SketchedKernelBandit):
         noise: ``λ > 0``.
         q_bar: oversampling ``q̄`` of the dictionary resampling.
         beta: ``"theory"`` (β̃ₜ of 000 Theorem 2), ``"practical"`` (the authors' code:
-            ``√λ F + ξ √(Σ_i n_i σ̃²ₜ(x_i) log t + log 1/δ)``, :func:`~torchbkb.confidence.bkb_practical_beta`)
+            ``√λ F + ξ √(Σ_i n_i σ̃²ₜ(x_i) log t + log 1/δ)``, :func:`~torchbkb.bandits.confidence.bkb_practical_beta`)
             or a constant width (RLS scale).
         seed: generator seed (first arm, dictionary draws).
         F: bound on ``‖f‖_H`` (theory β).
@@ -64,7 +64,7 @@ class BKB(SketchedKernelBandit):
         alpha: ``α > 1``, overrides ``epsilon``.
         noise_std: ``ξ`` of the theory β (default ``√λ``).
         chunk_size: arms scored at once (``None``: sized for the device, see
-            :func:`~torchbkb.scoring_chunk.scoring_chunk`).
+            :func:`~torchbkb.gp.scoring_chunk.scoring_chunk`).
         row_cache_bytes: memory for the kernel rows of the pulled arms (see :class:`~torchbkb.bandits.sketched.SketchedKernelBandit`).
         kernel_cache_bytes: memory for the dictionary's kernel rows; past it they are streamed (see
             :class:`~torchbkb.bandits.sketched.SketchedKernelBandit`).
@@ -73,10 +73,10 @@ class BKB(SketchedKernelBandit):
             depends on the scores, so with ``beta="theory"`` every arm is scored.
         inclusion: how an arm pulled ``n`` times enters the dictionary: ``"count_scaled"`` (default,
             ``min(1, q̄·n·σ̃²)``, the authors' code) or ``"per_pull"`` (``1 - (1 - p)^n``, 000 Algorithm 1 read literally); see
-            :mod:`torchbkb.rls_dictionary`.
+            :mod:`torchbkb.sampling.rls_dictionary`.
         horizon: the run's length ``T``, if known: ``beta="theory"`` warns
             (:class:`~torchbkb.errors.TheoryWarning`) when ``q̄`` is below 000 Theorem 2's requirement for it
-            (:func:`~torchbkb.theorems.bkb_required_q_bar`; without it, for ``T = 1``).
+            (:func:`~torchbkb.bandits.theorems.bkb_required_q_bar`; without it, for ``T = 1``).
 
     Attributes:
         dictionary: `(m,)` long, arm indices of the current dictionary.

@@ -7,7 +7,7 @@ bandit's state gets its default for older checkpoints here, next to the others.
 Example:
     >>> import torch
     >>> from torchbkb import BBKB
-    >>> from torchbkb.kernels import GaussianKernel
+    >>> from torchbkb.gp.kernels import GaussianKernel
     >>> b = BBKB(torch.rand(20, 1, dtype=torch.float64), GaussianKernel(0.5), noise=0.1, beta=1.0)
     >>> old = b.state_dict()
     >>> del old["algorithm"]["practical_sum"], old["excluded"]

@@ -13,7 +13,7 @@ resume silently on other data. :func:`bandit_fingerprint` summarizes a bandit as
 Example:
     >>> import torch
     >>> from torchbkb.bandits import BKB
-    >>> from torchbkb.kernels import GaussianKernel
+    >>> from torchbkb.gp.kernels import GaussianKernel
     >>> arms = torch.rand(50, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
     >>> a = bandit_fingerprint(BKB(arms, GaussianKernel(0.3), noise=0.1, beta=0.5))
     >>> b = bandit_fingerprint(BKB(arms, GaussianKernel(0.3), noise=0.2, beta=0.5))

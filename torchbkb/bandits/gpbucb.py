@@ -25,7 +25,7 @@ for an exact baseline, not for large ``n``. As in :class:`~torchbkb.bandits.GPUC
 merged into pull counts at a batch end once the rows reach twice the distinct arms, so ``n <= 2p``
 (``p`` distinct pulled arms) plus the open batch.
 
-``beta="theory"``: ``α = C̃ β`` with ``β`` of :func:`torchbkb.confidence.gpucb_beta` on the exact
+``beta="theory"``: ``α = C̃ β`` with ``β`` of :func:`torchbkb.bandits.confidence.gpucb_beta` on the exact
 ``log det(I + K_t/λ) = Σ_s log(1 + σ²_{s-1}(x_s))`` (``σ²_{s-1}`` with the earlier picks of the batch
 hallucinated) -- the same rescaling by ``C̃`` that 001 Theorem 2 applies to BBKB. A float ``beta`` is
 ``α`` itself.
@@ -33,7 +33,7 @@ hallucinated) -- the same rescaling by ``C̃`` that 001 Theorem 2 applies to BBK
 Example:
     >>> import torch
     >>> from torchbkb.bandits import GPBUCB
-    >>> from torchbkb.kernels import GaussianKernel
+    >>> from torchbkb.gp.kernels import GaussianKernel
     >>> arms = torch.linspace(0, 1, 100, dtype=torch.float64)[:, None]
     >>> f = torch.sin(6 * arms[:, 0])
     >>> bandit = GPBUCB(arms, GaussianKernel(0.2), noise=0.01, beta=0.1, batch_bound=2.0, seed=0)
@@ -57,8 +57,8 @@ from collections.abc import Callable
 import torch
 
 from torchbkb.bandits.gpucb import GPUCB
-from torchbkb.batch_selection import check_batch_limits, stop_rule_stalls
-from torchbkb.confidence import bbkb_practical_beta
+from torchbkb.bandits.batch_selection import check_batch_limits, stop_rule_stalls
+from torchbkb.bandits.confidence import bbkb_practical_beta
 from torchbkb.errors import InputDataError
 
 __all__ = ["GPBUCB", "GPBUCB_STOP_RULES"]
@@ -76,12 +76,12 @@ class GPBUCB(GPUCB):
         noise: ``λ > 0``.
         beta: a float -- the multiplier ``α`` of ``σ`` (RLS scale) in the in-batch UCB --, ``"theory"``
             (``α = C̃ β_t``, see the module docstring) or ``"practical"`` (BBKB's width in the authors' code with
-            the exact batch-start variances, :func:`~torchbkb.confidence.bbkb_practical_beta`).
+            the exact batch-start variances, :func:`~torchbkb.bandits.confidence.bbkb_practical_beta`).
         batch_bound: ``C̃ >= 1``; a batch continues while the product rule is ``<= C̃``.
         stop_rule: ``"batch_start"`` (001's statement, the default) or ``"in_batch"`` (Desautels et al.).
         max_batch_size: optional cap on the batch length. A pick with ``σ²_fb = 0`` ends the batch (every
             later pick would be that arm again), and so does one with ``σ²_fb`` so small that the rule would
-            need more than 2²⁴ picks of it when there is no cap (as in :func:`~torchbkb.batch_selection.select_batch`).
+            need more than 2²⁴ picks of it when there is no cap (as in :func:`~torchbkb.bandits.batch_selection.select_batch`).
         seed: generator seed (the first arm is uniform).
         noise_std, F, delta: parameters of the theory width.
 

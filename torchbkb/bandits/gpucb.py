@@ -10,14 +10,14 @@ pull counts and mean rewards (noise ``λ / n_i``, the same posterior exactly). T
 the same use of pull counts as BKB's, so the exact baseline is not slowed by pulls it does not need
 to remember one by one (GP-UCB on a finite arm set re-pulls its best arms most of the time). ``beta="theory"`` uses the exact
 log-determinant ``log det(I + K_t/λ) = Σ_s log(1 + σ²_{s-1}(x_s))`` (RLS scale), accumulated as the
-run goes, in the self-normalized width of :func:`torchbkb.confidence.gpucb_beta`. ``beta="practical"`` is the
-width of the BKB authors' code with the exact variances (:func:`torchbkb.confidence.bkb_practical_beta`), so a
+run goes, in the self-normalized width of :func:`torchbkb.bandits.confidence.gpucb_beta`. ``beta="practical"`` is the
+width of the BKB authors' code with the exact variances (:func:`torchbkb.bandits.confidence.bkb_practical_beta`), so a
 comparison with ``BKB(beta="practical")`` differs only in the posterior.
 
 Example:
     >>> import torch
     >>> from torchbkb.bandits import GPUCB
-    >>> from torchbkb.kernels import GaussianKernel
+    >>> from torchbkb.gp.kernels import GaussianKernel
     >>> arms = torch.linspace(0, 1, 50, dtype=torch.float64)[:, None]
     >>> f = torch.sin(6 * arms[:, 0])
     >>> bandit = GPUCB(arms, GaussianKernel(0.2), noise=0.01, beta=0.1, seed=0)
@@ -36,8 +36,8 @@ from collections.abc import Callable
 import torch
 
 from torchbkb.bandits.base import KernelBandit
-from torchbkb.confidence import bkb_practical_beta, gpucb_beta
-from torchbkb.exact_posterior import ExactPosterior
+from torchbkb.bandits.confidence import bkb_practical_beta, gpucb_beta
+from torchbkb.gp.exact_posterior import ExactPosterior
 
 __all__ = ["GPUCB", "COMPACT_MIN"]
 

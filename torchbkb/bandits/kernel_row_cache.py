@@ -16,7 +16,7 @@ evaluated together (:meth:`KernelRowCache.blocks`); a bandit resumed from a chec
 
 Example:
     >>> import torch
-    >>> from torchbkb.kernels import GaussianKernel
+    >>> from torchbkb.gp.kernels import GaussianKernel
     >>> arms = torch.rand(50, 2, dtype=torch.float64)
     >>> cache = KernelRowCache(GaussianKernel(0.5), arms)
     >>> cache.add_pulled([3, 7])
@@ -32,7 +32,7 @@ from collections.abc import Callable
 import torch
 
 from torchbkb.bandits.kernel_rows import StreamedKernelRows, finite_rows
-from torchbkb.nystrom import DEFAULT_CHUNK
+from torchbkb.gp.nystrom import DEFAULT_CHUNK
 
 __all__ = ["KERNEL_CACHE_BYTES", "REFILL_BYTES", "ROW_CACHE_BYTES", "KernelRowCache"]
 
@@ -48,7 +48,7 @@ class KernelRowCache:
     """Kernel rows of the pulled arms and of the dictionary, for an arm set ``arms`` `(A, d)`.
 
     Args:
-        kernel: callable ``(X1, X2) -> Tensor`` (a :class:`~torchbkb.kernels.KernelAdapter`).
+        kernel: callable ``(X1, X2) -> Tensor`` (a :class:`~torchbkb.gp.kernels.KernelAdapter`).
         arms: `(A, d)` the arm set.
         chunk_size: arms per kernel call when the dictionary's rows are streamed.
         row_cache_bytes: memory for the pulled arms' rows (see the module docstring).

@@ -8,7 +8,7 @@ Nyström features from either, a few rows at a time.
 
 Example:
     >>> import torch
-    >>> from torchbkb.kernels import GaussianKernel
+    >>> from torchbkb.gp.kernels import GaussianKernel
     >>> k = GaussianKernel(0.5)
     >>> arms = torch.rand(1000, 2, dtype=torch.float64); S = arms[:5]
     >>> lazy = StreamedKernelRows(k, S, arms, chunk_size=128)
@@ -33,7 +33,7 @@ __all__ = ["FeatureRows", "StreamedKernelRows", "finite_rows"]
 class FeatureRows:
     """Nyström features ``z(a) = W k_S(a)`` of an arm set, computed row by row on demand from the kernel rows.
 
-    Reads like the `(A, r)` embedding where :func:`~torchbkb.batch_selection.select_batch` reads it --
+    Reads like the `(A, r)` embedding where :func:`~torchbkb.bandits.batch_selection.select_batch` reads it --
     ``shape``, ``dtype``, ``device`` and ``rows[idx]`` for a long tensor or a slice ``idx`` -- without forming it:
     a batch touches a few arms, and forming all ``A`` rows costs `A·m·r` at every dictionary change.
 
@@ -69,7 +69,7 @@ class StreamedKernelRows:
     """The `(m, A)` kernel rows ``k(S, arms)`` computed on demand, ``chunk_size`` arms at a time.
 
     Args:
-        kernel: callable ``(X1, X2) -> Tensor`` (a :class:`~torchbkb.kernels.KernelAdapter`).
+        kernel: callable ``(X1, X2) -> Tensor`` (a :class:`~torchbkb.gp.kernels.KernelAdapter`).
         S: `(m, d)` the dictionary points (rows in the bandit's slot order).
         arms: `(A, d)` the arm set.
         columns: optional `(k,)` long, a subset of the arms (column ``j`` is arm ``columns[j]``).

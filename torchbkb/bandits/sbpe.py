@@ -6,7 +6,7 @@ one truncated to what is left; ``B ≈ log log N + 1`` batches, :func:`sbpe_batc
 1. **explore** the active set ``X_i`` (all arms at first): ``N_i`` picks
    ``x_j = argmax_{x ∈ X_i} σ̄_{j-1,i}(x)``, where ``σ̄_{j-1,i}`` is the sparse (DTC) posterior standard
    deviation given *only this batch's* previous picks and inducing points drawn by recursive RLS over
-   them (:class:`~torchbkb.design.UncertaintyExplorer`). No reward enters -- the reason the intervals
+   them (:class:`~torchbkb.bandits.design.UncertaintyExplorer`). No reward enters -- the reason the intervals
    below stay valid (Remark 5.1) -- so the whole batch is known at once and :meth:`~SBPE.ask`
    returns it;
 2. **observe** the batch's rewards (``tell``);
@@ -23,7 +23,7 @@ one truncated to what is left; ``B ≈ log log N + 1`` batches, :func:`sbpe_batc
        u_i, l_i = μ̄ ± (2/N_i + β̃ (σ̄ + 2/√N_i)),   β̃ = β̃_{N_i}(δ/(4B)) = vakili_beta_continuous(δ/(2B), N_i, ...)
 
    ``λ_max`` is, by default, *measured* for the dictionary actually drawn (Lanczos on the residual
-   ``K_X - K_XZ K_Z⁺ K_ZX`` of the batch, :func:`~torchbkb.recursive_rls.nystrom_lambda_max`), so the
+   ``K_X - K_XZ K_Z⁺ K_ZX`` of the batch, :func:`~torchbkb.sampling.recursive_rls.nystrom_lambda_max`), so the
    width is that of Theorem 3.5 whether or not the practical recursive-RLS constants achieved Lemma
    3.8's ``λ_max <= τ²``; ``lambda_max="lemma"`` plugs ``τ²`` (the paper's ``3 C_k``).
 
@@ -36,7 +36,7 @@ discarded); once the budget is spent, ``ask()`` raises :class:`~torchbkb.errors.
 Example:
     >>> import torch
     >>> from torchbkb.bandits import SBPE
-    >>> from torchbkb.kernels import GaussianKernel
+    >>> from torchbkb.gp.kernels import GaussianKernel
     >>> arms = torch.linspace(0, 1, 60, dtype=torch.float64)[:, None]
     >>> f = torch.sin(6 * arms[:, 0])
     >>> bandit = SBPE(arms, GaussianKernel(0.2), noise=1e-4, budget=100, rkhs_norm=3.0, seed=0)
@@ -55,12 +55,12 @@ from collections.abc import Callable
 import torch
 
 from torchbkb.bandits.base import KernelBandit
-from torchbkb.confidence import vakili_beta_continuous, vakili_beta_finite, vakili_continuous_halfwidth
-from torchbkb.design import UncertaintyExplorer, theory_rls_delta
-from torchbkb.dtc_posterior import DTCPosterior
+from torchbkb.bandits.confidence import vakili_beta_continuous, vakili_beta_finite, vakili_continuous_halfwidth
+from torchbkb.bandits.design import UncertaintyExplorer, theory_rls_delta
+from torchbkb.gp.dtc_posterior import DTCPosterior
 from torchbkb.errors import InputDataError, TorchBKBError, check_int, check_positive
-from torchbkb.nystrom import DEFAULT_CHUNK, NystromEmbedding
-from torchbkb.recursive_rls import DEFAULT_OVERSAMPLE, check_oversample, nystrom_lambda_max, recursive_rls
+from torchbkb.gp.nystrom import DEFAULT_CHUNK, NystromEmbedding
+from torchbkb.sampling.recursive_rls import DEFAULT_OVERSAMPLE, check_oversample, nystrom_lambda_max, recursive_rls
 
 __all__ = ["SBPE", "sbpe_batch_sizes"]
 
@@ -109,10 +109,10 @@ class SBPE(KernelBandit):
         interval: ``"finite"`` (Eq. 13, Theorem 5.2) or ``"continuous"`` (Eq. 15, Theorem 5.3).
         discretization_c: ``c`` of Assumption 3.6 (``"continuous"`` only).
         oversample: recursive-RLS oversampling, a float or ``"theory"`` (Algorithm 2's constants with
-            Theorem 5.2's ``δ_j = 3δ/(π² B j²)``), see :func:`~torchbkb.recursive_rls.recursive_rls`.
+            Theorem 5.2's ``δ_j = 3δ/(π² B j²)``), see :func:`~torchbkb.sampling.recursive_rls.recursive_rls`.
         base_size: recursive-RLS base-case size (practical constants).
         refresh: in-batch picks between two recursive-RLS redraws (1 = Algorithm 1 line 6 verbatim; see
-            :class:`~torchbkb.design.UncertaintyExplorer`).
+            :class:`~torchbkb.bandits.design.UncertaintyExplorer`).
         chunk_size: arms embedded/scored at once.
 
     Attributes:
@@ -129,7 +129,7 @@ class SBPE(KernelBandit):
 
     Example:
         >>> import torch
-        >>> from torchbkb.kernels import GaussianKernel
+        >>> from torchbkb.gp.kernels import GaussianKernel
         >>> b = SBPE(torch.rand(30, 2, dtype=torch.float64), GaussianKernel(0.3), noise=0.01, budget=20)
         >>> b.schedule, len(b.ask())
         ([5, 10, 5], 5)

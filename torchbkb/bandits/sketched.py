@@ -8,7 +8,7 @@ BBKB):
 2. if ``S`` changed, its kernel rows ``k(S, arms)`` `(m, A)` are brought up to date
    (:class:`~torchbkb.bandits.kernel_row_cache.KernelRowCache`) and ``K_S`` is factored once (``Wᵀ W = K_S⁺``);
 3. the DTC posterior is refit from the pull counts and every arm is scored from its kernel row
-   (:mod:`torchbkb.functional`): ``μ̃`` and ``σ̃²`` (RLS scale) in one `(m + 1, m)·(m, A)` product -- or, when the
+   (:mod:`torchbkb.gp.functional`): ``μ̃`` and ``σ̃²`` (RLS scale) in one `(m + 1, m)·(m, A)` product -- or, when the
    next selection's width is known, the means first and the variances only of the arms whose UCB can still be
    the largest (:mod:`torchbkb.bandits.pruning`; the same choices).
 
@@ -21,7 +21,7 @@ factorizations in float64; with float32 arms, a small ``λ`` and an ill-conditio
 
 Example:
     >>> import torch
-    >>> from torchbkb.kernels import GaussianKernel
+    >>> from torchbkb.gp.kernels import GaussianKernel
     >>> class Greedy(SketchedKernelBandit):          # a new bandit: the posterior mean, no exploration
     ...     def _select(self):
     ...         return self._random_arm() if self.t == 0 else self._mask_excluded(self.arm_means).argmax().reshape(1)
@@ -44,14 +44,14 @@ from torchbkb.bandits.base import KernelBandit
 from torchbkb.bandits.kernel_row_cache import ROW_CACHE_BYTES, KernelRowCache
 from torchbkb.bandits.kernel_rows import FeatureRows, StreamedKernelRows
 from torchbkb.bandits.pruning import PruningSchedule, ucb_survivors
-from torchbkb.dtc_posterior import DTCPosterior
+from torchbkb.gp.dtc_posterior import DTCPosterior
 from torchbkb.errors import TorchBKBError, check_int, check_positive
-from torchbkb.functional import fit_kernel_row_operator, rls_kernel_columns, score_kernel_columns
-from torchbkb.nystrom import DEFAULT_CHUNK, NystromEmbedding
-from torchbkb.scoring_chunk import check_chunk_size, scoring_chunk
-from torchbkb.rls_dictionary import DEFAULT_INCLUSION, RLSDictionary, check_inclusion
-from torchbkb.stable_scoring import AccuracyMonitor
-from torchbkb.utils.linalg import inv_sqrt_factor
+from torchbkb.gp.functional import fit_kernel_row_operator, rls_kernel_columns, score_kernel_columns
+from torchbkb.gp.nystrom import DEFAULT_CHUNK, NystromEmbedding
+from torchbkb.gp.scoring_chunk import check_chunk_size, scoring_chunk
+from torchbkb.sampling.rls_dictionary import DEFAULT_INCLUSION, RLSDictionary, check_inclusion
+from torchbkb.gp.stable_scoring import AccuracyMonitor
+from torchbkb.gp.linalg import inv_sqrt_factor
 
 __all__ = ["SketchedKernelBandit"]
 
@@ -67,13 +67,13 @@ class SketchedKernelBandit(KernelBandit):
         beta: a name in :attr:`beta_modes` or a constant width (RLS scale).
         seed, F, delta, noise_std: see :class:`~torchbkb.bandits.base.KernelBandit`.
         chunk_size: arms scored at once; ``None`` (default) sizes it for the device
-            (:func:`~torchbkb.scoring_chunk.scoring_chunk`), an ``int`` is used as given.
+            (:func:`~torchbkb.gp.scoring_chunk.scoring_chunk`), an ``int`` is used as given.
         row_cache_bytes: memory for the pulled arms' kernel rows, past which entering rows are computed
             (:class:`~torchbkb.bandits.kernel_row_cache.KernelRowCache`).
         prune: score the variance only of the arms whose UCB bound reaches the largest mean when the width is
             known before scoring (:mod:`torchbkb.bandits.pruning`; ``False`` scores every arm: the same choices).
         inclusion: ``"count_scaled"`` (default, ``min(1, q̄·n·σ̃²)``, the authors' code) or ``"per_pull"``
-            (``1 - (1 - p)^n``, 000 Algorithm 1 read literally); see :mod:`torchbkb.rls_dictionary`.
+            (``1 - (1 - p)^n``, 000 Algorithm 1 read literally); see :mod:`torchbkb.sampling.rls_dictionary`.
         kernel_cache_bytes: memory for the dictionary's kernel rows `(m, A)`; past it they are recomputed chunk by
             chunk at every update. Default ``max(256 MiB, 10 × the arms' bytes)``.
 
@@ -291,7 +291,7 @@ class SketchedKernelBandit(KernelBandit):
 
     def _check_accuracy(self, K_SA, M: torch.Tensor, pulled: torch.Tensor, n: torch.Tensor) -> None:
         """Warn once (:class:`~torchbkb.errors.NumericsWarning`) when the variances at the dictionary points, scored as
-        the bandit scores them, are off the float64 reference (:mod:`torchbkb.stable_scoring`); checked when the
+        the bandit scores them, are off the float64 reference (:mod:`torchbkb.gp.stable_scoring`); checked when the
         dictionary has grown by a quarter since the last check, changing no state."""
         if not self._accuracy.due(len(self.rows.order)):
             return

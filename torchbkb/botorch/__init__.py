@@ -24,7 +24,7 @@ except ImportError as err:  # an optional dependency: say which extra brings it
     raise ImportError("torchbkb.botorch: expected BoTorch installed (pip install 'torchbkb[botorch]'), got none") from err
 
 from torchbkb.botorch.model import BKBModel
-from torchbkb.botorch.dictionary_sampling import sample_dictionary
+from torchbkb.sampling.dictionary_replay import sample_dictionary
 from torchbkb.botorch.defaults import default_kernel
 from torchbkb.botorch.marginal_likelihood import DTCMarginalLogLikelihood
 from torchbkb.botorch.acquisition import BKBUpperConfidenceBound, BBKBUpperConfidenceBound, theory_beta, vakili_theory_beta

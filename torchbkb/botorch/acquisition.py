@@ -2,7 +2,7 @@
 
 Scales: BKB's UCB is ``μ̃ + β̃·σ̃`` with ``σ̃`` on the RLS scale, ``σ̃ = σ_GP / √λ``. BoTorch's
 ``UpperConfidenceBound(beta=b)`` computes ``μ + √b·σ_GP``, so the same UCB is ``b = β̃² / λ``
-(:func:`torchbkb.confidence.to_botorch_beta`). With an affine outcome transform (``Standardize``) both
+(:func:`torchbkb.bandits.confidence.to_botorch_beta`). With an affine outcome transform (``Standardize``) both
 are computed on the untransformed posterior: ``μ_orig + β̃ σ_orig/√λ = a + s·(μ̃ + β̃σ̃)`` is a positive
 affine map of the transformed-space UCB, so the maximizer is the same.
 
@@ -38,11 +38,11 @@ from botorch.acquisition.objective import PosteriorTransform
 from botorch.models.model import Model
 from torch import Tensor
 
-from torchbkb.batch_selection import check_batch_limits
-from torchbkb.confidence import bkb_beta, vakili_beta, vakili_beta_finite
+from torchbkb.bandits.batch_selection import check_batch_limits
+from torchbkb.bandits.confidence import bkb_beta, vakili_beta, vakili_beta_finite
 from torchbkb.errors import InputDataError
 from torchbkb.botorch.model import BKBModel
-from torchbkb.recursive_rls import nystrom_lambda_max
+from torchbkb.sampling.recursive_rls import nystrom_lambda_max
 
 __all__ = ["BKBUpperConfidenceBound", "BBKBUpperConfidenceBound", "theory_beta", "vakili_theory_beta"]
 
@@ -103,8 +103,8 @@ def vakili_theory_beta(
 
     ``β = (2 + √λ_max/τ)·C_k + (R/τ)·√(2 log(1/δ))`` with ``λ_max`` the top eigenvalue of the Nyström residual
     ``K_X - K_XS K_S⁺ K_SX`` of the model's training inputs and dictionary
-    (:func:`torchbkb.recursive_rls.nystrom_lambda_max`, measured, not assumed). With ``num_points`` the
-    union bound over a finite candidate set (:func:`torchbkb.confidence.vakili_beta_finite`). The theorem
+    (:func:`torchbkb.sampling.recursive_rls.nystrom_lambda_max`, measured, not assumed). With ``num_points`` the
+    union bound over a finite candidate set (:func:`torchbkb.bandits.confidence.vakili_beta_finite`). The theorem
     assumes the data and the dictionary were chosen independently of the noise (e.g. S-BPE's variance-only
     designs); for data collected by a UCB rule it is a heuristic width.
 

@@ -2,11 +2,11 @@
 
 :func:`optimize_acqf_bbkb` is the BBKB counterpart of ``botorch.optim.optimize_acqf_discrete``. With ``q`` it
 returns ``q`` distinct candidates, picked greedily by the UCB ``μ̃_fb + α̃ σ̃_t`` where each pick is conditioned on
-exactly as a hallucinated observation of the DTC posterior (:mod:`torchbkb.fantasy_batch`: a pick lowers its own
+exactly as a hallucinated observation of the DTC posterior (:mod:`torchbkb.bandits.fantasy_batch`: a pick lowers its own
 and its neighbours' variance as an exact fantasy would; GP-BUCB's greedy batch when the dictionary holds every
 training point). With ``q=None`` it returns the adaptive batch of 001 Algorithm 1 (lines 4-8): each pick
 hallucinated into ``V`` by a rank-one update, UCBs recomputed lazily, the batch ended once
-``1 + Σ σ̃²_fb(x_s) > C̃`` (:func:`torchbkb.batch_selection.select_batch`). Either way the candidates are scored
+``1 + Σ σ̃²_fb(x_s) > C̃`` (:func:`torchbkb.bandits.batch_selection.select_batch`). Either way the candidates are scored
 in chunks and their features read on demand (:class:`CandidateFeatures`): extra memory ``O(A + chunk·m)`` plus
 ``O(q·(m + q))``, no `(A, m)` tensor. The result says why the batch ended (:class:`BBKBBatch`).
 
@@ -30,12 +30,12 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from torchbkb.batch_selection import check_batch_limits, select_batch
+from torchbkb.bandits.batch_selection import check_batch_limits, select_batch
 from torchbkb.botorch.acquisition import beta_rls
 from torchbkb.botorch.training_data import check_candidates
 from torchbkb.errors import InputDataError
-from torchbkb.fantasy_batch import FeatureReader, check_q, select_fixed_batch
-from torchbkb.nystrom import DEFAULT_CHUNK
+from torchbkb.bandits.fantasy_batch import FeatureReader, check_q, select_fixed_batch
+from torchbkb.gp.nystrom import DEFAULT_CHUNK
 from torchbkb.botorch.model import BKBModel
 
 __all__ = ["optimize_acqf_bbkb", "BBKBBatch", "CandidateFeatures"]
@@ -150,7 +150,7 @@ class BBKBBatch(tuple):
 
 
 class CandidateFeatures:
-    """The Nyström features `(A, r)` of the candidates as :func:`~torchbkb.batch_selection.select_batch` reads them
+    """The Nyström features `(A, r)` of the candidates as :func:`~torchbkb.bandits.batch_selection.select_batch` reads them
     (``shape``, ``dtype``, ``device``, ``rows[idx]``), computed on demand: never all ``A`` rows at once.
 
     Args:

@@ -3,7 +3,7 @@
 Example:
     >>> import torch
     >>> from torchbkb import DTCPosterior, NystromEmbedding
-    >>> from torchbkb.kernels import GaussianKernel
+    >>> from torchbkb.gp.kernels import GaussianKernel
     >>> X = torch.rand(12, 1, dtype=torch.float64); y = X[:, 0]
     >>> post = DTCPosterior(NystromEmbedding(GaussianKernel(0.3), X[:4]), noise=0.1).fit(X[:10], y[:10])
     >>> new = shallow_module_copy(post)
@@ -19,7 +19,7 @@ import copy
 import torch
 from torch import Tensor, nn
 
-from torchbkb.dtc_posterior import DTCPosterior
+from torchbkb.gp.dtc_posterior import DTCPosterior
 
 __all__ = ["dtc_condition", "shallow_module_copy"]
 

@@ -10,7 +10,7 @@ model read the same posterior; it pickles (Ax and Ray pickle models).
 
 Example:
     >>> import torch
-    >>> from torchbkb.kernels import GaussianKernel
+    >>> from torchbkb.gp.kernels import GaussianKernel
     >>> X = torch.rand(20, 2, dtype=torch.float64); y = X.sum(-1)
     >>> exact = ModelEngine(GaussianKernel(0.5), X, y, None, 0.01, X, exact=True)
     >>> dtc = ModelEngine(GaussianKernel(0.5), X, y, None, 0.01, X, exact=False)
@@ -33,14 +33,14 @@ from torch import Tensor, nn
 
 from torchbkb.botorch.conditioning import dtc_condition, shallow_module_copy
 from torchbkb.botorch.defaults import EXACT_BELOW
-from torchbkb.botorch.dictionary_sampling import draw_dictionary, sample_dictionary
+from torchbkb.sampling.dictionary_replay import draw_dictionary, sample_dictionary
 from torchbkb.botorch.exact_state import ExactGPState
 from torchbkb.botorch.model_data import ModelData
 from torchbkb.botorch.posterior_covariance import LAZY_JOINT, lazy_covariance
-from torchbkb.dtc_posterior import DTCPosterior
-from torchbkb.kernels import as_kernel
-from torchbkb.nystrom import NystromEmbedding
-from torchbkb.rls_dictionary import DEFAULT_INCLUSION
+from torchbkb.gp.dtc_posterior import DTCPosterior
+from torchbkb.gp.kernels import as_kernel
+from torchbkb.gp.nystrom import NystromEmbedding
+from torchbkb.sampling.rls_dictionary import DEFAULT_INCLUSION
 
 __all__ = ["ModelEngine"]
 

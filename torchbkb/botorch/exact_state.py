@@ -17,7 +17,7 @@ per conditioning.
 
 Example:
     >>> import torch
-    >>> from torchbkb.kernels import GaussianKernel
+    >>> from torchbkb.gp.kernels import GaussianKernel
     >>> X = torch.rand(10, 2, dtype=torch.float64); y = X.sum(-1)
     >>> full = ExactGPState(GaussianKernel(0.5), X, y, torch.full((10,), 0.01, dtype=torch.float64))
     >>> part = ExactGPState(GaussianKernel(0.5), X[:7], y[:7], torch.full((7,), 0.01, dtype=torch.float64))
@@ -34,9 +34,9 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
-from torchbkb.kernels import as_kernel
-from torchbkb.stable_scoring import whiten_rows
-from torchbkb.utils.linalg import compute_dtype, safe_cholesky
+from torchbkb.gp.kernels import as_kernel
+from torchbkb.gp.stable_scoring import whiten_rows
+from torchbkb.gp.linalg import compute_dtype, safe_cholesky
 
 __all__ = ["ExactGPState"]
 
@@ -52,7 +52,7 @@ class ExactGPState(nn.Module):
 
     Example:
         >>> import torch
-        >>> from torchbkb.kernels import GaussianKernel
+        >>> from torchbkb.gp.kernels import GaussianKernel
         >>> s = ExactGPState(GaussianKernel(1.0), torch.zeros(1, 1), torch.ones(1), torch.full((1,), 0.1))
         >>> s(torch.zeros(1, 1))[0]                       # 1 / (1 + 0.1)
         tensor([0.9091])

@@ -35,11 +35,11 @@ from gpytorch.module import Module as GPyTorchModule
 from torch import Tensor
 
 from torchbkb.botorch.defaults import EXACT_FIT
-from torchbkb.botorch.dictionary_sampling import sample_dictionary
+from torchbkb.sampling.dictionary_replay import sample_dictionary
 from torchbkb.botorch.fit_attempts import optimize_with_retries
 from torchbkb.botorch.marginal_likelihood import DTCMarginalLogLikelihood, training_noise
 from torchbkb.errors import InputDataError
-from torchbkb.evidence_bound import FIT_CHUNK
+from torchbkb.gp.evidence_bound import FIT_CHUNK
 
 __all__ = ["fit_rounds", "fit_inducing_points", "hyperparameters", "hyperparameter_change", "MAX_ROUNDS", "HYPER_TOL", "WARM_START", "FIT_INDUCING",
            "EXACT_FIT", "FIT_POINTS", "ROUND_NATS", "DENSE_FIT"]
@@ -171,7 +171,7 @@ def fit_inducing_points(model, generator: torch.Generator | None = None, limit: 
     """`(k, d)` the inducing points a fitting round maximizes the bound over, ``k <= limit``: BKB's variance
     sampling of the model's training points (those at ``indices`` `(s,)` if given) at its current
     hyperparameters (``q̄`` and per-point noise as the model's own draw), thinned to a uniform subset of
-    ``limit`` points whenever it grows past them (:func:`~torchbkb.botorch.dictionary_sampling.sample_dictionary`
+    ``limit`` points whenever it grows past them (:func:`~torchbkb.sampling.dictionary_replay.sample_dictionary`
     with ``max_size``); the draw's size before thinning is appended to ``drawn`` if given."""
     X = model.train_inputs[0].detach()
     with torch.no_grad():  # a transient draw: the live kernel is read, never changed

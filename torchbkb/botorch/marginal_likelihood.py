@@ -1,6 +1,6 @@
 """The collapsed (Titsias) evidence bound of a :class:`~torchbkb.botorch.BKBModel`'s DTC posterior as a GPyTorch
 marginal log likelihood, so that BoTorch's ``fit_gpytorch_mll`` learns the model's hyperparameters at
-``O(n·m²)`` (the bound itself: :func:`torchbkb.evidence_bound.dtc_evidence_bound`).
+``O(n·m²)`` (the bound itself: :func:`torchbkb.gp.evidence_bound.dtc_evidence_bound`).
 
 Example:
     >>> import torch
@@ -22,7 +22,7 @@ from linear_operator.utils.errors import NanError, NotPSDError
 from torch import Tensor
 
 from torchbkb.errors import InputDataError, NumericsError
-from torchbkb.evidence_bound import dtc_evidence_bound, exact_evidence
+from torchbkb.gp.evidence_bound import dtc_evidence_bound, exact_evidence
 
 __all__ = ["DTCMarginalLogLikelihood", "training_noise", "BoundNanError", "BoundNotPSDError"]
 

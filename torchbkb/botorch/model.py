@@ -41,7 +41,7 @@ from torch import Tensor, nn
 
 from torchbkb.botorch.defaults import DEFAULT_LENGTHSCALE, DEFAULT_NOISE, DEFAULT_OUTPUTSCALE, EXACT_FRACTION, MIN_YVAR
 from torchbkb.botorch.defaults import default_kernel, hyperparameter_modules
-from torchbkb.botorch.dictionary_sampling import sample_dictionary
+from torchbkb.sampling.dictionary_replay import sample_dictionary
 from torchbkb.botorch.engine import ModelEngine
 from torchbkb.botorch.fitting import fit_rounds
 from torchbkb.botorch.from_model import gp_parts, transform_inducing_points
@@ -49,9 +49,9 @@ from torchbkb.botorch.model_data import ModelData
 from torchbkb.botorch.model_lifecycle import ModelLifecycle
 from torchbkb.botorch.training_data import as_query, check_model_inputs, check_observation_noise, check_observations
 from torchbkb.botorch.training_data import check_query
-from torchbkb.dtc_posterior import DTCPosterior
+from torchbkb.gp.dtc_posterior import DTCPosterior
 from torchbkb.errors import InputDataError, check_positive
-from torchbkb.rls_dictionary import DEFAULT_INCLUSION, check_inclusion
+from torchbkb.sampling.rls_dictionary import DEFAULT_INCLUSION, check_inclusion
 
 __all__ = ["BKBModel", "sample_dictionary", "default_kernel", "DEFAULT_LENGTHSCALE", "DEFAULT_OUTPUTSCALE",
            "DEFAULT_NOISE", "EXACT_FRACTION", "MIN_YVAR"]

@@ -38,8 +38,8 @@ from torch import Size, Tensor, nn
 from torchbkb.botorch.exact_state import ExactGPState
 from torchbkb.botorch.model import BKBModel
 from torchbkb.errors import InputDataError
-from torchbkb.nystrom import NystromEmbedding
-from torchbkb.utils.linalg import safe_cholesky
+from torchbkb.gp.nystrom import NystromEmbedding
+from torchbkb.gp.linalg import safe_cholesky
 
 __all__ = ["BKBSamplePath", "draw_bkb_paths"]
 

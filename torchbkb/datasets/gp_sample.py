@@ -41,7 +41,7 @@ import math
 import torch
 
 from torchbkb.errors import InputDataError, check_matrix, check_positive
-from torchbkb.utils.linalg import safe_cholesky
+from torchbkb.gp.linalg import safe_cholesky
 
 __all__ = ["gp_sample", "kernel_matrix", "rff_features", "KERNELS", "EXACT_MAX_ARMS"]
 

@@ -46,10 +46,10 @@ from gpytorch.variational import _VariationalDistribution, _VariationalStrategy
 from linear_operator.operators import LowRankRootLinearOperator, SumLinearOperator
 from torch import Tensor
 
-from torchbkb.dtc_posterior import DTCPosterior
+from torchbkb.gp.dtc_posterior import DTCPosterior
 from torchbkb.errors import InputDataError, check_finite, check_matrix, check_positive
-from torchbkb.nystrom import NystromEmbedding
-from torchbkb.utils.linalg import safe_cholesky
+from torchbkb.gp.nystrom import NystromEmbedding
+from torchbkb.gp.linalg import safe_cholesky
 from torchbkb.utils.state_loading import load_state_dict_atomically
 
 __all__ = ["DTCApproximateGP", "DTCVariationalStrategy", "TitsiasVariationalDistribution"]

@@ -20,7 +20,7 @@ These are the exact references for PKAWV; use ``fit_stream(..., max_time=...)`` 
 Example:
     >>> import torch
     >>> from torchbkb.online import KernelAWV, OnlineKRR
-    >>> from torchbkb.kernels import GaussianKernel
+    >>> from torchbkb.gp.kernels import GaussianKernel
     >>> X = torch.rand(100, 2, dtype=torch.float64)
     >>> y = torch.sin(4 * X[:, 0])
     >>> awv, krr = KernelAWV(GaussianKernel(0.5), lam=1.0), OnlineKRR(GaussianKernel(0.5), lam=1.0)
@@ -36,7 +36,7 @@ from collections.abc import Callable
 import torch
 
 from torchbkb.errors import check_positive
-from torchbkb.kernels import KernelAdapter, as_kernel
+from torchbkb.gp.kernels import KernelAdapter, as_kernel
 from torchbkb.online._storage import GrowableRows
 from torchbkb.online.stream import OnlineLearner
 
@@ -126,7 +126,7 @@ class KernelAWV(_ExactKernelForecaster):
 
     Example:
         >>> import torch
-        >>> from torchbkb.kernels import GaussianKernel
+        >>> from torchbkb.gp.kernels import GaussianKernel
         >>> awv = KernelAWV(GaussianKernel(1.0), lam=1.0)
         >>> x = torch.zeros(1, 2)
         >>> awv.update(x, torch.ones(1)).predict(x)   # (1, 1) (K + I)⁻¹ (1, 0) with K = ones(2, 2): 1/3
@@ -147,7 +147,7 @@ class OnlineKRR(_ExactKernelForecaster):
 
     Example:
         >>> import torch
-        >>> from torchbkb.kernels import GaussianKernel
+        >>> from torchbkb.gp.kernels import GaussianKernel
         >>> krr = OnlineKRR(GaussianKernel(1.0), lam=1.0)
         >>> x = torch.zeros(1, 2)
         >>> krr.update(x, torch.ones(1)).predict(x)   # k (k + λ)⁻¹ y = 1/2

@@ -23,7 +23,7 @@ unbiased estimate of the covariance. torchbkb follows the KORS paper.
 Example:
     >>> import torch
     >>> from torchbkb.online import KORSDictionary
-    >>> from torchbkb.kernels import GaussianKernel
+    >>> from torchbkb.gp.kernels import GaussianKernel
     >>> kors = KORSDictionary(GaussianKernel(1.0), mu=1.0, beta=1.0, epsilon=0.5, seed=0)
     >>> X = torch.rand(2000, 2, dtype=torch.float64) * 2 - 1
     >>> added = [kors.offer(X[t : t + 1], index=t) for t in range(2000)]
@@ -39,7 +39,7 @@ import torch
 from torch import nn
 
 from torchbkb.errors import InputDataError, check_generator, check_matrix, check_positive
-from torchbkb.kernels import KernelAdapter, as_kernel
+from torchbkb.gp.kernels import KernelAdapter, as_kernel
 
 __all__ = ["KORSDictionary"]
 
@@ -66,7 +66,7 @@ class KORSDictionary(nn.Module):
 
     Example:
         >>> import torch
-        >>> from torchbkb.kernels import GaussianKernel
+        >>> from torchbkb.gp.kernels import GaussianKernel
         >>> kors = KORSDictionary(GaussianKernel(1.0), mu=1.0, beta=1.0, epsilon=0.5, seed=0)
         >>> kors.probability(torch.zeros(1, 2))    # empty dictionary: s = k(x,x)/μ = 1, p = 1.5 · 1/2
         tensor([0.7500], dtype=torch.float64)

@@ -23,7 +23,7 @@ the orthonormal coordinates. Computing them needs the past inputs, so this class
 Example:
     >>> import torch
     >>> from torchbkb.online import IncrementalNystromBasis
-    >>> from torchbkb.kernels import GaussianKernel
+    >>> from torchbkb.gp.kernels import GaussianKernel
     >>> basis = IncrementalNystromBasis(GaussianKernel(0.5))
     >>> S = torch.rand(6, 2, dtype=torch.float64)
     >>> for s in S:
@@ -41,7 +41,7 @@ import torch
 from torch import nn
 
 from torchbkb.errors import InputDataError, check_int
-from torchbkb.kernels import KernelAdapter, as_kernel
+from torchbkb.gp.kernels import KernelAdapter, as_kernel
 from torchbkb.online._storage import GrowableRows
 
 __all__ = ["IncrementalNystromBasis", "offer_to_kors"]

@@ -27,7 +27,7 @@ which, in orthonormal coordinates ``φ̃`` of ``H̃_t`` (004 App. H, Eq. 37), is
 Example:
     >>> import torch
     >>> from torchbkb.online import PKAWV, TaylorEmbedding
-    >>> from torchbkb.kernels import GaussianKernel
+    >>> from torchbkb.gp.kernels import GaussianKernel
     >>> X = torch.rand(300, 2, dtype=torch.float64) * 2 - 1
     >>> y = torch.cos(2 * X[:, 0]) - X[:, 1] ** 2
     >>> taylor = PKAWV(embedding=TaylorEmbedding(2, degree=3), lam=1.0)
@@ -46,11 +46,11 @@ from collections.abc import Callable
 import torch
 
 from torchbkb.errors import InputDataError, check_positive
-from torchbkb.nystrom import NystromEmbedding
+from torchbkb.gp.nystrom import NystromEmbedding
 from torchbkb.online.kors import KORSDictionary
 from torchbkb.online.nystrom_basis import IncrementalNystromBasis, offer_to_kors
 from torchbkb.online.stream import OnlineLearner
-from torchbkb.utils.linalg import compute_dtype, safe_cholesky
+from torchbkb.gp.linalg import compute_dtype, safe_cholesky
 
 __all__ = ["PKAWV"]
 

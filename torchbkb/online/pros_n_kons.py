@@ -24,7 +24,7 @@ A round costs ``O(m²)``; a restart too, since the coordinates grow by one row (
 Example:
     >>> import torch
     >>> from torchbkb.online import ProsNKONS
-    >>> from torchbkb.kernels import GaussianKernel
+    >>> from torchbkb.gp.kernels import GaussianKernel
     >>> X = torch.rand(2000, 2, dtype=torch.float64) * 2 - 1
     >>> y = torch.sin(2 * X[:, 0]) * X[:, 1]
     >>> res = ProsNKONS(GaussianKernel(1.0), alpha=1.0, C=1.0, seed=0).fit_stream(X, y)
@@ -66,7 +66,7 @@ class ProsNKONS(OnlineLearner):
 
     Example:
         >>> import torch
-        >>> from torchbkb.kernels import GaussianKernel
+        >>> from torchbkb.gp.kernels import GaussianKernel
         >>> f = ProsNKONS(GaussianKernel(1.0), C=1.0, beta=100.0, seed=0)   # β large: the first point joins
         >>> f.step(torch.zeros(1, 2), torch.tensor([1.0]))                  # a new phase forecasts 0
         tensor([0.])

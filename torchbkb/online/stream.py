@@ -107,7 +107,7 @@ class OnlineLearner(nn.Module):
     Example:
         >>> import torch
         >>> from torchbkb.online import OnlineKRR
-        >>> from torchbkb.kernels import GaussianKernel
+        >>> from torchbkb.gp.kernels import GaussianKernel
         >>> krr = OnlineKRR(GaussianKernel(1.0), lam=1.0)
         >>> x, y = torch.zeros(1, 3), torch.ones(1)
         >>> krr.predict(x)                      # nothing learned yet

@@ -16,7 +16,7 @@ Here ``ξ`` (``noise_std``) is the sub-Gaussian noise level of the rewards and `
 in the GP reading ``λ = ξ²`` (the default when ``noise_std`` is not given to the bandits).
 
 Example:
-    >>> from torchbkb.confidence import bkb_beta, bbkb_beta, to_botorch_beta
+    >>> from torchbkb.bandits.confidence import bkb_beta, bbkb_beta, to_botorch_beta
     >>> round(bkb_beta(rls_sum=10.0, t=100, noise_std=0.1, lam=0.01, F=1.0, delta=0.01, epsilon=0.5), 4)
     2.6311
     >>> round(bbkb_beta(log_sum=5.0, noise_std=0.1, lam=0.01, F=1.0, delta=0.01), 4)
@@ -190,7 +190,7 @@ def vakili_beta(
     Assumptions (003): ``‖f‖_{H_k} <= C_k`` (3.3); the noise is ``R``-sub-Gaussian and independent (3.4);
     the data ``X_n`` and inducing points ``Z_m`` are chosen independently of the noise (e.g. by
     variance-only rules and recursive RLS, as in S-BPE). ``λ_max`` is the top eigenvalue of
-    ``K_X - K_XZ K_Z⁻¹ K_ZX`` (:func:`torchbkb.recursive_rls.nystrom_lambda_max`); Lemma 3.8's recursive RLS
+    ``K_X - K_XZ K_Z⁻¹ K_ZX`` (:func:`torchbkb.sampling.recursive_rls.nystrom_lambda_max`); Lemma 3.8's recursive RLS
     gives ``λ_max <= τ²``, i.e. the first term becomes ``3 C_k``.
 
     Args:
@@ -205,7 +205,7 @@ def vakili_beta(
         β as a Python float.
 
     Example:
-        >>> from torchbkb.confidence import vakili_beta
+        >>> from torchbkb.bandits.confidence import vakili_beta
         >>> round(vakili_beta(0.05, rkhs_norm=1.0, subgaussian=0.1, noise=0.01, lambda_max=0.01), 4)  # 3 + √(2 log 20)
         5.4477
         >>> round(vakili_beta(0.05, 1.0, 0.1, 0.01, 0.01, scale="rls"), 5)                         # × τ = 0.1
@@ -247,7 +247,7 @@ def vakili_beta_finite(
         β as a Python float.
 
     Example:
-        >>> from torchbkb.confidence import vakili_beta, vakili_beta_finite
+        >>> from torchbkb.bandits.confidence import vakili_beta, vakili_beta_finite
         >>> vakili_beta_finite(0.1, 50, 2.0, 0.1, 0.01, 0.0) == vakili_beta(0.1 / 100, 2.0, 0.1, 0.01, 0.0)
         True
     """
@@ -305,7 +305,7 @@ def vakili_beta_continuous(
 
     Example:
         >>> import math
-        >>> from torchbkb.confidence import vakili_beta, vakili_beta_continuous
+        >>> from torchbkb.bandits.confidence import vakili_beta, vakili_beta_continuous
         >>> C = 1.0 * (1 + 10 / 0.1) + 10 * 0.1 / 0.1 * math.sqrt(2 * math.log(2 * 100 / 0.05))
         >>> ref = vakili_beta(0.1 / (2 * 1.0 * C**2 * 100**2), 1.0, 0.1, 0.01, 0.0)
         >>> math.isclose(vakili_beta_continuous(0.1, 100, 1.0, 0.1, 0.01, 0.0, dim=2, two_sided=False), ref)

@@ -10,7 +10,7 @@ kernel of "width σ²" is ``lengthscale = sqrt(σ²)``).
 
 Example:
     >>> import torch, gpytorch
-    >>> from torchbkb.kernels import as_kernel, GaussianKernel
+    >>> from torchbkb.gp.kernels import as_kernel, GaussianKernel
     >>> X = torch.rand(5, 2, dtype=torch.float64)
     >>> k = as_kernel(gpytorch.kernels.RBFKernel())
     >>> k(X, X[:3]).shape, k.diag(X).shape

@@ -3,7 +3,7 @@
 Example:
     >>> import torch
     >>> from torchbkb import NystromEmbedding
-    >>> from torchbkb.kernels import GaussianKernel
+    >>> from torchbkb.gp.kernels import GaussianKernel
     >>> emb = NystromEmbedding(GaussianKernel(0.5), torch.rand(3, 2, dtype=torch.float64))
     >>> X = torch.rand(4, 2, dtype=torch.float64)
     >>> check_weighted_data(emb, X, torch.zeros(4, dtype=torch.float64), None)[2].tolist()

@@ -12,7 +12,7 @@ objective's ``values`` attribute, or from ``values=``. Then ``regret_t = max f -
 normalized regret is ``R_t / R_unif(t)`` with ``R_unif(t) = t·(max f - mean f)`` the expected regret of
 uniform sampling.
 
-Failures (:mod:`torchbkb.evaluation`): an arm whose objective raises or returns NaN/inf is retried up to
+Failures (:mod:`torchbkb.experiment.evaluation`): an arm whose objective raises or returns NaN/inf is retried up to
 ``max_retries`` times (only the failed points are run again), then either stops the run with an
 :class:`~torchbkb.errors.ObjectiveError` (``on_failure="raise"``) or is left out and excluded from later
 selections with its error recorded (``"skip"``; ``readmit=`` or ``bandit.readmit()`` lets it back). A result
@@ -24,7 +24,7 @@ running it again with the same checkpoint resumes. Every raise of the run's own 
 checkpoint that keeps the rewards already received in the batch.
 
 With ``checkpoint=path`` the bandit, the history and the objective's state are saved atomically
-(:mod:`torchbkb.checkpoint`) every ``checkpoint_every`` batches; the path is checked before the first
+(:mod:`torchbkb.experiment.checkpoint`) every ``checkpoint_every`` batches; the path is checked before the first
 evaluation, and a run started with an existing checkpoint resumes from it after checking that it was
 written for the same arms, kernel, noise and settings.
 
@@ -34,7 +34,7 @@ objective is pickled to the workers, so it must be importable there; the bandit 
 
 Example:
     >>> import torch, torchbkb
-    >>> from torchbkb.kernels import GaussianKernel
+    >>> from torchbkb.gp.kernels import GaussianKernel
     >>> arms = torch.rand(100, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
     >>> f = -((arms - 0.5) ** 2).sum(-1)
     >>> bandit = torchbkb.BKB(arms, GaussianKernel(0.3), noise=0.01, beta=0.1, seed=0)
@@ -55,10 +55,10 @@ from collections.abc import Callable
 import torch
 
 from torchbkb.bandits.base import Bandit
-from torchbkb.checkpoint import check_checkpoint_path, read_checkpoint, save_checkpoint
+from torchbkb.experiment.checkpoint import check_checkpoint_path, read_checkpoint, save_checkpoint
 from torchbkb.errors import CheckpointError, InfrastructureError, InputDataError, ObjectiveError, check_int
-from torchbkb.evaluation import BatchEvaluator
-from torchbkb.history import History
+from torchbkb.experiment.evaluation import BatchEvaluator
+from torchbkb.experiment.history import History
 from torchbkb.objectives import ArmObjective, as_objective, check_values
 
 __all__ = ["run", "History", "ArmObjective", "ObjectiveError"]

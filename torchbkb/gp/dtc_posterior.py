@@ -10,12 +10,12 @@ With ``z = NystromEmbedding(S)``, pulled points ``X`` weighted by pull counts ``
     cov(x, x') = k(x, x') - z(x)ᵀ z(x') + λ z(x)ᵀ V⁻¹ z(x')   GP scale, joint
 
 With ``S`` equal to the pulled points, ``var`` is the exact GP posterior variance. Only ``r × r`` matrices are
-factorized (float64 for float32 inputs); the algebra is in :mod:`torchbkb.functional`.
+factorized (float64 for float32 inputs); the algebra is in :mod:`torchbkb.gp.functional`.
 
 Example:
     >>> import torch
     >>> from torchbkb import DTCPosterior, ExactPosterior, NystromEmbedding
-    >>> from torchbkb.kernels import GaussianKernel
+    >>> from torchbkb.gp.kernels import GaussianKernel
     >>> X = torch.rand(20, 2, dtype=torch.float64); y = torch.sin(6 * X[:, 0])
     >>> k = GaussianKernel(0.3)
     >>> post = DTCPosterior(NystromEmbedding(k, X), noise=0.1).fit(X, y)   # S = X: exact GP
@@ -32,12 +32,12 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from torchbkb.functional import RankOneDowndate, add_diagonal, chunked, downdate, fit_features, score_features, score_kernel_rows, scoring_operator, sherman_morrison
+from torchbkb.gp.functional import RankOneDowndate, add_diagonal, chunked, downdate, fit_features, score_features, score_kernel_rows, scoring_operator, sherman_morrison
 from torchbkb.errors import InputDataError, TorchBKBError, check_positive
-from torchbkb.nystrom import NystromEmbedding
-from torchbkb.observations import check_features, check_weighted_data
-from torchbkb.stable_scoring import AccuracyMonitor, feature_rls, stable_factor, whiten_rows
-from torchbkb.utils.linalg import check_units, compute_dtype, keep_dtype_on_apply, safe_cholesky, spd_inverse
+from torchbkb.gp.nystrom import NystromEmbedding
+from torchbkb.gp.observations import check_features, check_weighted_data
+from torchbkb.gp.stable_scoring import AccuracyMonitor, feature_rls, stable_factor, whiten_rows
+from torchbkb.gp.linalg import check_units, compute_dtype, keep_dtype_on_apply, safe_cholesky, spd_inverse
 
 __all__ = ["DTCPosterior", "RankOneDowndate"]
 
@@ -56,7 +56,7 @@ class DTCPosterior(nn.Module):
 
     Example:
         >>> import torch
-        >>> from torchbkb.kernels import GaussianKernel
+        >>> from torchbkb.gp.kernels import GaussianKernel
         >>> X = torch.rand(30, 1, dtype=torch.float64); y = X[:, 0] ** 2
         >>> post = DTCPosterior(NystromEmbedding(GaussianKernel(0.2), X[:5]), noise=0.01).fit(X, y)
         >>> refit = DTCPosterior(NystromEmbedding(GaussianKernel(0.2), X[:5]), noise=0.01).fit(X[:29], y[:29])
@@ -315,7 +315,7 @@ class DTCPosterior(nn.Module):
 
     def _score_points(self, Xq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Score raw points with one `(c × m)·(m × m)` product (:meth:`score_cross`), or in the feature form
-        when that one is inaccurate for this posterior (:mod:`torchbkb.stable_scoring`)."""
+        when that one is inaccurate for this posterior (:mod:`torchbkb.gp.stable_scoring`)."""
         K = self.embedding.kernel(Xq, self.embedding.inducing_points)  # (*b, c, m)
         kdiag = self.embedding.kernel_diag(Xq)
         stable = self._stable_form()
@@ -365,7 +365,7 @@ class DTCPosterior(nn.Module):
         return M.to(dtype), a.to(dtype)
 
     def _build(self, X, y, counts, n_observed: int | None = None, features: torch.Tensor | None = None) -> dict:
-        """The state from scratch (:func:`~torchbkb.functional.fit_features`), embedding ``X`` in chunks of
+        """The state from scratch (:func:`~torchbkb.gp.functional.fit_features`), embedding ``X`` in chunks of
         :attr:`chunk_size` rows: never an `(n, r)` feature matrix beyond a chunk."""
         r, dtype = self.embedding.rank, compute_dtype(self.embedding.inducing_points.dtype, self.embedding.rank)
         step = max(X.shape[-2], 1) if features is not None else self.chunk_size  # given features: one pass

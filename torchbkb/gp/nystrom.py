@@ -3,14 +3,14 @@
 ``z(x) = W k_S(x)`` with any ``W`` such that ``Wᵀ W = K_S⁺``, so ``z(x)ᵀ z(x') = k_S(x)ᵀ K_S⁺ k_S(x')`` --
 the Nyström kernel. When ``K_S`` is well conditioned ``W = L⁻¹`` from its Cholesky factor (``m³/3``
 flops); otherwise ``K_S = U diag(s) Uᵀ`` (``eigh``), eigenvalues below ``rtol · max(s)`` are dropped and
-``W = diag(s)^(-1/2) Uᵀ`` (:func:`~torchbkb.utils.linalg.inv_sqrt_factor`). The output dimension is the
+``W = diag(s)^(-1/2) Uᵀ`` (:func:`~torchbkb.gp.linalg.inv_sqrt_factor`). The output dimension is the
 numerical rank ``r <= m`` of ``K_S``: a duplicated or collinear inducing point adds nothing and changes no
 inner product.
 
 Example:
     >>> import torch
     >>> from torchbkb import NystromEmbedding
-    >>> from torchbkb.kernels import GaussianKernel
+    >>> from torchbkb.gp.kernels import GaussianKernel
     >>> S = torch.rand(8, 2, dtype=torch.float64)
     >>> emb = NystromEmbedding(GaussianKernel(0.5), S)
     >>> Z = emb(torch.rand(100, 2, dtype=torch.float64))
@@ -32,8 +32,8 @@ import torch
 from torch import nn
 
 from torchbkb.errors import InputDataError, check_matrix, check_same_device_dtype
-from torchbkb.kernels import KernelAdapter, as_kernel
-from torchbkb.utils.linalg import inv_sqrt_factor, keep_dtype_on_apply
+from torchbkb.gp.kernels import KernelAdapter, as_kernel
+from torchbkb.gp.linalg import inv_sqrt_factor, keep_dtype_on_apply
 
 __all__ = ["NystromEmbedding", "chunked_rows"]
 
@@ -44,7 +44,7 @@ class NystromEmbedding(nn.Module):
     """Nyström feature map of a kernel restricted to a dictionary of inducing points.
 
     Args:
-        kernel: a ``gpytorch.kernels.Kernel`` or a callable ``(X1, X2) -> Tensor`` (see :mod:`torchbkb.kernels`).
+        kernel: a ``gpytorch.kernels.Kernel`` or a callable ``(X1, X2) -> Tensor`` (see :mod:`torchbkb.gp.kernels`).
         inducing_points: `(m, d)` dictionary ``S``, ``m >= 1``, finite.
         rtol: relative eigenvalue threshold of the pseudo-inverse; default ``m · eps(dtype of S)``.
         chunk_size: rows embedded at once; embedding ``n`` points never materializes more than
@@ -57,7 +57,7 @@ class NystromEmbedding(nn.Module):
 
     Example:
         >>> import torch
-        >>> from torchbkb.kernels import GaussianKernel
+        >>> from torchbkb.gp.kernels import GaussianKernel
         >>> emb = NystromEmbedding(GaussianKernel(1.0), torch.zeros(1, 3))
         >>> emb(torch.zeros(4, 5, 3)).shape       # leading batch dims are kept
         torch.Size([4, 5, 1])

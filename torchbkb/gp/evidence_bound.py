@@ -12,7 +12,7 @@ equal to the exact log marginal likelihood when ``S`` holds every training point
 
 Example:
     >>> import torch
-    >>> from torchbkb.kernels import GaussianKernel
+    >>> from torchbkb.gp.kernels import GaussianKernel
     >>> X = torch.rand(40, 2, dtype=torch.float64); y = torch.sin(4 * X[:, 0])
     >>> full = dtc_evidence_bound(GaussianKernel(0.5), X, y, torch.full_like(y, 0.1), X)
     >>> sparse = dtc_evidence_bound(GaussianKernel(0.5), X, y, torch.full_like(y, 0.1), X[:5])
@@ -29,8 +29,8 @@ from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
 from torchbkb.errors import InputDataError, check_finite
-from torchbkb.kernels import as_kernel
-from torchbkb.utils.linalg import safe_cholesky
+from torchbkb.gp.kernels import as_kernel
+from torchbkb.gp.linalg import safe_cholesky
 
 __all__ = ["dtc_evidence_bound", "exact_evidence", "FIT_CHUNK"]
 
@@ -97,7 +97,7 @@ def exact_evidence(kernel, X: Tensor, y: Tensor, noise: Tensor) -> Tensor:
 
     Example:
         >>> import torch
-        >>> from torchbkb.kernels import GaussianKernel
+        >>> from torchbkb.gp.kernels import GaussianKernel
         >>> X = torch.rand(20, 1, dtype=torch.float64); y = X[:, 0]; d = torch.full_like(y, 0.1)
         >>> k = GaussianKernel(0.3)
         >>> bool(torch.isclose(exact_evidence(k, X, y, d), dtc_evidence_bound(k, X, y, d, X)))

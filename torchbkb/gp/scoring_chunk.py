@@ -1,7 +1,7 @@
 """How many points one scoring product takes: cache-sized on the CPU, launch-sized on a GPU.
 
 Scoring ``A`` arms against an `(m, m)` operator is a loop of `(m, m)·(m, c)` products over chunks of ``c`` arms. On
-the CPU a chunk that stays in cache is fastest (:data:`~torchbkb.nystrom.DEFAULT_CHUNK`); on a GPU every chunk is a
+the CPU a chunk that stays in cache is fastest (:data:`~torchbkb.gp.nystrom.DEFAULT_CHUNK`); on a GPU every chunk is a
 handful of kernel launches, so the chunk is as large as a bounded block allows (the measurements: ``docs/gpu.md``).
 A chunk the user gives is used as given.
 """
@@ -13,7 +13,7 @@ import operator
 import torch
 
 from torchbkb.errors import InputDataError
-from torchbkb.nystrom import DEFAULT_CHUNK
+from torchbkb.gp.nystrom import DEFAULT_CHUNK
 
 __all__ = ["GPU_BLOCK_BYTES", "check_chunk_size", "scoring_chunk"]
 
@@ -43,7 +43,7 @@ def scoring_chunk(chunk_size: int | None, rows: int, device: torch.device, dtype
         device, dtype: where the block lives.
 
     Returns:
-        ``chunk_size`` when given; else :data:`~torchbkb.nystrom.DEFAULT_CHUNK` on the CPU and, on a GPU, the most
+        ``chunk_size`` when given; else :data:`~torchbkb.gp.nystrom.DEFAULT_CHUNK` on the CPU and, on a GPU, the most
         points whose `(m, c)` block fits in :data:`GPU_BLOCK_BYTES` (at least ``DEFAULT_CHUNK``).
 
     Example:

@@ -13,7 +13,7 @@ tests can patch ``torch.linalg.cholesky_ex`` / ``torch.linalg.eigh`` to check co
 
 Example:
     >>> import torch
-    >>> from torchbkb.utils.linalg import safe_cholesky, psd_inv_sqrt
+    >>> from torchbkb.gp.linalg import safe_cholesky, psd_inv_sqrt
     >>> A = torch.tensor([[2.0, 1.0], [1.0, 2.0]])
     >>> L = safe_cholesky(A)
     >>> L.dtype, torch.allclose(L @ L.T, A.double())

@@ -38,7 +38,7 @@ import torch
 from torch import Tensor
 
 from torchbkb.errors import InputDataError
-from torchbkb.nystrom import DEFAULT_CHUNK
+from torchbkb.gp.nystrom import DEFAULT_CHUNK
 
 __all__ = ["FixedBatch", "FeatureReader", "select_fixed_batch", "check_q"]
 

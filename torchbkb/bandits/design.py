@@ -14,8 +14,8 @@ regressor of Theorem 4.1 (``‖f - μ̄_n‖_∞ = O(√(γ(n)/n · log(|X|/δ))
 
 Example:
     >>> import torch
-    >>> from torchbkb.kernels import GaussianKernel
-    >>> from torchbkb.design import uncertainty_design, linf_error
+    >>> from torchbkb.gp.kernels import GaussianKernel
+    >>> from torchbkb.bandits.design import uncertainty_design, linf_error
     >>> grid = torch.linspace(0, 1, 200, dtype=torch.float64)[:, None]
     >>> f = lambda X: torch.sin(6 * X[:, 0])
     >>> res = uncertainty_design(grid, GaussianKernel(0.2), 1e-4, 20, lambda i: f(grid[i]), seed=0)
@@ -31,12 +31,12 @@ from collections.abc import Callable
 
 import torch
 
-from torchbkb.dtc_posterior import DTCPosterior
+from torchbkb.gp.dtc_posterior import DTCPosterior
 from torchbkb.errors import InputDataError, TorchBKBError, check_generator, check_int, check_matrix, check_positive
-from torchbkb.kernels import KernelAdapter, as_kernel
-from torchbkb.nystrom import DEFAULT_CHUNK, NystromEmbedding
+from torchbkb.gp.kernels import KernelAdapter, as_kernel
+from torchbkb.gp.nystrom import DEFAULT_CHUNK, NystromEmbedding
 from torchbkb.objectives import as_objective
-from torchbkb.recursive_rls import DEFAULT_OVERSAMPLE, check_oversample, nystrom_lambda_max, recursive_rls
+from torchbkb.sampling.recursive_rls import DEFAULT_OVERSAMPLE, check_oversample, nystrom_lambda_max, recursive_rls
 
 __all__ = ["UncertaintyExplorer", "UncertaintyDesign", "uncertainty_design", "linf_error", "theory_rls_delta"]
 
@@ -57,7 +57,7 @@ def theory_rls_delta(delta: float, batches: int = 1) -> Callable[[int], float]:
 class UncertaintyExplorer:
     """Sequential maximal-variance selection over a finite candidate set with recursive-RLS inducing points.
 
-    Every ``refresh`` picks the dictionary is redrawn by :func:`~torchbkb.recursive_rls.recursive_rls`
+    Every ``refresh`` picks the dictionary is redrawn by :func:`~torchbkb.sampling.recursive_rls.recursive_rls`
     over all points picked so far, the candidates are re-embedded (``O(A·m²)``) and the DTC posterior is
     refit on the picks (no rewards: the variance does not depend on them). With ``refresh=1`` this is
     003 Sec. 4.1 / Algorithm 1 line 6 verbatim. Between two refreshes the dictionary is kept and each
@@ -86,7 +86,7 @@ class UncertaintyExplorer:
 
     Example:
         >>> import torch
-        >>> from torchbkb.kernels import GaussianKernel
+        >>> from torchbkb.gp.kernels import GaussianKernel
         >>> cand = torch.linspace(0, 1, 101, dtype=torch.float64)[:, None]
         >>> ex = UncertaintyExplorer(cand, GaussianKernel(0.3), 0.01, generator=torch.Generator().manual_seed(0))
         >>> ex.run(3).tolist()            # the lowest index first (equal prior variances), then the gaps
@@ -213,7 +213,7 @@ class UncertaintyExplorer:
 
     def lambda_max(self, **kwargs) -> float:
         """``λ_max`` of the current dictionary over the points it was drawn from (see
-        :func:`~torchbkb.recursive_rls.nystrom_lambda_max`; keyword arguments are passed on)."""
+        :func:`~torchbkb.sampling.recursive_rls.nystrom_lambda_max`; keyword arguments are passed on)."""
         if self._post is None:
             raise TorchBKBError("UncertaintyExplorer: expected at least one pick before lambda_max(), got none")
         X = self.candidates[self.picks[: self._dict_at]]
@@ -300,7 +300,7 @@ def uncertainty_design(
 
     Example:
         >>> import torch
-        >>> from torchbkb.kernels import GaussianKernel
+        >>> from torchbkb.gp.kernels import GaussianKernel
         >>> cand = torch.rand(300, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
         >>> f = torch.cos(3 * cand[:, 0]) * cand[:, 1]
         >>> res = uncertainty_design(cand, GaussianKernel(0.3), 0.01, 25, f, seed=1, compute_lambda_max=True)
@@ -347,7 +347,7 @@ def linf_error(regressor: Callable, f: Callable[[torch.Tensor], torch.Tensor] | 
     Example:
         >>> import torch
         >>> from torchbkb import ExactPosterior
-        >>> from torchbkb.kernels import GaussianKernel
+        >>> from torchbkb.gp.kernels import GaussianKernel
         >>> X = torch.linspace(0, 1, 5, dtype=torch.float64)[:, None]
         >>> post = ExactPosterior(GaussianKernel(0.3), noise=1e-6).fit(X, torch.zeros(5, dtype=torch.float64))
         >>> linf_error(post, torch.ones(5, dtype=torch.float64), X)

@@ -17,7 +17,7 @@ variances unreliable (:func:`warn_if_unreliable`).
 
 Example:
     >>> import torch
-    >>> from torchbkb.kernels import GaussianKernel
+    >>> from torchbkb.gp.kernels import GaussianKernel
     >>> S = torch.rand(30, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
     >>> k = GaussianKernel(0.3)
     >>> rls = reference_rls(k, S, S, torch.ones(30, dtype=torch.float64), 1e-10)   # S = the data: exact GP
@@ -34,7 +34,7 @@ from collections.abc import Callable
 import torch
 
 from torchbkb.errors import NumericsWarning
-from torchbkb.utils.linalg import inv_sqrt_factor, safe_cholesky
+from torchbkb.gp.linalg import inv_sqrt_factor, safe_cholesky
 
 __all__ = [
     "whiten_rows","FAST_RTOL", "UNRELIABLE_RTOL", "AccuracyMonitor", "feature_rls", "stable_factor", "reference_rls", "warn_if_unreliable"]

@@ -20,7 +20,7 @@ that names the number (:func:`warn_unmet_preconditions`). Formulas, with ``α = 
 (GP-UCB's ``log_det``). The regret bound of 001 Theorem 2 reads ``55 C̃² C̃`` in the statement: ``C̃³``.
 
 Example:
-    >>> from torchbkb.theorems import bkb_required_q_bar, bbkb_required_q_bar
+    >>> from torchbkb.bandits.theorems import bkb_required_q_bar, bbkb_required_q_bar
     >>> round(bkb_required_q_bar(10_000, delta=1e-4, epsilon=0.5))        # 6·3·log(4·10⁸)/¼
     1426
     >>> round(bbkb_required_q_bar(10_000, delta=1e-4, batch_bound=2.0))    # 72·2·log(4·10⁸)
@@ -32,8 +32,8 @@ from __future__ import annotations
 import math
 import warnings
 
-from torchbkb.batch_selection import check_batch_limits
-from torchbkb.confidence import alpha_from_epsilon
+from torchbkb.bandits.batch_selection import check_batch_limits
+from torchbkb.bandits.confidence import alpha_from_epsilon
 from torchbkb.errors import InputDataError, TheoryWarning, check_int, check_positive
 
 __all__ = [

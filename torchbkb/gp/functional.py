@@ -12,7 +12,7 @@ The right-hand forms score points from their kernel rows alone (a bandit caches 
 
 Example:
     >>> import torch
-    >>> from torchbkb.functional import fit_kernel_row_operator, score_kernel_columns, score_features
+    >>> from torchbkb.gp.functional import fit_kernel_row_operator, score_kernel_columns, score_features
     >>> K_S = torch.tensor([[1.0, 0.5], [0.5, 1.0]], dtype=torch.float64)
     >>> W = torch.linalg.inv(torch.linalg.cholesky(K_S)); Zt = W @ K_S
     >>> n, y = torch.ones(2, dtype=torch.float64), torch.tensor([1.0, -1.0], dtype=torch.float64)
@@ -30,7 +30,7 @@ from typing import NamedTuple
 
 import torch
 
-from torchbkb.utils.linalg import spd_inverse
+from torchbkb.gp.linalg import spd_inverse
 
 __all__ = [
     "RankOneDowndate",

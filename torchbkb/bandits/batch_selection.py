@@ -24,7 +24,7 @@ at 8, grows 4× after the arm won a whole window, falls back to 8 when it loses,
 
 Example:
     >>> import torch
-    >>> from torchbkb.batch_selection import select_batch
+    >>> from torchbkb.bandits.batch_selection import select_batch
     >>> Z = torch.eye(3, dtype=torch.float64)                  # three orthogonal arms, r = 3
     >>> V_inv = torch.eye(3, dtype=torch.float64)              # V = I (λ = 1, nothing pulled)
     >>> mean = torch.tensor([0.0, 0.1, 0.2], dtype=torch.float64)
@@ -201,7 +201,7 @@ def stop_rule_stalls(level: float, s0: float, batch_bound: float, stop_rule: str
         ``True`` for ``s0 <= 0`` or ``s0 ≈ 0`` next to ``C̃ - level``.
 
     Example:
-        >>> from torchbkb.batch_selection import stop_rule_stalls
+        >>> from torchbkb.bandits.batch_selection import stop_rule_stalls
         >>> stop_rule_stalls(1.0, 0.5, 2.0), stop_rule_stalls(1.0, 1e-30, 2.0), stop_rule_stalls(1.0, 0.0, 2.0, "product")
         (False, True, True)
     """

@@ -2,7 +2,7 @@
 
 Example:
     >>> import torch
-    >>> from torchbkb.kernels import GaussianKernel
+    >>> from torchbkb.gp.kernels import GaussianKernel
     >>> X = torch.rand(300, 1, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
     >>> S = sample_dictionary(GaussianKernel(0.2), X, noise=0.01, generator=torch.Generator().manual_seed(0))
     >>> S.shape[0] < 300
@@ -18,10 +18,10 @@ import torch
 from torch import Tensor
 
 from torchbkb.errors import InputDataError, check_positive
-from torchbkb.nystrom import NystromEmbedding
-from torchbkb.rls_dictionary import DEFAULT_INCLUSION, RLSDictionary, check_inclusion
-from torchbkb.stable_scoring import feature_rls
-from torchbkb.utils.linalg import compute_dtype, safe_cholesky
+from torchbkb.gp.nystrom import NystromEmbedding
+from torchbkb.sampling.rls_dictionary import DEFAULT_INCLUSION, RLSDictionary, check_inclusion
+from torchbkb.gp.stable_scoring import feature_rls
+from torchbkb.gp.linalg import compute_dtype, safe_cholesky
 
 __all__ = ["sample_dictionary", "draw_dictionary"]
 
@@ -70,7 +70,7 @@ def sample_dictionary(
             effective dimension (what a fit's inducing points need, not a BKB posterior's).
         inclusion: how a point given ``n`` times (equal rows of ``X``, repeated evaluations) enters: ``"per_pull"``,
             one draw per row (``1 - (1 - p)^n``), or ``"count_scaled"``, one draw per distinct point with
-            ``min(1, q̄·n·σ̃²)`` (:mod:`torchbkb.rls_dictionary`). ``counts`` are precision weights, not pulls.
+            ``min(1, q̄·n·σ̃²)`` (:mod:`torchbkb.sampling.rls_dictionary`). ``counts`` are precision weights, not pulls.
         drawn: a list to which the last round's draw size before ``max_size`` thinning is appended (how large the
             dictionary would be; unbatched ``X``).
 
@@ -79,7 +79,7 @@ def sample_dictionary(
 
     Example:
         >>> import torch
-        >>> from torchbkb.kernels import GaussianKernel
+        >>> from torchbkb.gp.kernels import GaussianKernel
         >>> X = torch.rand(500, 1, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
         >>> S = sample_dictionary(GaussianKernel(0.2), X, noise=0.01, generator=torch.Generator().manual_seed(0))
         >>> 1 <= S.shape[0] < 100                      # a smooth 1-d kernel: small effective dimension

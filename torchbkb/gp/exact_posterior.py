@@ -12,7 +12,7 @@ new point instead of a refit.
 Example:
     >>> import torch
     >>> from torchbkb import ExactPosterior
-    >>> from torchbkb.kernels import GaussianKernel
+    >>> from torchbkb.gp.kernels import GaussianKernel
     >>> X = torch.rand(10, 2, dtype=torch.float64); y = X.sum(-1)
     >>> post = ExactPosterior(GaussianKernel(0.5), noise=0.01).fit(X[:6], y[:6])
     >>> arms = torch.rand(50, 2, dtype=torch.float64)
@@ -29,9 +29,9 @@ import torch
 from torch import nn
 
 from torchbkb.errors import InputDataError, NumericsError, check_finite, check_matrix, check_positive, check_same_device_dtype
-from torchbkb.kernels import as_kernel
-from torchbkb.observations import check_targets
-from torchbkb.utils.linalg import compute_dtype, safe_cholesky
+from torchbkb.gp.kernels import as_kernel
+from torchbkb.gp.observations import check_targets
+from torchbkb.gp.linalg import compute_dtype, safe_cholesky
 
 __all__ = ["ExactPosterior"]
 
@@ -47,7 +47,7 @@ class ExactPosterior(nn.Module):
 
     Example:
         >>> import torch
-        >>> from torchbkb.kernels import GaussianKernel
+        >>> from torchbkb.gp.kernels import GaussianKernel
         >>> post = ExactPosterior(GaussianKernel(1.0), noise=0.1)
         >>> post.fit(torch.zeros(1, 1), torch.ones(1)).mean(torch.zeros(1, 1))   # 1 / (1 + 0.1)
         tensor([0.9091])

@@ -15,8 +15,8 @@ which is exactly what the sparse confidence width of 003 Theorem 3.5 needs
 
 Example:
     >>> import torch
-    >>> from torchbkb.kernels import GaussianKernel
-    >>> from torchbkb.recursive_rls import recursive_rls, nystrom_lambda_max
+    >>> from torchbkb.gp.kernels import GaussianKernel
+    >>> from torchbkb.sampling.recursive_rls import recursive_rls, nystrom_lambda_max
     >>> X = torch.rand(400, 1, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
     >>> k = GaussianKernel(0.2)
     >>> res = recursive_rls(X, k, noise=0.01, seed=1)
@@ -36,9 +36,9 @@ from collections.abc import Callable
 import torch
 
 from torchbkb.errors import InputDataError, check_generator, check_int, check_matrix, check_positive, check_same_device_dtype
-from torchbkb.kernels import KernelAdapter, as_kernel
-from torchbkb.nystrom import NystromEmbedding
-from torchbkb.utils.linalg import compute_dtype, safe_cholesky
+from torchbkb.gp.kernels import KernelAdapter, as_kernel
+from torchbkb.gp.nystrom import NystromEmbedding
+from torchbkb.gp.linalg import compute_dtype, safe_cholesky
 
 __all__ = ["recursive_rls", "RecursiveRLSResult", "nystrom_lambda_max", "ridge_scores", "check_oversample", "DEFAULT_OVERSAMPLE", "DEFAULT_BASE_SIZE"]
 
@@ -136,7 +136,7 @@ def recursive_rls(
 
     Example:
         >>> import torch
-        >>> from torchbkb.kernels import GaussianKernel
+        >>> from torchbkb.gp.kernels import GaussianKernel
         >>> X = torch.rand(300, 1, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
         >>> a = recursive_rls(X, GaussianKernel(0.2), 0.01, seed=3)
         >>> b = recursive_rls(X, GaussianKernel(0.2), 0.01, seed=3)
@@ -247,7 +247,7 @@ def nystrom_lambda_max(
 
     Example:
         >>> import torch
-        >>> from torchbkb.kernels import GaussianKernel
+        >>> from torchbkb.gp.kernels import GaussianKernel
         >>> X = torch.rand(50, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
         >>> k = GaussianKernel(0.3)
         >>> nystrom_lambda_max(X, k, X) < 1e-10                      # Z = X: no residual

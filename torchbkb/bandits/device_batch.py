@@ -1,6 +1,6 @@
 """BBKB's in-batch selection with one host read per ``check_every`` picks: the loop for a GPU.
 
-:func:`~torchbkb.batch_selection.select_batch` refreshes only the arms that can still win (lazy UCB) and reads
+:func:`~torchbkb.bandits.batch_selection.select_batch` refreshes only the arms that can still win (lazy UCB) and reads
 each pick on the host to decide which: the fewest flops, and on a GPU a host synchronization or several per pick
 (``docs/gpu.md``). Here every pick refreshes every
 arm -- ``O(A·r)`` flops, a few kernel launches, no host read -- and the stop rule is kept on the device as a done
@@ -15,7 +15,7 @@ level meets ``C̃`` within rounding.
 
 Example:
     >>> import torch
-    >>> from torchbkb.batch_selection import select_batch
+    >>> from torchbkb.bandits.batch_selection import select_batch
     >>> Z = torch.eye(3, dtype=torch.float64)
     >>> mean = torch.tensor([0.0, 0.1, 0.2], dtype=torch.float64)
     >>> rls, V_inv = torch.ones(3, dtype=torch.float64), torch.eye(3, dtype=torch.float64)
@@ -30,7 +30,7 @@ from typing import NamedTuple
 
 import torch
 
-from torchbkb.batch_selection import UNBOUNDED_PICKS, BatchSelection, check_batch_limits
+from torchbkb.bandits.batch_selection import UNBOUNDED_PICKS, BatchSelection, check_batch_limits
 
 __all__ = ["select_batch_on_device", "pick_step", "PickState", "use_device_loop", "CHECK_EVERY"]
 
@@ -109,7 +109,7 @@ def select_batch_on_device(
         check_every: picks between two host reads of the done flag.
 
     Returns:
-        A :class:`~torchbkb.batch_selection.BatchSelection` (``ucb_evaluations`` counts every arm of every pick).
+        A :class:`~torchbkb.bandits.batch_selection.BatchSelection` (``ucb_evaluations`` counts every arm of every pick).
     """
     C, cap = check_batch_limits(batch_bound, max_batch_size)
     A = Z.shape[0]
