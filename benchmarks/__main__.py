@@ -19,9 +19,11 @@ def main(argv: list[str] | None = None) -> int:
     size.add_argument("--quick", action="store_true", help="smoke-test sizes")
     size.add_argument("--full", action="store_true", help="the papers' sizes (hours)")
     p.add_argument("--device", default="cpu")
-    p.add_argument("--dtype", default=None, choices=["float32", "float64"], help="default float64 (core_throughput: both)")
+    p.add_argument("--dtype", default=None, choices=["float32", "float64"],
+                   help="default float64 (core_throughput: both)")
     which = p.add_mutually_exclusive_group()
-    which.add_argument("--only", default=None, help=f"comma-separated subset of {', '.join(BENCHMARKS)} (default: {MAIN})")
+    which.add_argument("--only", default=None,
+                       help=f"comma-separated subset of {', '.join(BENCHMARKS)} (default: {MAIN})")
     which.add_argument("--all", action="store_true", help="run every benchmark")
     p.add_argument("--out", default="results")
     p.add_argument("--seed", type=int, default=0)

@@ -23,8 +23,8 @@ steps, taking the distinct pulled arms ``p`` to grow like t as they do with the 
 both are in the JSON). The cap is checked between batches, so a batch method can overrun it by one batch.
 With the constant width the exact methods merge their repeated pulls into counts and reach T in 10-20 s,
 uncapped. A free fit is fragile on a shared machine: one run measured p = 3.2 for GP-UCB, whose per-step
-cost is at most linear in t. Times are wall-clock seconds of the whole ``torchbkb.run`` (selection, updates, evaluation of
-the tensor objective); the process CPU time is recorded too, since this machine may be shared.
+cost is at most linear in t. Times are wall-clock seconds of the whole ``torchbkb.run`` (selection, updates, evaluation
+of the tensor objective); the process CPU time is recorded too, since this machine may be shared.
 
 Runs with one torch thread by default (``--threads``): most operations are small, and on a shared VM an
 OpenMP thread that gets descheduled stalls every parallel region.
@@ -84,12 +84,14 @@ def load_cadata(dtype: torch.dtype, device: str) -> tuple[torch.Tensor, torch.Te
     return arms, f
 
 
-def build(method: str, beta: str, arms: torch.Tensor, T: int, seed: int, batch_bound: float = C_TILDE, q_bar: float = Q_BAR):
+def build(method: str, beta: str, arms: torch.Tensor, T: int, seed: int, batch_bound: float = C_TILDE,
+          q_bar: float = Q_BAR):
     """``method`` (BBKB, BBKB-all-arms: every arm scored, GP-BUCB, BKB, GP-UCB) from the registry at this study's
     settings, with the constant width ``ALPHA_CONST`` or ``beta="theory"``; GP-BUCB always stops at ``C̃``."""
     name = {"GP-BUCB": "GPBUCB", "GP-UCB": "GPUCB"}.get(method, method) + ("-theory" if beta == "theory" else "")
     bound = C_TILDE if method == "GP-BUCB" else batch_bound
-    settings = BanditSettings(width=WIDTH, lam=LAM, q_bar=q_bar, F=F_NORM, delta=1.0 / T, beta=ALPHA_CONST, batch_bound=bound)
+    settings = BanditSettings(width=WIDTH, lam=LAM, q_bar=q_bar, F=F_NORM, delta=1.0 / T, beta=ALPHA_CONST,
+                              batch_bound=bound)
     return make_bandit(name, arms, settings, seed)
 
 
@@ -112,7 +114,8 @@ def power_law(ts: list[float], times: list[float]) -> tuple[float, float] | None
     return float(math.exp(loga)), float(p)
 
 
-def run_one(method: str, beta: str, arms, f, T: int, cap: float | None, seed: int, device: str, batch_bound: float = C_TILDE, q_bar: float = Q_BAR) -> dict:
+def run_one(method: str, beta: str, arms, f, T: int, cap: float | None, seed: int, device: str,
+            batch_bound: float = C_TILDE, q_bar: float = Q_BAR) -> dict:
     bandit = build(method, beta, arms, T, seed, batch_bound, q_bar)
     sync(device)
     cpu0, wall0 = time.process_time(), time.perf_counter()
@@ -165,7 +168,8 @@ def run_one(method: str, beta: str, arms, f, T: int, cap: float | None, seed: in
         fit = power_law([float(i + 1) for i in range(n)], hist.time)
         if fit is not None:
             a, p = fit
-            ext["free_power_law"] = {"time_at_T_s": a * T**p, "a": a, "power": p, "fit": "time(t) = a t^p, least squares in log-log on the second half of the run"}
+            ext["free_power_law"] = {"time_at_T_s": a * T**p, "a": a, "power": p,
+                                     "fit": "time(t) = a t^p, least squares in log-log on the second half of the run"}
         g = GROWTH[method][beta]
         half = n // 2
         delta = hist.time[-1] - hist.time[half - 1]
@@ -173,7 +177,8 @@ def run_one(method: str, beta: str, arms, f, T: int, cap: float | None, seed: in
         ext["known_exponent"] = {
             "time_at_T_s": hist.time[-1] + c * (T ** (g + 1) - n ** (g + 1)) / (g + 1),
             "per_step_exponent": g,
-            "fit": "per-step cost c t^g with g from the complexity (1 for the exact methods' O(A t) steps, 0 for BKB/BBKB's "
+            "fit": "per-step cost c t^g with g from the complexity (1 for the exact methods' O(A t) steps, 0 for "
+            "BKB/BBKB's "
             "O(A m^2) steps at the final m), c fitted on the second half of the run, integrated from t to T",
         }
         best = min(v["time_at_T_s"] for v in ext.values())  # the smaller one: conservative for BBKB's speedups
@@ -226,7 +231,8 @@ def summarize(results: list[dict], T: int) -> dict:
             "seeds": sorted(seeds_gp),
             "gpucb_median_normalized_regret": gp_at,
             "bbkb_median_normalized_regret": bb_at,
-            "per_seed": {g["seed"]: {"gpucb": regret_at(g, t_cmp), "bbkb": regret_at(r, t_cmp)} for g in gps for r in bbkb if r["seed"] == g["seed"]},
+            "per_seed": {g["seed"]: {"gpucb": regret_at(g, t_cmp), "bbkb": regret_at(r, t_cmp)} for g in gps
+                         for r in bbkb if r["seed"] == g["seed"]},
             "ratio_bbkb_over_gpucb": bb_at / gp_at if gp_at > 0 else float("inf"),
         }
     full = {r["seed"]: r for r in by.get(("BBKB-all-arms", "constant"), [])}
@@ -234,27 +240,33 @@ def summarize(results: list[dict], T: int) -> dict:
         pairs = [(full[r["seed"]], r) for r in bbkb if r["seed"] in full]
         s["pruning"] = {
             "speedup_median": float(np.median([f["wall_s"] / r["wall_s"] for f, r in pairs])),
-            "per_seed": {r["seed"]: {"all_arms_wall_s": f["wall_s"], "pruned_wall_s": r["wall_s"], "arms_scored_fraction": r.get("arms_scored_fraction")} for f, r in pairs},
-            "same_regret_and_batches": all(f["normalized_regret"] == r["normalized_regret"] and f["batches"] == r["batches"] for f, r in pairs),
+            "per_seed": {r["seed"]: {"all_arms_wall_s": f["wall_s"], "pruned_wall_s": r["wall_s"],
+                                     "arms_scored_fraction": r.get("arms_scored_fraction")} for f, r in pairs},
+            "same_regret_and_batches": all(f["normalized_regret"] == r["normalized_regret"] and f["batches"]
+                                           == r["batches"] for f, r in pairs),
         }
     return s
 
 
 def table(results: list[dict], T: int) -> str:
-    rows = [f"| method | β | T reached | time at T = {T:,} (s) | CPU (s) | R_t/R_unif | batches (mean / max size) | dictionary | split |",
+    rows = [f"| method | β | T reached | time at T = {T:,} (s) | CPU (s) | R_t/R_unif | batches (mean / max size) | "
+            f"dictionary | split |",
             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in results:
         t, how = time_at_T(r)
         t_txt = f"{t:,.1f}" + (" (extrapolated)" if how == "extrapolated" else "")
         split = ""
         if "time_resparsify_s" in r:
-            split = f"resparsify {r['time_resparsify_s']:.2f} s, in-batch {r['time_in_batch_s']:.2f} s, arms scored {100 * r.get('arms_scored_fraction', 1.0):.0f} %"
+            split = (f"resparsify {r['time_resparsify_s']:.2f} s, in-batch {r['time_in_batch_s']:.2f} s, arms scored "
+                     f"{100 * r.get('arms_scored_fraction', 1.0):.0f} %")
         elif "time_update_s" in r:
             split = f"in-batch {r['time_in_batch_s']:.1f} s, updates {r['time_update_s']:.1f} s"
         dsz = r["dictionary_size"] if r["dictionary_size"] is not None else "—"
         rows.append(
-            f"| {r['method']} (seed {r['seed']}) | {r['beta']} (α = {r['alpha']:.3g}) | {r['t_reached']:,} | {t_txt} | {r['cpu_s']:.1f} | "
-            f"{r['normalized_regret']:.4f} | {r['batches']:,} ({r['mean_batch']:.1f} / {r['max_batch']:,}) | {dsz} | {split} |"
+            f"| {r['method']} (seed {r['seed']}) | {r['beta']} (α = {r['alpha']:.3g}) | {r['t_reached']:,} | {t_txt} | "
+            f"{r['cpu_s']:.1f} | "
+            f"{r['normalized_regret']:.4f} | {r['batches']:,} ({r['mean_batch']:.1f} / {r['max_batch']:,}) | {dsz} | "
+            f"{split} |"
         )
     return "\n".join(rows)
 
@@ -269,7 +281,8 @@ def plot(results: list[dict], path: Path, T: int) -> None:
     colors = {"BBKB": "C0", "GP-BUCB": "C1", "BKB": "C2", "GP-UCB": "C3"}
     for r in results:
         if r["method"] == "BBKB-all-arms":  # the same choices as BBKB: only its time is of interest
-            ax[0, 1].plot(r["curve"]["t"], r["curve"]["time_s"], ":", color="0.4", label=f"BBKB, every arm scored (seed {r['seed']})")
+            ax[0, 1].plot(r["curve"]["t"], r["curve"]["time_s"], ":", color="0.4",
+                          label=f"BBKB, every arm scored (seed {r['seed']})")
             continue
         c = colors[r["method"]]
         ls = "-" if r["beta"] == "constant" else "--"
@@ -281,7 +294,8 @@ def plot(results: list[dict], path: Path, T: int) -> None:
         ax[0, 0].plot(cu["t"], cu["normalized_regret"], ls, color=c, label=lab)
         ax[0, 1].plot(cu["t"], cu["time_s"], ls, color=c, label=lab)
         if "extrapolated" in r:
-            ax[0, 1].plot([r["t_reached"], T], [cu["time_s"][-1], r["extrapolated"]["time_at_T_s"]], ":", color=c, alpha=0.7)
+            ax[0, 1].plot([r["t_reached"], T], [cu["time_s"][-1], r["extrapolated"]["time_at_T_s"]], ":", color=c,
+                          alpha=0.7)
             ax[0, 1].plot([T], [r["extrapolated"]["time_at_T_s"]], "x", color=c)
         if r["method"] in ("BBKB", "GP-BUCB"):
             ax[1, 0].plot(r["batch_curve"]["t_end"], r["batch_curve"]["size"], ls, color=c, label=lab, marker=".", ms=3)
@@ -294,7 +308,8 @@ def plot(results: list[dict], path: Path, T: int) -> None:
     for a in ax.flat:
         a.grid(alpha=0.3)
         a.legend(fontsize=7)
-    fig.suptitle(f"California housing (A = 20,640, d = 8), σ² = {WIDTH}, λ = {LAM}, q̄ = {Q_BAR}, F = {F_NORM}, C̃ = {C_TILDE}, δ = 1/T")
+    fig.suptitle(f"California housing (A = 20,640, d = 8), σ² = {WIDTH}, λ = {LAM}, q̄ = {Q_BAR}, F = {F_NORM}, C̃ = "
+                 f"{C_TILDE}, δ = 1/T")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -307,27 +322,37 @@ def prepare(argv: list[str] | None = None) -> dict:
     ap.add_argument("--T", type=int, default=None, help="horizon (default 10,000; 2,000 with --quick)")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype", default="float64", choices=["float32", "float64"],
-                    help="dtype of the arms (the m×m factorizations are float64 anyway; float32 kernel rows lose the small "
+                    help="dtype of the arms (the m×m factorizations are float64 anyway; float32 kernel rows lose the "
+                    "small "
                          "variances to rounding once K_S is ill-conditioned: python -m benchmarks.float32_check)")
     ap.add_argument("--seeds", type=int, default=None, help="BBKB (constant β) seeds (default 3; 1 with --quick)")
     ap.add_argument("--threads", type=int, default=1,
-                    help="torch.set_num_threads (default 1: most operations are small, and on a shared 2-core VM a second "
+                    help="torch.set_num_threads (default 1: most operations are small, and on a shared 2-core VM a "
+                    "second "
                          "OpenMP thread that gets descheduled makes every parallel region wait -- measured 8x slower)")
-    ap.add_argument("--methods", default=None, help="comma-separated METHOD:BETA subset, e.g. BBKB:constant,GP-UCB:constant")
-    ap.add_argument("--no-caps", action="store_true", help="run every method to T (on a GPU the exact GP-UCB gets there)")
+    ap.add_argument("--methods", default=None,
+                    help="comma-separated METHOD:BETA subset, e.g. BBKB:constant,GP-UCB:constant")
+    ap.add_argument("--no-caps", action="store_true",
+                    help="run every method to T (on a GPU the exact GP-UCB gets there)")
     ap.add_argument("--c-scan", default=None,
-                    help="only run BBKB (constant β) for these comma-separated C̃ over the seeds, next to exact GP-UCB at T "
+                    help="only run BBKB (constant β) for these comma-separated C̃ over the seeds, next to exact GP-UCB "
+                    "at T "
                          "from results/cuda/batch.json if present; writes batch_c_scan.json")
     ap.add_argument("--q-scan", default=None,
-                    help="only run BBKB (constant β, C̃ = 2) for these comma-separated q̄ over the seeds, next to exact GP-UCB "
+                    help="only run BBKB (constant β, C̃ = 2) for these comma-separated q̄ over the seeds, next to "
+                    "exact GP-UCB "
                          "as for --c-scan; writes batch_q_scan.json")
     ap.add_argument("--run-gpucb", action="store_true",
-                    help="with --c-scan/--q-scan: run exact GP-UCB to T (uncapped; ~10 s per seed on this CPU since repeated pulls "
-                         "are merged into counts) for every seed without a reference in OUT/batch_gpucb_reference.json and keep it "
+                    help="with --c-scan/--q-scan: run exact GP-UCB to T (uncapped; ~10 s per seed on this CPU since "
+                    "repeated pulls "
+                         "are merged into counts) for every seed without a reference in OUT/batch_gpucb_reference.json "
+                         "and keep it "
                          "there (results/cuda is not used then)")
     ap.add_argument("--seed-study", type=int, default=None, metavar="N",
-                    help="only run GP-UCB, BBKB, BKB and GP-BUCB (constant width) to T on seeds 0..N-1 and compare their "
-                         "regret as the paper does (mean and std over repetitions) and by the median; writes batch_seeds.json/.png")
+                    help="only run GP-UCB, BBKB, BKB and GP-BUCB (constant width) to T on seeds 0..N-1 and compare "
+                    "their "
+                         "regret as the paper does (mean and std over repetitions) and by the median; writes "
+                         "batch_seeds.json/.png")
     ap.add_argument("--out", default=str(ROOT / "results"))
     args = ap.parse_args(argv)
     if args.threads:
@@ -335,10 +360,12 @@ def prepare(argv: list[str] | None = None) -> dict:
     T = args.T or (2000 if args.quick else 10_000)
     seeds = args.seeds or (1 if args.quick else 3)
     caps = (  # (method, β, wall-time cap in s; None = run to T)
-        [("BBKB", "constant", None), ("BBKB-all-arms", "constant", None), ("BBKB", "theory", 8), ("BKB", "constant", 6), ("GP-UCB", "constant", 6),
+        [("BBKB", "constant", None), ("BBKB-all-arms", "constant", None), ("BBKB", "theory", 8), ("BKB", "constant", 6),
+         ("GP-UCB", "constant", 6),
          ("GP-BUCB", "constant", 6), ("BKB", "theory", 4), ("GP-UCB", "theory", 4), ("GP-BUCB", "theory", 4)]
         if args.quick
-        else [("BBKB", "constant", None), ("BBKB-all-arms", "constant", None), ("BBKB", "theory", 100), ("BKB", "constant", 60), ("GP-UCB", "constant", 60),
+        else [("BBKB", "constant", None), ("BBKB-all-arms", "constant", None), ("BBKB", "theory", 100),
+              ("BKB", "constant", 60), ("GP-UCB", "constant", 60),
               ("GP-BUCB", "constant", 60), ("BKB", "theory", 40), ("GP-UCB", "theory", 40), ("GP-BUCB", "theory", 40)]
     )
     if args.methods:
@@ -368,23 +395,31 @@ def prepare(argv: list[str] | None = None) -> dict:
     print(f"California housing: A = {arms.shape[0]}, d = {arms.shape[1]}, T = {T}, {args.dtype} on {args.device}, "
           f"{torch.get_num_threads()} threads, load {os.getloadavg()[0]:.1f}", flush=True)
     start = time.perf_counter()
-    return dict(args=args, arms=arms, f=f, T=T, seeds=seeds, caps=caps, machine=machine, out=out, start=start, dtype=dtype)
+    return dict(args=args, arms=arms, f=f, T=T, seeds=seeds, caps=caps, machine=machine, out=out, start=start,
+                dtype=dtype)
 
 
 def main(argv: list[str] | None = None) -> None:
     ctx = prepare(argv)
-    args, arms, f, T, seeds, caps, machine, out, start, dtype = (ctx[k] for k in ("args", "arms", "f", "T", "seeds", "caps", "machine", "out", "start", "dtype"))
+    args, arms, f, T, seeds, caps, machine, out, start, dtype = (ctx[k]
+            for k in ("args", "arms", "f", "T", "seeds", "caps", "machine", "out", "start", "dtype"))
     if args.seed_study or args.c_scan or args.q_scan:
-        raise SystemExit("--seed-study, --c-scan, --q-scan: expected `python -m benchmarks.batch_studies` (the studies' own module), got benchmarks.batch")
+        raise SystemExit("--seed-study, --c-scan, --q-scan: expected `python -m benchmarks.batch_studies` (the "
+                         "studies' own module), got benchmarks.batch")
     results = []
-    run_one("BBKB", "constant", arms, f, min(T, 500), None, 0, args.device)  # warm-up, untimed: a process's first run pays one-time costs
+    # warm-up, untimed: a process's first run pays one-time costs
+    run_one("BBKB", "constant", arms, f, min(T, 500), None, 0, args.device)
     for method, beta, cap in caps:
-        for seed in range(seeds if (method, beta) in (("BBKB", "constant"), ("BBKB-all-arms", "constant"), ("GP-UCB", "constant")) else 1):
+        for seed in range(seeds
+                          if (method, beta) in (("BBKB", "constant"), ("BBKB-all-arms", "constant"),
+                                                ("GP-UCB", "constant")) else 1):
             r = run_one(method, beta, arms, f, T, cap, seed, args.device)
             results.append(r)
             t, how = time_at_T(r)
-            print(f"  {method:8s} {beta:8s} seed {seed}: t = {r['t_reached']:6d}  wall {r['wall_s']:7.1f} s  cpu {r['cpu_s']:7.1f} s  "
-                  f"time@T {t:9.1f} s ({how})  R/Runif {r['normalized_regret']:.4f}  batches {r['batches']}  m {r['dictionary_size']}", flush=True)
+            print(f"  {method:8s} {beta:8s} seed {seed}: t = {r['t_reached']:6d}  wall {r['wall_s']:7.1f} s  cpu "
+                  f"{r['cpu_s']:7.1f} s  "
+                  f"time@T {t:9.1f} s ({how})  R/Runif {r['normalized_regret']:.4f}  batches {r['batches']}  m "
+                  f"{r['dictionary_size']}", flush=True)
     machine["load_average_at_end"] = os.getloadavg()
     summary = summarize(results, T)
     payload = {
@@ -404,10 +439,13 @@ def main(argv: list[str] | None = None) -> None:
             "constant_beta": {
                 "gp_scale_multiplier": B_GP,
                 "rls_scale_alpha": ALPHA_CONST,
-                "conversion": "UCB = mu + b_GP * sigma_GP and sigma_GP = sqrt(lambda) * sigma_tilde (RLS scale), so alpha = b_GP * sqrt(lambda)",
+                "conversion": "UCB = mu + b_GP * sigma_GP and sigma_GP = sqrt(lambda) * sigma_tilde (RLS scale), so "
+                "alpha = b_GP * sqrt(lambda)",
             },
-            "theory_beta": "BBKB: alpha = C * beta_tilde (001 Thm 2); GP-BUCB: alpha = C * gpucb_beta; BKB: 000 Thm 2; GP-UCB: gpucb_beta",
-            "time": "wall seconds of torchbkb.run (selection + updates + tensor objective); capped runs are extrapolated to T with a power law",
+            "theory_beta": "BBKB: alpha = C * beta_tilde (001 Thm 2); GP-BUCB: alpha = C * gpucb_beta; BKB: 000 Thm 2; "
+            "GP-UCB: gpucb_beta",
+            "time": "wall seconds of torchbkb.run (selection + updates + tensor objective); capped runs are "
+            "extrapolated to T with a power law",
         },
         "machine": machine,
         "summary": summary,

@@ -79,7 +79,8 @@ def _child(name: str, A: int) -> None:
     picks = select(name, gp, bkb, choices)
     seconds = time.perf_counter() - t0
     extra_mb = (status_kb("VmHWM") - base) / 1024
-    print(json.dumps({"seconds": seconds, "extra_mb": extra_mb, "picks": int(picks.shape[0]), "dictionary_size": bkb.num_inducing, "exact": bkb.is_exact}))
+    print(json.dumps({"seconds": seconds, "extra_mb": extra_mb, "picks": int(picks.shape[0]),
+                      "dictionary_size": bkb.num_inducing, "exact": bkb.is_exact}))
 
 
 
@@ -106,13 +107,19 @@ def main(argv=None):
                 continue
             out = json.loads(res.stdout.strip().splitlines()[-1])
             cand_mb = A * D * 8 / 2**20
-            rows.append({"A": A, "selection": name, **out, "candidates_mb": cand_mb, "extra_over_candidates": out["extra_mb"] / cand_mb})
-        base = next((r["seconds"] for r in rows if r["A"] == A and r["selection"] == "UCB SingleTaskGP" and "seconds" in r), None)
+            rows.append({"A": A, "selection": name, **out, "candidates_mb": cand_mb,
+                         "extra_over_candidates": out["extra_mb"] / cand_mb})
+        base = next((r["seconds"] for r in rows if r["A"] == A and r["selection"] == "UCB SingleTaskGP"
+                     and "seconds" in r), None)
         for r in rows:
             if r["A"] == A and "seconds" in r and base:
                 r["time_ratio_to_gp_ucb"] = r["seconds"] / base
-        print_table([r for r in rows if r["A"] == A], ["A", "selection", "seconds", "extra_mb", "extra_over_candidates", "picks", "time_ratio_to_gp_ucb"])
-    payload = {"size": size, "settings": {"d": D, "n": N, "dtype": "float64", "ucb_beta": 4.0, "bbkb": {"batch_bound": 2.0, "beta": 2.0, "max_batch_size": 100}, "thompson": {"q": 10, "num_features": 1024}}, "rows": rows}
+        print_table([r for r in rows if r["A"] == A],
+                    ["A", "selection", "seconds", "extra_mb", "extra_over_candidates", "picks", "time_ratio_to_gp_ucb"])
+    payload = {"size": size,
+               "settings": {"d": D, "n": N, "dtype": "float64", "ucb_beta": 4.0,
+                            "bbkb": {"batch_bound": 2.0, "beta": 2.0, "max_batch_size": 100},
+                            "thompson": {"q": 10, "num_features": 1024}}, "rows": rows}
     path = write_json(args.out, "botorch_candidates", payload)
     _plot(rows, args.out)
     print(f"wrote {path}")
@@ -122,7 +129,8 @@ def main(argv=None):
 def _plot(rows, out):
     fig, axes = new_figure(ncols=2, width=5.0, height=3.8)
     for name, marker in zip(SELECTIONS, "so^v"):
-        pts = [(r["A"], r["seconds"], r["extra_over_candidates"]) for r in rows if r["selection"] == name and "seconds" in r]
+        pts = [(r["A"], r["seconds"], r["extra_over_candidates"]) for r in rows if r["selection"] == name
+               and "seconds" in r]
         if pts:
             A, secs, mem = zip(*pts)
             axes[0][0].loglog(A, secs, marker + "-", label=name)

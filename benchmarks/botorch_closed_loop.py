@@ -54,20 +54,22 @@ def loop(name: str, fname: str, seed: int, args) -> dict:
     g = torch.Generator().manual_seed(seed)
     sd = args.noise * float(f(torch.rand(2000, d, generator=g, dtype=torch.float64)).std())
     X = torch.rand(args.n_init, d, generator=g, dtype=torch.float64)
-    observe = lambda Z: (f(Z) + sd * torch.randn(Z.shape[0], generator=g, dtype=torch.float64)).unsqueeze(-1)  # noqa: E731
+    observe = lambda Z: (f(Z) + sd * torch.randn(Z.shape[0], generator=g, dtype=torch.float64)).unsqueeze(-1)
     Y = observe(X)
     t0 = time.perf_counter()
     sizes = []  # (n, m) at each fit: m = n means the DTC posterior is the exact GP's
     for it in range(args.iterations):
         model = fit(name, X, Y)
         sizes.append((X.shape[0], getattr(model, "dictionary_size", X.shape[0])))
-        acq = qLogNoisyExpectedImprovement(model, X, sampler=SobolQMCNormalSampler(torch.Size([128]), seed=seed * 1000 + it))
+        acq = qLogNoisyExpectedImprovement(model, X,
+                                           sampler=SobolQMCNormalSampler(torch.Size([128]), seed=seed * 1000 + it))
         choices = torch.rand(args.choices, d, generator=g, dtype=torch.float64)
         new, _ = optimize_acqf_discrete(acq, q=args.q, choices=choices)
         X, Y = torch.cat([X, new]), torch.cat([Y, observe(new)])
     best = f(X).cummax(0).values
     return {"function": fname, "model": name, "seed": seed, "n": X.shape[0], "best": float(best[-1]),
-            "best_curve": best.tolist(), "noise_sd": sd, "time_s": time.perf_counter() - t0, "n_and_dictionary_size": sizes}
+            "best_curve": best.tolist(), "noise_sd": sd, "time_s": time.perf_counter() - t0,
+            "n_and_dictionary_size": sizes}
 
 
 def summarize(rows: list[dict]) -> list[dict]:
@@ -75,7 +77,8 @@ def summarize(rows: list[dict]) -> list[dict]:
     for fname in dict.fromkeys(r["function"] for r in rows):
         by = {(r["model"], r["seed"]): r for r in rows if r["function"] == fname}
         seeds = sorted({s for _, s in by})
-        diffs = [by["BKBModel", s]["best"] - by["SingleTaskGP", s]["best"] for s in seeds if ("BKBModel", s) in by and ("SingleTaskGP", s) in by]
+        diffs = [by["BKBModel", s]["best"] - by["SingleTaskGP", s]["best"] for s in seeds if ("BKBModel", s) in by
+                 and ("SingleTaskGP", s) in by]
         if not diffs:
             continue
         q = statistics.quantiles(diffs, n=4) if len(diffs) > 1 else [diffs[0]] * 3
@@ -84,7 +87,8 @@ def summarize(rows: list[dict]) -> list[dict]:
                     "best_BKBModel": statistics.median(by["BKBModel", s]["best"] for s in seeds),
                     "diff_median": statistics.median(diffs), "diff_q25": q[0], "diff_q75": q[2],
                     "bkb_better_or_equal": sum(x >= 0 for x in diffs),
-                    "bkb_final_m_median": statistics.median(by["BKBModel", s]["n_and_dictionary_size"][-1][1] for s in seeds if ("BKBModel", s) in by)})
+                    "bkb_final_m_median": statistics.median(by["BKBModel", s]["n_and_dictionary_size"][-1][1]
+                                                            for s in seeds if ("BKBModel", s) in by)})
     return out
 
 

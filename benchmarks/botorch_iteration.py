@@ -174,8 +174,14 @@ def main(argv=None):
                 }
                 row["ms_per_evaluation"] = 1e3 * row["median_s"] / max(row["evaluations"], 1)
                 rows.append(row)
-            print_table([r for r in rows if r["d"] == d and r["n"] == n], ["d", "n", "model", "median_s", "evaluations", "ms_per_evaluation", "ratio_to_fixed_gp", "dictionary_size", "exact", "peak_mb"])
-    payload = {"size": size, "baseline": BASELINE, "settings": {"acquisition": "LogExpectedImprovement", "num_restarts": 4, "raw_samples": 256, "maxiter": 50, "svgp_inducing": SVGP_INDUCING, "svgp_fit": "L-BFGS maxiter 100 (n <= 1024), Adam step_limit 200", "fit_max": args.fit_max}, "rows": rows}
+            print_table([r for r in rows if r["d"] == d and r["n"] == n],
+                        ["d", "n", "model", "median_s", "evaluations", "ms_per_evaluation", "ratio_to_fixed_gp",
+                         "dictionary_size", "exact", "peak_mb"])
+    payload = {"size": size, "baseline": BASELINE,
+               "settings": {"acquisition": "LogExpectedImprovement", "num_restarts": 4, "raw_samples": 256,
+                            "maxiter": 50, "svgp_inducing": SVGP_INDUCING,
+                            "svgp_fit": "L-BFGS maxiter 100 (n <= 1024), Adam step_limit 200", "fit_max": args.fit_max},
+                            "rows": rows}
     path = write_json(args.out, "botorch_iteration", payload)
     _plot(rows, args.out, args.dims)
     print(f"wrote {path}")

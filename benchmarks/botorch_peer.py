@@ -12,8 +12,9 @@ Setting (001 Sec. 4): features standardized, Gaussian kernel of width σ² = 5 (
 
 Reported per ``n``: min/median wall time over repeats (after a warm-up call), peak memory of one iteration
 measured in a fresh interpreter (CPU: rise of the resident-set high-water mark over the state just before
-the iteration, reset through ``/proc/self/clear_refs``; CUDA: ``torch.cuda.max_memory_allocated``), the dictionary size, whether both picked the same row, and
-the speed ratio of the medians. Writes ``results/botorch_peer.json`` and ``results/botorch_peer.png``.
+the iteration, reset through ``/proc/self/clear_refs``; CUDA: ``torch.cuda.max_memory_allocated``), the dictionary size,
+whether both picked the same row, and the speed ratio of the medians. Writes ``results/botorch_peer.json`` and
+``results/botorch_peer.png``.
 
 Usage::
 
@@ -206,8 +207,10 @@ def main(argv=None):
         }
         rows.append(row)
         print(
-            f"n={n:5d}  SingleTaskGP {row['singletaskgp_s']['median']:8.3f}s  BKBModel {row['bkbmodel_s']['median']:7.3f}s "
-            f"(m={row['dictionary_size']})  ratio {row['ratio_median']:6.1f}x  peak MB {mem_gp:8.1f} vs {mem_bkb:7.1f}  "
+            f"n={n:5d}  SingleTaskGP {row['singletaskgp_s']['median']:8.3f}s  BKBModel "
+            f"{row['bkbmodel_s']['median']:7.3f}s "
+            f"(m={row['dictionary_size']})  ratio {row['ratio_median']:6.1f}x  peak MB {mem_gp:8.1f} vs {mem_bkb:7.1f} "
+            f" "
             f"same pick: {row['same_pick']}",
             flush=True,
         )
@@ -216,15 +219,21 @@ def main(argv=None):
     out.mkdir(parents=True, exist_ok=True)
     meta = {
         "benchmark": "botorch_peer",
-        "command": "python -m benchmarks.botorch_peer" + (" --quick" if args.quick else "") + (f" --threads {args.threads}" if args.threads else ""),
-        "task": "build model (fixed hyperparameters) + optimize_acqf_discrete(UpperConfidenceBound(beta=4), q=1) over 20,640 California housing rows",
-        "setting": {"kernel": "ScaleKernel(RBFKernel), lengthscale sqrt(5), outputscale 1", "noise": NOISE, "q_bar": Q_BAR,
-                    "outcome_transform": "Standardize(m=1)", "features": "standardized", "dtype": str(dtype), "candidates": A},
+        "command": "python -m benchmarks.botorch_peer" + (" --quick" if args.quick else "")
+        + (f" --threads {args.threads}" if args.threads else ""),
+        "task": "build model (fixed hyperparameters) + optimize_acqf_discrete(UpperConfidenceBound(beta=4), q=1) over "
+        "20,640 California housing rows",
+        "setting": {"kernel": "ScaleKernel(RBFKernel), lengthscale sqrt(5), outputscale 1", "noise": NOISE,
+                    "q_bar": Q_BAR,
+                    "outcome_transform": "Standardize(m=1)", "features": "standardized", "dtype": str(dtype),
+                    "candidates": A},
         "machine": {"platform": platform.platform(), "processor": platform.processor(), "cpu_count": os.cpu_count(),
                     "torch_threads": torch.get_num_threads(), "device": str(device),
                     "cuda": torch.cuda.get_device_name(0) if device.type == "cuda" else None},
-        "versions": {"torch": torch.__version__, "gpytorch": gpytorch.__version__, "botorch": botorch.__version__, "torchbkb": torchbkb.__version__},
-        "notes": "SingleTaskGP runs with BoTorch's default posterior settings (fast_pred_var/LOVE). Times are per iteration; "
+        "versions": {"torch": torch.__version__, "gpytorch": gpytorch.__version__, "botorch": botorch.__version__,
+                     "torchbkb": torchbkb.__version__},
+        "notes": "SingleTaskGP runs with BoTorch's default posterior settings (fast_pred_var/LOVE). Times are per "
+        "iteration; "
                  "peak memory is the rise over the process baseline during one iteration, in a fresh interpreter.",
         "results": rows,
     }
@@ -246,7 +255,8 @@ def plot(rows, path, meta):
     a.loglog(n, [r["singletaskgp_s"]["median"] for r in rows], "o-", label="BoTorch SingleTaskGP")
     a.loglog(n, [r["bkbmodel_s"]["median"] for r in rows], "s-", label="torchbkb BKBModel")
     for r in rows:
-        a.annotate(f"{r['ratio_median']:.0f}×", (r["n"], r["bkbmodel_s"]["median"]), textcoords="offset points", xytext=(0, 8), ha="center", fontsize=8)
+        a.annotate(f"{r['ratio_median']:.0f}×", (r["n"], r["bkbmodel_s"]["median"]), textcoords="offset points",
+                   xytext=(0, 8), ha="center", fontsize=8)
     a.set_xlabel("training points n")
     a.set_ylabel("seconds per BO iteration (median)")
     a.set_title("model + UCB over 20,640 candidates")
@@ -260,7 +270,8 @@ def plot(rows, path, meta):
     b.set_ylabel("peak memory of the iteration (MB)")
     b.legend()
     m = meta["machine"]
-    fig.suptitle(f"{m['device']} · {m['cpu_count']} CPUs · {m['torch_threads']} torch threads · torch {meta['versions']['torch']}", fontsize=9)
+    fig.suptitle(f"{m['device']} · {m['cpu_count']} CPUs · {m['torch_threads']} torch threads · torch "
+                 f"{meta['versions']['torch']}", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

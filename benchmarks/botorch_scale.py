@@ -117,7 +117,8 @@ def scores(model, Xt, ft, Yt, sd: float) -> dict:
     pred_var = var + sd**2  # of a noisy observation
     nll = 0.5 * (torch.log(2 * math.pi * pred_var) + (Yt - mean) ** 2 / pred_var)
     inside = (Yt - mean).abs() <= 1.96 * pred_var.sqrt()
-    return {"rmse": float(((mean - ft) ** 2).mean().sqrt()), "nll": float(nll.mean()), "coverage": float(inside.double().mean())}
+    return {"rmse": float(((mean - ft) ** 2).mean().sqrt()), "nll": float(nll.mean()),
+            "coverage": float(inside.double().mean())}
 
 
 def dictionary_size(model):
@@ -137,7 +138,8 @@ def quality(args) -> list[dict]:
                 t0 = time.perf_counter()
                 model = fit(name, X, Y)
                 row = {"study": "quality", "function": fname, "seed": seed, "model": name, "n": args.n_quality,
-                       "fit_s": time.perf_counter() - t0, "m": dictionary_size(model), "exact": is_exact(model), **scores(model, Xt, ft, Yt, sd)}
+                       "fit_s": time.perf_counter() - t0, "m": dictionary_size(model), "exact": is_exact(model),
+                       **scores(model, Xt, ft, Yt, sd)}
                 rows.append(row)
                 print(row, flush=True)
     return rows
@@ -148,7 +150,8 @@ def bbkb_batch(model, d: int, q: int, candidates: int) -> float:
 
     C = torch.rand(candidates, d, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
     t0 = time.perf_counter()
-    picks, _ = optimize_acqf_bbkb(model, C, batch_bound=1e9, max_batch_size=q)  # q picks: C̃ never stops the batch first
+    # q picks: C̃ never stops the batch first
+    picks, _ = optimize_acqf_bbkb(model, C, batch_bound=1e9, max_batch_size=q)
     assert picks.shape[0] == q
     return time.perf_counter() - t0
 
@@ -168,8 +171,10 @@ def speed(args) -> list[dict]:
                     model = fit(name, X, Y)
                     predict(model, Xt)
                     el = time.perf_counter() - t0
-                    row = {"study": "speed", "function": fname, "seed": seed, "model": name, "n": n, "fit_predict_s": el,
-                           "m": dictionary_size(model), "exact": is_exact(model), "fit_rounds": getattr(model, "fit_rounds", None),
+                    row = {"study": "speed", "function": fname, "seed": seed, "model": name, "n": n,
+                           "fit_predict_s": el,
+                           "m": dictionary_size(model), "exact": is_exact(model),
+                           "fit_rounds": getattr(model, "fit_rounds", None),
                            **scores(model, Xt, ft, Yt, sd)}
                     if name == "SingleTaskGP":
                         row["m_at_exact"] = BKBModel.from_model(model, seed=0).dictionary_size
@@ -216,7 +221,8 @@ def size(args, on_row=None) -> list[dict]:
                     first = fit(name, X[: n - args.q], Y[: n - args.q])
                     extra["fit_scratch_s"] = time.perf_counter() - t0
                     model, t_fit, t_post, t_batch = iteration(X, Y, first, args.q, args.candidates)
-                    extra.update(iteration_fit_s=t_fit, posterior_s=t_post, bbkb_batch_s=t_batch, iteration_s=t_fit + t_post + t_batch, q=args.q)
+                    extra.update(iteration_fit_s=t_fit, posterior_s=t_post, bbkb_batch_s=t_batch,
+                                 iteration_s=t_fit + t_post + t_batch, q=args.q)
                     t_fit += t_post  # a usable model: fitted and its posterior built
                 else:
                     model = fit(name, X, Y)
@@ -225,8 +231,10 @@ def size(args, on_row=None) -> list[dict]:
                 sc = scores(model, Xt, ft, Yt, sd)
                 t_pred = time.perf_counter() - t1
             row = {"study": "size", "function": fname, "model": name, "n": n, "fit_s": t_fit, "predict_s": t_pred,
-                   "fit_predict_s": t_fit + t_pred, **extra, "peak_mb": None if mem.extra is None else mem.extra / 2**20,
-                   "m": dictionary_size(model), "exact": is_exact(model), "fit_rounds": getattr(model, "fit_rounds", None), **sc}
+                   "fit_predict_s": t_fit + t_pred, **extra,
+                   "peak_mb": None if mem.extra is None else mem.extra / 2**20,
+                   "m": dictionary_size(model), "exact": is_exact(model),
+                   "fit_rounds": getattr(model, "fit_rounds", None), **sc}
             rows.append(row)
             print(row, flush=True)
             if on_row is not None:
@@ -253,7 +261,8 @@ def main(argv=None):
     setup(args)
     if args.quick:
         args.functions, args.seeds, args.n_quality = args.functions[:1], 1, min(args.n_quality, 150)
-        args.sizes, args.candidates, args.q, args.exact_max = args.sizes or [300], min(args.candidates, 5000), min(args.q, 10), 300
+        args.sizes, args.candidates, args.q, args.exact_max = args.sizes or [300], min(args.candidates,
+                                                                                       5000), min(args.q, 10), 300
         args.speed_functions, args.speed_sizes, args.speed_seeds = args.speed_functions[:1], [300], 1
     args.sizes = args.sizes or [10_000, 30_000, 100_000]
     rows: list[dict] = []
@@ -270,8 +279,11 @@ def main(argv=None):
 def report(args, rows: list[dict], quiet: bool = False):
     summary = summarize(rows)
     if not quiet:
-        print_table(summary, ["study", "function", "model", "n", "rmse", "nll", "coverage", "fit_predict_s", "iteration_s", "m", "m_at_exact"], "botorch_scale")
-    path = write_json(args.out, "botorch_scale", {"settings": {k: v for k, v in vars(args).items()}, "rows": rows, "summary": summary})
+        print_table(summary,
+                    ["study", "function", "model", "n", "rmse", "nll", "coverage", "fit_predict_s", "iteration_s", "m",
+                     "m_at_exact"], "botorch_scale")
+    path = write_json(args.out, "botorch_scale",
+                      {"settings": {k: v for k, v in vars(args).items()}, "rows": rows, "summary": summary})
     plot(rows, args.out)
     if not quiet:
         print(path)
@@ -288,7 +300,8 @@ def summarize(rows: list[dict]) -> list[dict]:
     for (study, fname, model, n), rs in groups.items():
         med = lambda k, rs=rs: statistics.median(r[k] for r in rs) if all(r.get(k) is not None for r in rs) else None
         out.append({"study": study, "function": fname, "model": model, "n": n, "rmse": med("rmse"), "nll": med("nll"),
-                    "coverage": med("coverage"), "fit_predict_s": med("fit_s") if study == "quality" else med("fit_predict_s"), "m": med("m"),
+                    "coverage": med("coverage"),
+                    "fit_predict_s": med("fit_s") if study == "quality" else med("fit_predict_s"), "m": med("m"),
                     "iteration_s": med("iteration_s"), "m_at_exact": med("m_at_exact")})
     return out
 

@@ -110,11 +110,14 @@ def _memory_in_subprocess(A: int, m: int, dtype: torch.dtype, seed: int) -> dict
     import json
     import subprocess
 
-    cmd = [sys.executable, "-m", "benchmarks.core_throughput", "--_memory-child", f"{A},{m},{str(dtype).replace('torch.', '')},{seed}"]
+    cmd = [sys.executable, "-m", "benchmarks.core_throughput", "--_memory-child",
+           f"{A},{m},{str(dtype).replace('torch.', '')},{seed}"]
     res = subprocess.run(cmd, capture_output=True, text=True, cwd=str(Path(__file__).resolve().parents[1]))
     if res.returncode != 0:
         print(f"  memory child failed: {res.stderr[-500:]}", flush=True)
-        return {k: None for k in ("embed_peak_extra_bytes", "score_peak_extra_bytes", "score_unchunked_peak_extra_bytes", "score_cross_peak_extra_bytes")}
+        return {k: None
+                for k in ("embed_peak_extra_bytes", "score_peak_extra_bytes", "score_unchunked_peak_extra_bytes",
+                          "score_cross_peak_extra_bytes")}
     return json.loads(res.stdout.strip().splitlines()[-1])
 
 
@@ -139,7 +142,8 @@ def measure(A: int, m: int, dtype: torch.dtype, device: torch.device, repeats: i
     elt = torch.finfo(dtype).bits // 8
     chunk = emb.chunk_size
     r = emb.rank
-    out: dict = {"A": A, "m": m, "rank": r, "dtype": str(dtype).replace("torch.", ""), "chunk": chunk, "repeats": repeats}
+    out: dict = {"A": A, "m": m, "rank": r, "dtype": str(dtype).replace("torch.", ""), "chunk": chunk,
+                 "repeats": repeats}
     with torch.no_grad():
         Z = emb(X)  # (A, r)
         W = torch.randn(r, r, generator=gen, dtype=torch.float64).to(device=device, dtype=dtype)  # (r, r) GEMM operand
@@ -163,7 +167,8 @@ def measure(A: int, m: int, dtype: torch.dtype, device: torch.device, repeats: i
         fns = buf = K = None
     W = X = emb = post = kdiag = None
     gc.collect()
-    out.update(measure_memory(A, m, dtype, device, seed) if device.type == "cuda" else _memory_in_subprocess(A, m, dtype, seed))
+    out.update(measure_memory(A, m, dtype, device, seed) if device.type == "cuda"
+               else _memory_in_subprocess(A, m, dtype, seed))
     out["embed_output_bytes"] = A * r * elt
     # O(chunk·m + A) bound with small constants: the outputs (2A), the per-chunk temporaries (<= 4·chunk·r)
     out["score_bound_bytes"] = (2 * A + 4 * min(chunk, A) * r) * elt
@@ -184,7 +189,8 @@ def plot(rows: list[dict], out_dir) -> str:
     xs = list(range(len(rows)))
     w = 0.2
     ax = axes[0][0]
-    ops = (("gemm", "bare GEMM (A×m)(m×m)"), ("embed", "NystromEmbedding"), ("embed_out", "embed into out="), ("score", "score_embedded"))
+    ops = (("gemm", "bare GEMM (A×m)(m×m)"), ("embed", "NystromEmbedding"), ("embed_out", "embed into out="),
+           ("score", "score_embedded"))
     for k, (key, name) in enumerate(ops):
         ax.bar([x + (k - 1.5) * w for x in xs], [r[key]["min"] for r in rows], width=w, label=name)
     ax.set_yscale("log")
@@ -193,10 +199,14 @@ def plot(rows: list[dict], out_dir) -> str:
     ax.legend(fontsize=7)
     ax = axes[0][1]
     w = 0.2
-    ax.bar([x - 1.5 * w for x in xs], [100 * r["embed_fraction_of_gemm"] for r in rows], width=w, label="embed", color="tab:orange")
-    ax.bar([x - 0.5 * w for x in xs], [100 * r["embed_out_fraction_of_gemm"] for r in rows], width=w, label="embed into out=", color="tab:green")
-    ax.bar([x + 0.5 * w for x in xs], [100 * r["score_fraction_of_gemm"] for r in rows], width=w, label="score_embedded", color="tab:red")
-    ax.bar([x + 1.5 * w for x in xs], [100 * r["score_cross_fraction_of_gemm"] for r in rows], width=w, label="score_cross", color="tab:purple")
+    ax.bar([x - 1.5 * w for x in xs], [100 * r["embed_fraction_of_gemm"] for r in rows], width=w, label="embed",
+           color="tab:orange")
+    ax.bar([x - 0.5 * w for x in xs], [100 * r["embed_out_fraction_of_gemm"] for r in rows], width=w,
+           label="embed into out=", color="tab:green")
+    ax.bar([x + 0.5 * w for x in xs], [100 * r["score_fraction_of_gemm"] for r in rows], width=w,
+           label="score_embedded", color="tab:red")
+    ax.bar([x + 1.5 * w for x in xs], [100 * r["score_cross_fraction_of_gemm"] for r in rows], width=w,
+           label="score_cross", color="tab:purple")
     ax.axhline(50, color="red", ls="--", lw=1, label="target 50 %")
     ax.set_ylabel("% of the same-shape GEMM rate")
     ax.set_xticks(xs, labels, fontsize=6)
@@ -230,7 +240,8 @@ def main(argv: list[str] | None = None) -> dict:
                 row = measure(A, m, dtype, device, reps, warm, seed=args.seed)
                 rows.append(row)
                 print(
-                    f"  {row['dtype']:>7} A={A:>8} m={m}: gemm {row['gemm']['min']:.4f}s ({row['gemm_gflops']:.1f} GFLOP/s)  "
+                    f"  {row['dtype']:>7} A={A:>8} m={m}: gemm {row['gemm']['min']:.4f}s ({row['gemm_gflops']:.1f} "
+                    f"GFLOP/s)  "
                     f"embed {row['embed']['min']:.4f}s ({100 * row['embed_fraction_of_gemm']:.0f}%)  "
                     f"score {row['score']['min']:.4f}s ({100 * row['score_fraction_of_gemm']:.0f}%)  "
                     f"score_cross {row['score_cross']['min']:.4f}s ({100 * row['score_cross_fraction_of_gemm']:.0f}%)",
@@ -264,7 +275,8 @@ def main(argv: list[str] | None = None) -> dict:
     ]
     print_table(table, list(table[0]), f"core throughput on {device} (min over repeats; chunk = {DEFAULT_CHUNK} rows)")
     png = plot(rows, args.out)
-    payload = {"size": size_of(args), "config": {**cfg, "d": D, "kernel": "Gaussian, width 5"}, "rows": rows, "table": table, "plot": png, "time": time.perf_counter() - t0}
+    payload = {"size": size_of(args), "config": {**cfg, "d": D, "kernel": "Gaussian, width 5"}, "rows": rows,
+               "table": table, "plot": png, "time": time.perf_counter() - t0}
     path = write_json(args.out, NAME, payload, device)
     print(f"wrote {path} and {png}")
     return payload

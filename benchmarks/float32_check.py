@@ -30,7 +30,8 @@ NAME = "float32_check"
 SIZES = {"quick": {"T": 2000, "seeds": 1}, "default": {"T": 10_000, "seeds": 3}, "full": {"T": 10_000, "seeds": 10}}
 
 
-def float32_check(arms32: torch.Tensor, arms64: torch.Tensor, f: torch.Tensor, T: int, seed: int, device: torch.device) -> dict:
+def float32_check(arms32: torch.Tensor, arms64: torch.Tensor, f: torch.Tensor, T: int, seed: int,
+                  device: torch.device) -> dict:
     """BBKB (constant width) on ``arms32`` `(A, d)` for T steps; its final ``σ̃²`` `(A,)` against the float64 DTC
     posterior on ``arms64`` with the same dictionary and pulls: relative errors (max, median, max over pulled arms)."""
     bandit = build("BBKB", "constant", arms32, T, seed)
@@ -46,8 +47,10 @@ def float32_check(arms32: torch.Tensor, arms64: torch.Tensor, f: torch.Tensor, T
     rls64 = post(arms64)[1] / LAM
     rel = (bandit.scores()[1].to(torch.float64) - rls64).abs() / rls64  # (A,)
     return {
-        "seed": seed, "wall_s": wall, "normalized_regret": hist.normalized_regret[-1], "batches": len(bandit.batch_sizes),
-        "dictionary_size": bandit.dictionary_size, "rls_rel_err_max": float(rel.max()), "rls_rel_err_median": float(rel.median()),
+        "seed": seed, "wall_s": wall, "normalized_regret": hist.normalized_regret[-1],
+        "batches": len(bandit.batch_sizes),
+        "dictionary_size": bandit.dictionary_size, "rls_rel_err_max": float(rel.max()),
+        "rls_rel_err_median": float(rel.median()),
         "rls_rel_err_pulled_max": float(rel[pulled].max()),
     }
 
@@ -64,7 +67,8 @@ def main(argv: list[str] | None = None) -> dict:
     rows = []
     for seed in range(args.seed, args.seed + cfg["seeds"]):
         rows.append(float32_check(arms32, arms64, f, T, seed, device))
-        print(f"  seed {seed}: wall {rows[-1]['wall_s']:.2f} s, σ̃² max relative error {rows[-1]['rls_rel_err_max']:.1e}", flush=True)
+        print(f"  seed {seed}: wall {rows[-1]['wall_s']:.2f} s, σ̃² max relative error "
+              f"{rows[-1]['rls_rel_err_max']:.1e}", flush=True)
     print_table(rows, list(rows[0]), f"BBKB on float32 Cadata arms, T = {T}: σ̃² against the float64 posterior")
     payload = {"size": size_of(args), "config": cfg | {"T": T}, "rows": rows}
     path = write_json(args.out, NAME, payload, device)

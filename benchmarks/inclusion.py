@@ -105,7 +105,8 @@ def study(problem: str, T: int, seeds: list[int], dtype, device) -> dict:
             "median_dictionary_size": statistics.median(r["dictionary_size"] for r in runs[rule]),
             "median_mean_batch": statistics.median(r["mean_batch"] for r in runs[rule]),
             "median_time": statistics.median(r["time"] for r in runs[rule]),
-            "median_time_ratio_to_gpucb": statistics.median(a["time"] / b["time"] for a, b in zip(runs[rule], runs["GP-UCB"])),
+            "median_time_ratio_to_gpucb": statistics.median(a["time"] / b["time"] for a,
+                                                            b in zip(runs[rule], runs["GP-UCB"])),
         }
     return {"T": T, "seeds": seeds, "summary": summary, "runs": runs}
 
@@ -149,7 +150,8 @@ def main(argv: list[str] | None = None) -> dict:
             rows.append({
                 "problem": name, "T": res["T"], "rule": rule, "R/R_GP-UCB (median)": s["median_regret_ratio"],
                 "ratio of medians [90% CI]": f"{s['ratio_of_medians']:.2f} [{lo:.2f}, {hi:.2f}]",
-                "dict. size": s["median_dictionary_size"], "mean batch": s["median_mean_batch"], "time / GP-UCB": s["median_time_ratio_to_gpucb"],
+                "dict. size": s["median_dictionary_size"], "mean batch": s["median_mean_batch"],
+                "time / GP-UCB": s["median_time_ratio_to_gpucb"],
             })
     print_table(rows, list(rows[0]), title="inclusion rule: regret vs exact GP-UCB (medians over seeds)")
     plot(results, args.out)

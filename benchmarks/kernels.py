@@ -36,5 +36,6 @@ def check_matern_against_gpytorch() -> float:
 
 
 def make_kernel(name: str, ls: float):
-    """``"rbf"`` (or ``"gaussian"``): :class:`~torchbkb.gp.kernels.GaussianKernel`; ``"matern52"``: :class:`Matern52`."""
+    """``"rbf"`` (or ``"gaussian"``): :class:`~torchbkb.gp.kernels.GaussianKernel`; ``"matern52"``:
+    :class:`Matern52`."""
     return GaussianKernel(ls) if name in ("rbf", "gaussian") else Matern52(ls)

@@ -113,7 +113,8 @@ def count(case: str, args, device, dtype) -> dict:
         last = Counter(names)
     step_s, floor_s = time_steps(b, step, device, dtype, args.timed_steps)
     return {"step_s": step_s, "floor_s": floor_s, "step_over_floor": step_s / floor_s, "num_arms": b.num_arms,
-            "case": case, "device": str(device), "ops_per_pick": statistics.median(ops), "syncs_per_pick": statistics.median(syncs),
+            "case": case, "device": str(device), "ops_per_pick": statistics.median(ops),
+            "syncs_per_pick": statistics.median(syncs),
             "sync_kind": "measured (set_sync_debug_mode)" if device.type == "cuda" else "forecast (data-dependent ops)",
             "picks_per_step": statistics.median(picks), "dictionary_size": b.dictionary_size,
             "top_ops_last_step": dict(last.most_common(12))}
@@ -153,7 +154,8 @@ def main(argv=None):
     p.add_argument("--arms", type=int, default=100_000)
     p.add_argument("--warmup", type=int, default=200)
     p.add_argument("--steps", type=int, default=20, help="profiled steps")
-    p.add_argument("--timed-steps", type=int, default=50, help="steps timed without the profiler, beside the floor GEMM")
+    p.add_argument("--timed-steps", type=int, default=50,
+                   help="steps timed without the profiler, beside the floor GEMM")
     p.add_argument("--chunk-size", type=int, default=None,
                    help="arms scored at once (default: the library's, sized for the device)")
     args = p.parse_args(argv)
@@ -165,7 +167,9 @@ def main(argv=None):
         print(r, flush=True)
     for r in rows:
         r["step_ms"], r["floor_ms"] = 1e3 * r["step_s"], 1e3 * r["floor_s"]
-    print_table(rows, ["case", "device", "num_arms", "ops_per_pick", "syncs_per_pick", "sync_kind", "picks_per_step", "dictionary_size",
+    print_table(rows,
+                ["case", "device", "num_arms", "ops_per_pick", "syncs_per_pick", "sync_kind", "picks_per_step",
+                 "dictionary_size",
                        "step_ms", "floor_ms", "step_over_floor"], f"launches ({torch.get_num_threads()} threads)")
     print(write_json(args.out, "launches", {"settings": vars(args), "rows": rows}))
     fig, axes = new_figure(ncols=2, width=4.2)

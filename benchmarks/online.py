@@ -60,7 +60,8 @@ def make_learners(d: int, n: int, taylor_degrees=(2, 3, 4)) -> dict:
         kernel=GaussianKernel(SIGMA), lam=LAM, dictionary="kors", mu=MU, beta=BETA, epsilon=EPS, seed=0
     )
     out["Kernel-AWV"] = lambda: KernelAWV(GaussianKernel(SIGMA), lam=LAM)
-    out["Pros-N-KONS"] = lambda: ProsNKONS(GaussianKernel(SIGMA), alpha=LAM, C=1.0, mu=MU, beta=BETA, epsilon=EPS, seed=0)
+    out["Pros-N-KONS"] = lambda: ProsNKONS(GaussianKernel(SIGMA), alpha=LAM, C=1.0, mu=MU, beta=BETA, epsilon=EPS,
+                                           seed=0)
     out["FOGD"] = lambda: FOGD(d, lengthscale=SIGMA, num_features=FOGD_FEATURES, lr=1.0 / math.sqrt(n), seed=0)
     return out
 
@@ -195,7 +196,8 @@ def adversarial_run(factory, n: int, d: int, rng: np.random.Generator, candidate
         v, _ = best_y(C)
         best_x, best_v = C[int(v.argmax())], float(v.max())
         for x0 in C[np.argsort(-v)[:restarts]]:
-            r = minimize(lambda x: -best_y(x[None])[0][0], x0, method="L-BFGS-B", bounds=[(-1, 1)] * d, options={"maxiter": maxiter})
+            r = minimize(lambda x: -best_y(x[None])[0][0], x0, method="L-BFGS-B", bounds=[(-1, 1)] * d,
+                         options={"maxiter": maxiter})
             if -r.fun > best_v:
                 best_x, best_v = np.clip(r.x, -1, 1), float(-r.fun)
         _, yb = best_y(best_x[None])
@@ -238,7 +240,8 @@ def main(argv: list[str] | None = None) -> None:
         "lam": LAM,
         "kors": {"mu": MU, "beta": BETA, "epsilon": EPS},
         "fogd": {"num_features": FOGD_FEATURES, "lr": "1/sqrt(n)"},
-        "adversarial": {"n": 12 if q else 80, "d": 5, "candidates": 256 if q else 1024, "restarts": 1 if q else 2, "maxiter": 5 if q else 15},
+        "adversarial": {"n": 12 if q else 80, "d": 5, "candidates": 256 if q else 1024, "restarts": 1 if q else 2,
+                        "maxiter": 5 if q else 15},
         "california": {"n": 2000 if q else 20640, "cap_s": 3.0 if q else 45.0},
         "synthetic": {"n": 20000 if q else 1_000_000, "d": 8, "cap_s": 3.0 if q else 60.0},
         "chunk_size": 256,
@@ -272,19 +275,23 @@ def main(argv: list[str] | None = None) -> None:
         rng = np.random.default_rng(1)
         t0 = time.perf_counter()
         regret, times, f = adversarial_run(factory, a["n"], a["d"], rng, a["candidates"], a["restarts"], a["maxiter"])
-        log(f"  {name:22s} regret after {a['n']} rounds {regret[-1]:8.3f}   ({time.perf_counter() - t0:.1f} s with the adversary)")
-        adv.append({"name": name, "regret": regret, "final_regret": regret[-1], "learner_time_s": float(sum(times)), **describe(f)})
+        log(f"  {name:22s} regret after {a['n']} rounds {regret[-1]:8.3f}   ({time.perf_counter() - t0:.1f} s with the "
+            f"adversary)")
+        adv.append({"name": name, "regret": regret, "final_regret": regret[-1], "learner_time_s": float(sum(times)),
+                    **describe(f)})
     results["experiments"]["adversarial"] = {"learners": adv}
 
     # 2. California housing
     c = cfg["california"]
     X, y, header = california()
     X, y = X[: c["n"]], y[: c["n"]]
-    log(f"[california] n = {len(y)}, d = {X.shape[1]} ({', '.join(header[:-1])} -> {header[-1]}), all scaled to [-1, 1]")
+    log(f"[california] n = {len(y)}, d = {X.shape[1]} ({', '.join(header[:-1])} -> {header[-1]}), all scaled to [-1, "
+        f"1]")
     results["experiments"]["california"] = {
         "n": len(y),
         "baseline_average_loss_predict_mean": float(((y - y.mean()) ** 2).mean()),
-        "learners": [run_stream(name, fac, X, y, c["cap_s"], log) for name, fac in make_learners(X.shape[1], len(y)).items()],
+        "learners": [run_stream(name, fac, X, y, c["cap_s"], log) for name,
+                     fac in make_learners(X.shape[1], len(y)).items()],
     }
 
     # 3. synthetic 10⁶
@@ -294,7 +301,8 @@ def main(argv: list[str] | None = None) -> None:
     results["experiments"]["synthetic"] = {
         "n": s["n"],
         "noise_floor_average_loss": 0.01,
-        "learners": [run_stream(name, fac, X, y, s["cap_s"], log) for name, fac in make_learners(s["d"], s["n"]).items()],
+        "learners": [run_stream(name, fac, X, y, s["cap_s"], log) for name,
+                     fac in make_learners(s["d"], s["n"]).items()],
     }
     del X, y
 
@@ -320,7 +328,8 @@ def plot(results: dict, path: Path) -> None:
         colors[e["name"]] = line.get_color()
     ax[0, 0].set(title="adversarial (d = 5): regret", xlabel="round t", ylabel="regret $R_t$")
     names = [e["name"] for e in exps["adversarial"]["learners"]]
-    ax[1, 0].bar(range(len(names)), [1e3 * e["learner_time_s"] / len(e["regret"]) for e in exps["adversarial"]["learners"]],
+    ax[1, 0].bar(range(len(names)),
+                 [1e3 * e["learner_time_s"] / len(e["regret"]) for e in exps["adversarial"]["learners"]],
                  color=[colors[n] for n in names])
     ax[1, 0].set_xticks(range(len(names)), [n.replace("PKAWV ", "") for n in names], rotation=30, ha="right")
     ax[1, 0].set(title="adversarial: learner time per round", ylabel="ms / round")
@@ -330,10 +339,12 @@ def plot(results: dict, path: Path) -> None:
             lab = e["name"] + (" (capped)" if e["stopped_early"] else "")
             ax[0, col].plot(cur["round"], cur["average_loss"], label=lab, color=colors.get(e["name"]))
             tp = e["time_profile"]
-            ax[1, col].plot(tp["round"], np.asarray(tp["seconds_per_round"]) * 1e6, label=lab, color=colors.get(e["name"]))
+            ax[1, col].plot(tp["round"], np.asarray(tp["seconds_per_round"]) * 1e6, label=lab,
+                            color=colors.get(e["name"]))
         ax[0, col].set(xscale="log", yscale="log", title=f"{key} (n = {exps[key]['n']:,}): average square loss",
                        xlabel="round t", ylabel="cumulative loss / t")
-        ax[1, col].set(xscale="log", yscale="log", title=f"{key}: time per round", xlabel="round t", ylabel="µs / round")
+        ax[1, col].set(xscale="log", yscale="log", title=f"{key}: time per round", xlabel="round t",
+                       ylabel="µs / round")
     ax[0, 0].legend(fontsize=8)
     ax[0, 2].legend(fontsize=8)
     m = results["machine"]

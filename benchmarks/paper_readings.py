@@ -36,18 +36,22 @@ from benchmarks.report import new_figure, print_table, save_figure, write_json
 
 NAME = "paper_readings"
 SIZES = {
-    "quick": {"datasets": ["cadata"], "T": 300, "seeds": 1, "time_limit": 5.0, "scales": ["z", "100"], "widths": ["practical"], "rules": ["count_scaled"]},
+    "quick": {"datasets": ["cadata"], "T": 300, "seeds": 1, "time_limit": 5.0, "scales": ["z", "100"],
+              "widths": ["practical"], "rules": ["count_scaled"]},
     "default": {"datasets": ["abalone", "cadata"], "T": 10_000, "seeds": 3, "time_limit": 30.0,
-                "scales": ["z", "1", "10", "100", "1000", "100000"], "widths": ["theory", "practical"], "rules": ["count_scaled", "per_pull"]},
+                "scales": ["z", "1", "10", "100", "1000", "100000"], "widths": ["theory", "practical"],
+                "rules": ["count_scaled", "per_pull"]},
     "full": {"datasets": ["abalone", "cadata"], "T": 10_000, "seeds": 10, "time_limit": 300.0,
-             "scales": ["z", "1", "3", "10", "30", "100", "300", "1000", "100000"], "widths": ["theory", "practical", "1.0"], "rules": ["count_scaled", "per_pull"]},
+             "scales": ["z", "1", "3", "10", "30", "100", "300", "1000", "100000"],
+             "widths": ["theory", "practical", "1.0"], "rules": ["count_scaled", "per_pull"]},
 }
 #: What "the paper's figures" means in numbers (medians over seeds).
 SUBLINEAR_GROWTH, SMALL_REGRET, LARGE_BATCH = 1.5, 0.2, 2000
 
 
 def rewards_at(dataset: str, scale: str, dtype, device) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(arms, rewards)``: z-scored arms; rewards z-scored (``scale="z"``, arms' dtype) or float64 raw targets × ``float(scale)``."""
+    """``(arms, rewards)``: z-scored arms; rewards z-scored (``scale="z"``, arms' dtype) or float64 raw targets ×
+    ``float(scale)``."""
     from torchbkb.datasets import load
 
     arms, z = load(dataset, dtype=dtype, device=device)
@@ -68,7 +72,8 @@ def run_one(arms, rewards, width: str, rule: str, T: int, seed: int, time_limit:
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", torchbkb.TheoryWarning)  # q̄ = 2 is below the theorem's: the point of the study
-        bandit = torchbkb.BBKB(arms, torchbkb.GaussianKernel.from_width(5.0), noise=0.2, q_bar=2.0, beta=width_of(width),
+        bandit = torchbkb.BBKB(arms, torchbkb.GaussianKernel.from_width(5.0), noise=0.2, q_bar=2.0,
+                               beta=width_of(width),
                                F=20.0, delta=1.0 / T, batch_bound=2.0, inclusion=rule, seed=seed)
     t0 = time.perf_counter()
     hist = torchbkb.run(bandit, rewards, budget=T, progress=False, time_limit=time_limit)
@@ -87,9 +92,11 @@ def run_one(arms, rewards, width: str, rule: str, T: int, seed: int, time_limit:
 
 def summarize(runs: list[dict]) -> dict:
     """Medians over seeds, and whether the reading shows the paper's figures."""
-    med = {k: statistics.median(r[k] for r in runs) for k in ("normalized_regret", "growth", "largest_batch", "batches", "dictionary_size", "t", "time")}
+    med = {k: statistics.median(r[k] for r in runs)
+           for k in ("normalized_regret", "growth", "largest_batch", "batches", "dictionary_size", "t", "time")}
     med["capped_runs"] = sum(r["capped"] for r in runs)
-    med["sublinear"] = med["growth"] <= SUBLINEAR_GROWTH and med["normalized_regret"] <= SMALL_REGRET and not med["capped_runs"]
+    med["sublinear"] = (med["growth"] <= SUBLINEAR_GROWTH and med["normalized_regret"] <= SMALL_REGRET
+                        and not med["capped_runs"])
     med["large_batches"] = med["largest_batch"] >= LARGE_BATCH
     med["shows_paper_figures"] = med["sublinear"] and med["large_batches"]
     return med
@@ -102,10 +109,13 @@ def study(cfg: dict, dtype, device) -> dict:
             arms, rewards = rewards_at(ds, scale, dtype, device)
             for width in cfg["widths"]:
                 for rule in cfg["rules"]:
-                    runs = [run_one(arms, rewards, width, rule, cfg["T"], s, cfg["time_limit"]) for s in range(cfg["seeds"])]
+                    runs = [run_one(arms, rewards, width, rule, cfg["T"], s, cfg["time_limit"])
+                            for s in range(cfg["seeds"])]
                     s = summarize(runs)
-                    results.setdefault(ds, []).append({"scale": scale, "width": width, "rule": rule, "summary": s, "runs": runs})
-                    print(f"  {ds} scale={scale} width={width} rule={rule}: R/R_unif {s['normalized_regret']:.4f}, growth {s['growth']:.2f}, "
+                    results.setdefault(ds,
+                            []).append({"scale": scale, "width": width, "rule": rule, "summary": s, "runs": runs})
+                    print(f"  {ds} scale={scale} width={width} rule={rule}: R/R_unif {s['normalized_regret']:.4f}, "
+                          f"growth {s['growth']:.2f}, "
                           f"largest batch {s['largest_batch']}, t {s['t']}, {s['time']:.1f} s", flush=True)
     return results
 
@@ -120,7 +130,8 @@ def plot(results: dict, cfg: dict, out_dir):
                 sel = {r["scale"]: r["summary"] for r in rows if r["width"] == width and r["rule"] == rule}
                 x = list(range(len(scales)))
                 style = "-" if rule == "count_scaled" else "--"
-                axes[0][col].plot(x, [sel[s]["normalized_regret"] for s in scales], style, marker="o", label=f"{width}, {rule}")
+                axes[0][col].plot(x, [sel[s]["normalized_regret"] for s in scales], style, marker="o",
+                                  label=f"{width}, {rule}")
                 axes[1][col].plot(x, [sel[s]["largest_batch"] for s in scales], style, marker="o")
         for ax in axes[:, col]:
             ax.set_xticks(range(len(scales)), [f"×{s}" if s != "z" else "z" for s in scales], fontsize=7)
@@ -156,12 +167,16 @@ def main(argv: list[str] | None = None) -> dict:
     results = study(cfg, dtype, device)
     rows = [{"data": ds, "rewards": r["scale"], "width": r["width"], "rule": r["rule"],
              "R_T/R_unif": r["summary"]["normalized_regret"], "R_T/R_T/2": r["summary"]["growth"],
-             "largest batch": r["summary"]["largest_batch"], "batches": r["summary"]["batches"], "m": r["summary"]["dictionary_size"],
-             "t": r["summary"]["t"], "time [s]": r["summary"]["time"], "paper's figures": "yes" if r["summary"]["shows_paper_figures"] else ""}
+             "largest batch": r["summary"]["largest_batch"], "batches": r["summary"]["batches"],
+             "m": r["summary"]["dictionary_size"],
+             "t": r["summary"]["t"], "time [s]": r["summary"]["time"],
+             "paper's figures": "yes" if r["summary"]["shows_paper_figures"] else ""}
             for ds, res in results.items() for r in res]
-    print_table(rows, list(rows[0]), title=f"001 Sec. 4 readings: BBKB, σ²=5, λ=0.2, q̄=2, F=20, δ=1/T, C̃=2 (medians of {cfg['seeds']} seeds)")
+    print_table(rows, list(rows[0]),
+            title=f"001 Sec. 4 readings: BBKB, σ²=5, λ=0.2, q̄=2, F=20, δ=1/T, C̃=2 (medians of {cfg['seeds']} seeds)")
     png = plot(results, cfg, args.out)
-    path = write_json(args.out, NAME, {"size": size_of(args), "config": cfg, "results": results, "table": rows, "plot": str(png),
+    path = write_json(args.out, NAME,
+                      {"size": size_of(args), "config": cfg, "results": results, "table": rows, "plot": str(png),
                                        "total_time": time.perf_counter() - t0}, device=device)
     print(f"wrote {path}")
     return results

@@ -70,7 +70,8 @@ class BanditSettings:
     budget: int | None = None
 
     def kernel(self):
-        """The kernel: Gaussian with ``lengthscale`` (or given by its ``width`` σ², as the papers do), or ``"matern52"``."""
+        """The kernel: Gaussian with ``lengthscale`` (or given by its ``width`` σ², as the papers do), or
+        ``"matern52"``."""
         if self.width is not None:
             return GaussianKernel.from_width(self.width)
         return make_kernel(self.kernel_name, self.lengthscale)
@@ -113,7 +114,8 @@ def make_bandit(name: str, arms: torch.Tensor, settings: BanditSettings, seed: i
     return ALGORITHMS[name].factory(arms, settings, seed)
 
 
-def _register_pair(name: str, cls, description: str, theory_description: str, *, capped: bool = False, batched: bool = False, sketched: bool = False, **fixed) -> None:
+def _register_pair(name: str, cls, description: str, theory_description: str, *, capped: bool = False,
+                   batched: bool = False, sketched: bool = False, **fixed) -> None:
     """Register ``name`` (constant width ``settings.beta``) and ``name-theory`` (the theorem's width)."""
 
     def factory(beta_of):
@@ -123,25 +125,33 @@ def _register_pair(name: str, cls, description: str, theory_description: str, *,
                 extra["q_bar"] = s.q_bar
             if batched:
                 extra["batch_bound"] = s.batch_bound
-            return cls(arms, s.kernel().to(arms.device), noise=s.lam, beta=beta_of(s), F=s.F, delta=s.delta, noise_std=s.noise_std, seed=seed, **extra)
+            return cls(arms, s.kernel().to(arms.device), noise=s.lam, beta=beta_of(s), F=s.F, delta=s.delta,
+                       noise_std=s.noise_std, seed=seed, **extra)
 
         return make
 
     register_algorithm(name, capped=capped, description=description)(factory(lambda s: s.beta))
     register_algorithm(f"{name}-theory", capped=capped, description=theory_description)(factory(lambda s: "theory"))
-    register_algorithm(f"{name}-practical", capped=capped, description=f"{description.split(',')[0]}, the authors' code's width")(factory(lambda s: "practical"))
+    register_algorithm(f"{name}-practical", capped=capped,
+            description=f"{description.split(',')[0]}, the authors' code's width")(factory(lambda s: "practical"))
 
 
 _register_pair("BKB", torchbkb.BKB, "BKB (000 Alg. 1), constant β", "BKB, β̃ₜ of 000 Theorem 2", sketched=True)
-_register_pair("GPUCB", torchbkb.GPUCB, "exact GP-UCB, incremental, constant β", "exact GP-UCB, self-normalized β", capped=True)
-_register_pair("BBKB", torchbkb.BBKB, "BBKB (001 Alg. 1), constant β", "BBKB, α̃ = C̃·β̃ of 001 Theorem 2", batched=True, sketched=True)
-_register_pair("BBKB-all-arms", torchbkb.BBKB, "BBKB scoring every arm (prune=False), constant β", "BBKB scoring every arm, theory width", batched=True, sketched=True, prune=False)
-_register_pair("GPBUCB", torchbkb.GPBUCB, "exact GP-BUCB (Desautels et al.), constant β", "exact GP-BUCB, α = C̃·β (exact log-det)", capped=True, batched=True)
+_register_pair("GPUCB", torchbkb.GPUCB, "exact GP-UCB, incremental, constant β", "exact GP-UCB, self-normalized β",
+               capped=True)
+_register_pair("BBKB", torchbkb.BBKB, "BBKB (001 Alg. 1), constant β", "BBKB, α̃ = C̃·β̃ of 001 Theorem 2",
+               batched=True, sketched=True)
+_register_pair("BBKB-all-arms", torchbkb.BBKB, "BBKB scoring every arm (prune=False), constant β",
+               "BBKB scoring every arm, theory width", batched=True, sketched=True, prune=False)
+_register_pair("GPBUCB", torchbkb.GPBUCB, "exact GP-BUCB (Desautels et al.), constant β",
+               "exact GP-BUCB, α = C̃·β (exact log-det)", capped=True, batched=True)
 
 
-@register_algorithm("GPBUCB-desautels", capped=True, description="exact GP-BUCB, Desautels et al.'s in-batch stop rule, constant β")
+@register_algorithm("GPBUCB-desautels", capped=True,
+                    description="exact GP-BUCB, Desautels et al.'s in-batch stop rule, constant β")
 def _gpbucb_desautels(arms, s: BanditSettings, seed: int):
-    return torchbkb.GPBUCB(arms, s.kernel().to(arms.device), noise=s.lam, beta=s.beta, F=s.F, delta=s.delta, noise_std=s.noise_std, seed=seed, batch_bound=s.batch_bound, stop_rule="in_batch")
+    return torchbkb.GPBUCB(arms, s.kernel().to(arms.device), noise=s.lam, beta=s.beta, F=s.F, delta=s.delta,
+                           noise_std=s.noise_std, seed=seed, batch_bound=s.batch_bound, stop_rule="in_batch")
 
 
 @register_algorithm("BoTorch-UCB", capped=True, description="SingleTaskGP+UCB+optimize_acqf_discrete, rebuilt per step")
@@ -166,9 +176,11 @@ def _random(arms, s, seed):
 
 @register_algorithm("SBPE", description="S-BPE (003 Alg. 1), constant width (GP scale), budget settings.budget")
 def _sbpe(arms, s: BanditSettings, seed: int):
-    return torchbkb.SBPE(arms, s.kernel(), noise=s.lam, budget=s.budget, rkhs_norm=s.F, subgaussian=s.noise_std, delta=s.delta, beta=s.beta, seed=seed)
+    return torchbkb.SBPE(arms, s.kernel(), noise=s.lam, budget=s.budget, rkhs_norm=s.F, subgaussian=s.noise_std,
+                         delta=s.delta, beta=s.beta, seed=seed)
 
 
 @register_algorithm("SBPE-theory", description="S-BPE with the widths of 003 Theorem 3.5")
 def _sbpe_theory(arms, s: BanditSettings, seed: int):
-    return torchbkb.SBPE(arms, s.kernel(), noise=s.lam, budget=s.budget, rkhs_norm=s.F, subgaussian=s.noise_std, delta=s.delta, beta="theory", seed=seed)
+    return torchbkb.SBPE(arms, s.kernel(), noise=s.lam, budget=s.budget, rkhs_norm=s.F, subgaussian=s.noise_std,
+                         delta=s.delta, beta="theory", seed=seed)

@@ -13,8 +13,8 @@ measured against the best row. Settings of the paper: Gaussian kernel of width `
 and the table says where they stopped.
 
 Every run is capped by the same wall-time limit (it bites on the exact peers, and on BKB with the
-theory β, whose confidence width ``β̃ ≈ 25`` makes it (and BBKB with ``α̃ = C̃β̃``) explore the 8-dimensional table uniformly, so
-that every pulled arm keeps prior-level variance and enters the dictionary: ``m_t ≈ t``).
+theory β, whose confidence width ``β̃ ≈ 25`` makes it (and BBKB with ``α̃ = C̃β̃``) explore the 8-dimensional table
+uniformly, so that every pulled arm keeps prior-level variance and enters the dictionary: ``m_t ≈ t``).
 
 Sizes: ``--quick`` Cadata, T = 100, 1 repetition, cap 5 s (smoke test); default Cadata, T = 1,000,
 2 repetitions, cap 60 s per run; ``--full`` Abalone and Cadata, T = 10⁴, 10 repetitions, cap 30 min
@@ -38,9 +38,11 @@ from benchmarks.registry import ALGORITHMS, BanditSettings
 from benchmarks.report import BANDIT_COLUMNS, bandit_table_rows, plot_bandit_runs, print_table, write_json
 
 NAME = "regret"
-DEFAULT_ALGORITHMS = ["BBKB", "BBKB-theory", "BKB", "BKB-theory", "GPUCB", "GPBUCB", "BoTorch-UCB", "EpsGreedy", "Random"]
+DEFAULT_ALGORITHMS = ["BBKB", "BBKB-theory", "BKB", "BKB-theory", "GPUCB", "GPBUCB", "BoTorch-UCB", "EpsGreedy",
+                      "Random"]
 #: ``--full`` runs every width of every method (the constant, the theorems', the authors' code's)
-FULL_ALGORITHMS = [f"{m}{w}" for m in ("BBKB", "BKB", "GPUCB", "GPBUCB") for w in ("", "-theory", "-practical")] + ["GPBUCB-desautels", "BoTorch-UCB", "EpsGreedy", "Random"]
+FULL_ALGORITHMS = ([f"{m}{w}" for m in ("BBKB", "BKB", "GPUCB", "GPBUCB") for w in ("", "-theory", "-practical")]
+                   + ["GPBUCB-desautels", "BoTorch-UCB", "EpsGreedy", "Random"])
 SIZES = {
     "quick": {"datasets": ["cadata"], "T": 100, "repetitions": 1, "time_limit": 5.0},
     "default": {"datasets": ["cadata"], "T": 1000, "repetitions": 2, "time_limit": 60.0},
@@ -50,7 +52,8 @@ SIZES = {
 
 def main(argv: list[str] | None = None) -> dict:
     p = base_parser(__doc__.splitlines()[0])
-    p.add_argument("--algorithms", default=None, help="comma-separated registry names (default: every width with --full)")
+    p.add_argument("--algorithms", default=None,
+                   help="comma-separated registry names (default: every width with --full)")
     p.add_argument("--datasets", default=None, help="comma-separated: abalone, cadata")
     p.add_argument("--T", type=int, default=None, help="horizon (overrides the size)")
     p.add_argument("--repetitions", type=int, default=None)
@@ -70,7 +73,8 @@ def main(argv: list[str] | None = None) -> dict:
     device, dtype = setup(args, default_threads=1)
     T = int(cfg["T"])
     settings = BanditSettings(lengthscale=5.0**0.5, lam=0.2, q_bar=2.0, F=20.0, delta=1.0 / T, beta=args.beta)
-    payload = {"size": size_of(args), "rewards": args.rewards, "config": cfg, "settings": settings.to_dict(), "algorithms": algorithms, "datasets": {}}
+    payload = {"size": size_of(args), "rewards": args.rewards, "config": cfg, "settings": settings.to_dict(),
+               "algorithms": algorithms, "datasets": {}}
     t_start = time.perf_counter()
     for ds in cfg["datasets"]:
         arms, rewards = rewards_at(ds, args.rewards, dtype, device)
@@ -82,14 +86,17 @@ def main(argv: list[str] | None = None) -> dict:
             results[alg] = []
             for rep in range(int(cfg["repetitions"])):
                 results[alg].append(
-                    run_bandit(alg, arms, rewards, rewards, settings, T, seed=args.seed + rep, time_limit=limit, progress=not args.no_progress)
+                    run_bandit(alg, arms, rewards, rewards, settings, T, seed=args.seed + rep, time_limit=limit,
+                               progress=not args.no_progress)
                 )
         summaries = [summarize_runs(r) for r in results.values()]
         units = "z-scored rewards" if args.rewards == "z" else f"rewards = raw × {args.rewards}"
-        title = f"{ds}: A={arms.shape[0]}, d={arms.shape[1]}, T={T}, σ²=5, λ=0.2, q̄=2, β={args.beta} / theory (F=20, δ=1/T), {units}; {device}, {args.dtype}"
+        title = (f"{ds}: A={arms.shape[0]}, d={arms.shape[1]}, T={T}, σ²=5, λ=0.2, q̄=2, β={args.beta} / theory (F=20, "
+                 f"δ=1/T), {units}; {device}, {args.dtype}")
         print_table(bandit_table_rows(summaries), BANDIT_COLUMNS, title)
         png = plot_bandit_runs(results, args.out, f"{NAME}_{ds}", title)
-        payload["datasets"][ds] = {"A": arms.shape[0], "d": arms.shape[1], "summaries": summaries, "runs": results, "plot": str(png)}
+        payload["datasets"][ds] = {"A": arms.shape[0], "d": arms.shape[1], "summaries": summaries, "runs": results,
+                                   "plot": str(png)}
     payload["total_time"] = time.perf_counter() - t_start
     path = write_json(args.out, NAME, payload, device)
     print(f"wrote {path}")

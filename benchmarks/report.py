@@ -55,9 +55,11 @@ def git_commit() -> str | None:
     """The checkout's short commit, with ``-dirty`` when tracked files outside ``results/`` changed;
     ``None`` outside a git checkout."""
     try:
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True, timeout=5)
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True,
+                             timeout=5)
         # "-dirty": tracked files changed outside results/ (a benchmark rewrites its own outputs as it goes)
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)results"], cwd=REPO, capture_output=True, text=True, timeout=5)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)results"],
+                               cwd=REPO, capture_output=True, text=True, timeout=5)
         return out.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "") if out.returncode == 0 else None
     except Exception:  # noqa: BLE001
         return None
@@ -153,7 +155,8 @@ def new_figure(ncols: int = 1, nrows: int = 1, width: float = 5.0, height: float
     return fig, axes
 
 
-def strip_plot(ax, labels: list[str], values: list[list[float]], *, mean: bool = False, rotation: float = 0, fontsize: float | None = None) -> None:
+def strip_plot(ax, labels: list[str], values: list[list[float]], *, mean: bool = False, rotation: float = 0,
+               fontsize: float | None = None) -> None:
     """Per-seed values of several methods: one column of points per method (one point per seed, in
     ``C0, C1, ...``), a solid bar at each column's median and, with ``mean=True``, a dashed one at its
     mean; log y-axis.
@@ -265,7 +268,8 @@ def bandit_table_rows(summaries: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
-BANDIT_COLUMNS = ["algorithm", "T", "time [s] (median)", "ms/step", "R_T/R_unif", "± std", "batches", "dict. size", "note"]
+BANDIT_COLUMNS = ["algorithm", "T", "time [s] (median)", "ms/step", "R_T/R_unif", "± std", "batches", "dict. size",
+                  "note"]
 
 
 def plot_bandit_runs(results: dict[str, list[dict[str, Any]]], out_dir, name: str, title: str) -> Path:

@@ -56,12 +56,14 @@ def rkhs_sample(kernel, X: torch.Tensor, C: float, J: int, g: torch.Generator) -
     return kernel(X, c) @ alpha * (C / norm)
 
 
-def settings_for(algo: str, width: str, kname: str, lam: float, R: float, C: float, N: int, ls: float) -> tuple[str, BanditSettings]:
+def settings_for(algo: str, width: str, kname: str, lam: float, R: float, C: float, N: int, ls: float) -> tuple[str,
+        BanditSettings]:
     """The registry name and settings of one run: the same interval ``μ ± 2σ_GP`` for the constant widths (GP scale for
     S-BPE, RLS scale ``2√λ`` for BKB and GP-UCB)."""
     name = {"S-BPE": "SBPE", "BKB": "BKB", "GP-UCB": "GPUCB"}.get(algo, algo) + ("-theory" if width == "theory" else "")
     beta = 2.0 if algo == "S-BPE" else 2.0 * math.sqrt(lam)
-    return name, BanditSettings(lengthscale=ls, kernel_name=kname, lam=lam, q_bar=2.0, F=C, delta=0.05, beta=beta, noise_std=R, budget=N)
+    return name, BanditSettings(lengthscale=ls, kernel_name=kname, lam=lam, q_bar=2.0, F=C, delta=0.05, beta=beta,
+                                noise_std=R, budget=N)
 
 
 def regret_suite(cfg: dict, log) -> dict:
@@ -75,7 +77,8 @@ def regret_suite(cfg: dict, log) -> dict:
             f = rkhs_sample(kernel, arms, cfg["C"], cfg["J"], g)
             for width in cfg["widths"]:
                 for algo in cfg["algorithms"]:
-                    name, settings = settings_for(algo, width, kname, cfg["lam"], cfg["R"], cfg["C"], cfg["T"], cfg["lengthscale"])
+                    name, settings = settings_for(algo, width, kname, cfg["lam"], cfg["R"], cfg["C"], cfg["T"],
+                                                  cfg["lengthscale"])
                     bandit = make_bandit(name, arms, settings, rep)
                     obj = ArmObjective(f, noise_std=cfg["R"], seed=rep)
                     t0 = time.perf_counter()
@@ -104,7 +107,8 @@ def regret_suite(cfg: dict, log) -> dict:
                             maximizer_kept=bool(bandit.active[int(torch.argmax(f))]),
                         )
                     runs.append(row)
-                    log(f"{kname:6s} rep {rep} {width:6s} {algo:6s} R_T={cum[-1]:9.2f}  {wall:6.1f}s" + (f"  active {row['active_sizes']}" if algo == "S-BPE" else ""))
+                    log(f"{kname:6s} rep {rep} {width:6s} {algo:6s} R_T={cum[-1]:9.2f}  {wall:6.1f}s"
+                        + (f"  active {row['active_sizes']}" if algo == "S-BPE" else ""))
         out[kname] = runs
     return out
 
@@ -153,7 +157,8 @@ def design_suite(cfg: dict, log) -> dict:
                         "elapsed_s": time.perf_counter() - t0,
                     }
                 )
-                log(f"design {kname:8s} rep {rep} n={n:4d} m={rows[-1]['m']:4d} λmax/τ²={lam_max / cfg['lam']:.2e} L∞={err:.4f} (random {err_rand:.4f})")
+                log(f"design {kname:8s} rep {rep} n={n:4d} m={rows[-1]['m']:4d} λmax/τ²={lam_max / cfg['lam']:.2e} "
+                    f"L∞={err:.4f} (random {err_rand:.4f})")
         out[kname] = rows
     return out
 
@@ -193,7 +198,8 @@ def plot(regret: dict, design: dict, cfg: dict, path: Path) -> None:
         ax = axes[0, col]
         for width, ls in (("theory", "-"), ("const", "--")):
             for algo in cfg["algorithms"]:
-                curves = [torch.tensor(r["curve"]) for r in regret[kname] if r["width"] == width and r["algorithm"] == algo]
+                curves = [torch.tensor(r["curve"]) for r in regret[kname] if r["width"] == width and r["algorithm"]
+                          == algo]
                 if not curves:
                     continue
                 c = torch.stack(curves)
@@ -212,7 +218,8 @@ def plot(regret: dict, design: dict, cfg: dict, path: Path) -> None:
         ax.loglog(ns, [mean("linf", n) for n in ns], "o-", label="max-variance design (Sec. 4.1)")
         ax.loglog(ns, [mean("linf_random", n) for n in ns], "s--", label="uniform random design")
         for n in ns:
-            ax.annotate(f"m={mean('m', n):.0f}", (n, mean("linf", n)), fontsize=7, textcoords="offset points", xytext=(3, 5))
+            ax.annotate(f"m={mean('m', n):.0f}", (n, mean("linf", n)), fontsize=7, textcoords="offset points",
+                        xytext=(3, 5))
         ax.set_title(f"{kname}: L∞ error of the sparse regressor on a {cfg['grid_side']}² grid")
         ax.set_xlabel("n")
         ax.set_ylabel("‖f - μ̄_n‖∞")
@@ -233,8 +240,10 @@ def main(argv=None) -> dict:
     if args.quick:
         cfg = dict(A=200, T=200, reps=1, widths=["theory"], design_ns=[10, 40], design_reps=1, grid_side=15)
     else:
-        cfg = dict(A=600, T=1500, reps=2, widths=["theory", "const"], design_ns=[10, 25, 50, 100, 200, 400], design_reps=2, grid_side=30)
-    cfg.update(kernels=["rbf", "matern52"], algorithms=["S-BPE", "BKB", "GPUCB"], lengthscale=0.2, lam=0.01, R=0.1, C=2.0, J=40)
+        cfg = dict(A=600, T=1500, reps=2, widths=["theory", "const"], design_ns=[10, 25, 50, 100, 200, 400],
+                   design_reps=2, grid_side=30)
+    cfg.update(kernels=["rbf", "matern52"], algorithms=["S-BPE", "BKB", "GPUCB"], lengthscale=0.2, lam=0.01, R=0.1,
+               C=2.0, J=40)
     start = time.perf_counter()
 
     def log(msg):

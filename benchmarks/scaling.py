@@ -61,28 +61,36 @@ def main(argv: list[str] | None = None) -> dict:
         arms, f = _problem(A, device, dtype, args.seed)
         settings = BanditSettings(lengthscale=0.2, lam=0.01, q_bar=2.0, F=1.0, delta=1.0 / cfg["T_A"], beta=BETA)
         run = run_bandit("BKB", arms, _objective(f, args.seed), f, settings, cfg["T_A"], args.seed, progress=progress)
-        vs_A.append({"A": A, "T": run["T"], "per_step_s": _per_step_second_half(run), "time": run["time"], "setup_time": run["setup_time"], "dictionary_size": run["dictionary_size"]})
+        vs_A.append({"A": A, "T": run["T"], "per_step_s": _per_step_second_half(run), "time": run["time"],
+                     "setup_time": run["setup_time"], "dictionary_size": run["dictionary_size"]})
         print(f"  A={A:>8}: per-step {1e3 * vs_A[-1]['per_step_s']:.2f} ms, m={run['dictionary_size']}", flush=True)
         del arms, f
     slope_A = fit_loglog_slope([r["A"] for r in vs_A], [r["per_step_s"] for r in vs_A])
 
     arms, f = _problem(cfg["t_A"], device, dtype, args.seed)
     settings = BanditSettings(lengthscale=0.2, lam=0.01, q_bar=2.0, F=1.0, delta=1.0 / cfg["t_T"], beta=BETA)
-    run_t = run_bandit("BKB", arms, _objective(f, args.seed), f, settings, cfg["t_T"], args.seed, time_limit=cfg["t_cap"], progress=progress)
+    run_t = run_bandit("BKB", arms, _objective(f, args.seed), f, settings, cfg["t_T"], args.seed,
+                       time_limit=cfg["t_cap"], progress=progress)
     xs, ys = per_step_profile(run_t, bins=20)
     late = [(x, y) for x, y in zip(xs, ys) if x >= xs[-1] / 10]
     slope_t = fit_loglog_slope([x for x, _ in late], [y for _, y in late])
 
-    rows = [{"A": f"{r['A']:.0e}", "T": r["T"], "per-step [ms]": 1e3 * r["per_step_s"], "per-step / A [ns]": 1e9 * r["per_step_s"] / r["A"], "m_T": r["dictionary_size"]} for r in vs_A]
-    print_table(rows, list(rows[0]), f"BKB per-step time vs A (second half of T={cfg['T_A']} steps); log-log slope {slope_A:.2f}  ({device}, {args.dtype})")
-    print(f"BKB per-step time vs t at A={cfg['t_A']}: T={run_t['T']}{' (capped by time)' if run_t['capped'] else ''}, m_T={run_t['dictionary_size']}, "
-          f"late slope {slope_t:.2f}, per-step {1e3 * ys[0]:.2f} ms at t≈{xs[0]:.0f} -> {1e3 * ys[-1]:.2f} ms at t≈{xs[-1]:.0f}")
+    rows = [{"A": f"{r['A']:.0e}", "T": r["T"], "per-step [ms]": 1e3 * r["per_step_s"],
+             "per-step / A [ns]": 1e9 * r["per_step_s"] / r["A"], "m_T": r["dictionary_size"]} for r in vs_A]
+    print_table(rows, list(rows[0]),
+                f"BKB per-step time vs A (second half of T={cfg['T_A']} steps); log-log slope {slope_A:.2f}  "
+                f"({device}, {args.dtype})")
+    print(f"BKB per-step time vs t at A={cfg['t_A']}: T={run_t['T']}{' (capped by time)' if run_t['capped'] else ''}, "
+          f"m_T={run_t['dictionary_size']}, "
+          f"late slope {slope_t:.2f}, per-step {1e3 * ys[0]:.2f} ms at t≈{xs[0]:.0f} -> {1e3 * ys[-1]:.2f} ms at "
+          f"t≈{xs[-1]:.0f}")
 
     fig, axes = new_figure(ncols=3, width=4.6)
     ax = axes[0][0]
     ax.loglog([r["A"] for r in vs_A], [1e3 * r["per_step_s"] for r in vs_A], "o-", label=f"BKB (slope {slope_A:.2f})")
     a0 = vs_A[0]
-    ax.loglog([r["A"] for r in vs_A], [1e3 * a0["per_step_s"] * r["A"] / a0["A"] for r in vs_A], "k:", lw=0.8, label="∝ A")
+    ax.loglog([r["A"] for r in vs_A], [1e3 * a0["per_step_s"] * r["A"] / a0["A"] for r in vs_A], "k:", lw=0.8,
+              label="∝ A")
     ax.set_xlabel("A (arms)")
     ax.set_ylabel("per-step time [ms]")
     ax.legend(fontsize=7)
@@ -106,7 +114,8 @@ def main(argv: list[str] | None = None) -> dict:
         "settings": settings.to_dict(),
         "vs_A": vs_A,
         "slope_vs_A": slope_A,
-        "vs_t": {"A": cfg["t_A"], "T": run_t["T"], "capped": run_t["capped"], "t": xs, "per_step_s": ys, "late_slope": slope_t, "curves": run_t["curves"], "dictionary_size": run_t["dictionary_size"]},
+        "vs_t": {"A": cfg["t_A"], "T": run_t["T"], "capped": run_t["capped"], "t": xs, "per_step_s": ys,
+                 "late_slope": slope_t, "curves": run_t["curves"], "dictionary_size": run_t["dictionary_size"]},
         "plot": str(png),
         "time": time.perf_counter() - t0,
     }

@@ -46,15 +46,21 @@ import torch
 from benchmarks.cli import base_parser, setup, size_of
 from benchmarks.harness import run_bandit, summarize_runs
 from benchmarks.registry import BanditSettings
-from benchmarks.report import BANDIT_COLUMNS, bandit_table_rows, fit_loglog_slope, new_figure, plot_bandit_runs, print_table, save_figure, write_json
+from benchmarks.report import (
+    BANDIT_COLUMNS, bandit_table_rows, fit_loglog_slope, new_figure, plot_bandit_runs, print_table, save_figure,
+    write_json
+)
 from torchbkb.datasets import anchor_problem, gp_sample, random_arms
 
 NAME = "sequential"
 BETA = 0.5
 SIZES = {
-    "quick": {"scan_A": [500, 2000], "scan_T": 60, "scan_cap": 20.0, "anchor_T": 60, "anchor_reps": 1, "peer_reps": 1, "anchor_cap": 30.0},
-    "default": {"scan_A": [1000, 10_000, 100_000], "scan_T": 1000, "scan_cap": 60.0, "anchor_T": 1000, "anchor_reps": 5, "peer_reps": 1, "anchor_cap": 120.0},
-    "full": {"scan_A": [1000, 10_000, 100_000], "scan_T": 3000, "scan_cap": 600.0, "anchor_T": 1000, "anchor_reps": 10, "peer_reps": 3, "anchor_cap": 600.0},
+    "quick": {"scan_A": [500, 2000], "scan_T": 60, "scan_cap": 20.0, "anchor_T": 60, "anchor_reps": 1, "peer_reps": 1,
+              "anchor_cap": 30.0},
+    "default": {"scan_A": [1000, 10_000, 100_000], "scan_T": 1000, "scan_cap": 60.0, "anchor_T": 1000, "anchor_reps": 5,
+                "peer_reps": 1, "anchor_cap": 120.0},
+    "full": {"scan_A": [1000, 10_000, 100_000], "scan_T": 3000, "scan_cap": 600.0, "anchor_T": 1000, "anchor_reps": 10,
+             "peer_reps": 3, "anchor_cap": 600.0},
 }
 TARGETS = {"BKB-theory": 1.0, "BKB": 1.0, "GPUCB": 5.0, "GPUCB-theory": 5.0}
 ANCHOR_ALGORITHMS = ["BKB-theory", "BKB", "GPUCB-theory", "GPUCB", "BoTorch-UCB"]
@@ -93,7 +99,8 @@ def scan(cfg: dict, device, dtype, seed: int, progress: bool) -> dict:
         f = (f - f.mean()) / f.std()
         obj = _objective(f, seed)
         for alg in ("BKB", "GPUCB"):
-            run = run_bandit(alg, arms, obj, f, settings, cfg["scan_T"], seed, time_limit=cfg["scan_cap"], progress=progress)
+            run = run_bandit(alg, arms, obj, f, settings, cfg["scan_T"], seed, time_limit=cfg["scan_cap"],
+                             progress=progress)
             xs, ys = per_step_profile(run)
             late = [y for x, y in zip(xs, ys) if x >= xs[-1] / 4] if xs else []
             out[f"{alg}@{A}"] = {
@@ -108,10 +115,13 @@ def scan(cfg: dict, device, dtype, seed: int, progress: bool) -> dict:
                 "per_step_t": xs,
                 "per_step_s": ys,
                 "late_per_step_s": statistics.median(late) if late else float("nan"),
-                "slope_vs_t": fit_loglog_slope([x for x in xs if x >= xs[-1] / 8], [y for x, y in zip(xs, ys) if x >= xs[-1] / 8]) if xs else float("nan"),
+                "slope_vs_t": fit_loglog_slope([x for x in xs if x >= xs[-1] / 8],
+                                               [y for x, y in zip(xs, ys) if x >= xs[-1] / 8]) if xs else float("nan"),
             }
             r = out[f"{alg}@{A}"]
-            print(f"  scan {alg:>5} A={A:>7}: T={r['T']} time {r['time']:.2f}s, late per-step {1e3 * r['late_per_step_s']:.2f} ms, slope vs t {r['slope_vs_t']:.2f}, m={r['dictionary_size']}", flush=True)
+            print(f"  scan {alg:>5} A={A:>7}: T={r['T']} time {r['time']:.2f}s, late per-step "
+                  f"{1e3 * r['late_per_step_s']:.2f} ms, slope vs t {r['slope_vs_t']:.2f}, m={r['dictionary_size']}",
+                  flush=True)
     return out
 
 
@@ -160,7 +170,8 @@ def idealized_bkb_loop(prob, T: int, seed: int) -> dict:
         Vi.neg_().diagonal().add_(1 / lam)
         P = torch.cat([W.T @ (Vi @ W), (w @ W)[None]]) @ K_SA
         mean, rls = P[-1], (kd / lam - P[:-1].mul_(K_SA).sum(0)).clamp_min_(0)
-        beta = bkb_beta(float((counts[pulled] * rls[pulled]).sum()), t, noise_std=lam**0.5, lam=lam, F=1.0, delta=1.0 / T)
+        beta = bkb_beta(float((counts[pulled] * rls[pulled]).sum()), t, noise_std=lam**0.5, lam=lam, F=1.0,
+                        delta=1.0 / T)
         i = int(torch.argmax(mean + beta * rls.sqrt()))
     return {"time": time.perf_counter() - t0, "dictionary_size": int(D.numel())}
 
@@ -178,14 +189,17 @@ def anchor(cfg: dict, device, dtype, seed: int, progress: bool) -> dict:
         # one untimed warm-up run first (the BoTorch loop: 20 steps): a process's first run of each
         # algorithm pays one-time costs -- on this VM 0.1-0.35 s of first-touch page faults as its buffers
         # grow -- that the repetitions then do not; its time is kept in the JSON as "cold_time"
-        warm = run_bandit(alg, prob.arms, prob.objective(seed), prob.values, settings, 20 if peer else T, seed, time_limit=cfg["anchor_cap"], progress=False)
+        warm = run_bandit(alg, prob.arms, prob.objective(seed), prob.values, settings, 20 if peer else T, seed,
+                          time_limit=cfg["anchor_cap"], progress=False)
         cold[alg] = warm["time"]
         results[alg] = []
         for r in range(reps):
-            results[alg].append(run_bandit(alg, prob.arms, prob.objective(seed + r), prob.values, settings, T, seed + r, time_limit=cfg["anchor_cap"], progress=progress))
+            results[alg].append(run_bandit(alg, prob.arms, prob.objective(seed + r), prob.values, settings, T, seed + r,
+                                           time_limit=cfg["anchor_cap"], progress=progress))
             if alg == "BKB-theory":  # the floor right after each repetition: the same phase of the VM
                 floor.append(idealized_bkb_loop(prob, T, seed + r))
-    return {"settings": settings.to_dict(), "runs": results, "cold_time": cold, "idealized_bkb_theory": floor, "summaries": [summarize_runs(r) for r in results.values()]}
+    return {"settings": settings.to_dict(), "runs": results, "cold_time": cold, "idealized_bkb_theory": floor,
+            "summaries": [summarize_runs(r) for r in results.values()]}
 
 
 def plot_scan(res: dict, out_dir) -> str:
@@ -193,7 +207,9 @@ def plot_scan(res: dict, out_dir) -> str:
     ax = axes[0][0]
     for r in res.values():
         if r["per_step_t"]:
-            ax.loglog(r["per_step_t"], [1e3 * y for y in r["per_step_s"]], marker=".", ls="-" if r["algorithm"] == "BKB" else "--", label=f"{r['algorithm']} A={r['A']:.0e} (slope {r['slope_vs_t']:.2f})")
+            ax.loglog(r["per_step_t"], [1e3 * y for y in r["per_step_s"]], marker=".",
+                      ls="-" if r["algorithm"] == "BKB" else "--",
+                      label=f"{r['algorithm']} A={r['A']:.0e} (slope {r['slope_vs_t']:.2f})")
     ax.set_xlabel("t")
     ax.set_ylabel("per-step time [ms] (median in window)")
     ax.legend(fontsize=6)
@@ -236,7 +252,8 @@ def main(argv: list[str] | None = None) -> dict:
             }
             for r in res.values()
         ]
-        print_table(rows, list(rows[0]), f"per-step time vs t and A (d=2, ℓ=0.2, λ=0.01, q̄=2, β={BETA}; {device}, {args.dtype})")
+        print_table(rows, list(rows[0]),
+                    f"per-step time vs t and A (d=2, ℓ=0.2, λ=0.01, q̄=2, β={BETA}; {device}, {args.dtype})")
         payload["scan"] = res
         payload["scan_plot"] = plot_scan(res, args.out)
     if not args.skip_anchor:
@@ -249,15 +266,19 @@ def main(argv: list[str] | None = None) -> dict:
             target = TARGETS.get(s["algorithm"]) if comparable else None
             row["target [s]"] = target
             row["time / target"] = s["time_median"] / target if target else None
-        cols = BANDIT_COLUMNS[:3] + ["min [s]", "cold run [s]"] + BANDIT_COLUMNS[3:-1] + ["target [s]", "time / target", "note"]
-        title = f"anchor: A=1,000 in [0,1]², GP ℓ=0.2, noise 0.1, T={cfg['anchor_T']}, λ=0.01, q̄=2, β={BETA} | theory (F=1, δ=1/T); {device}, {args.dtype}"
+        cols = (BANDIT_COLUMNS[:3] + ["min [s]", "cold run [s]"] + BANDIT_COLUMNS[3:-1]
+                + ["target [s]", "time / target", "note"])
+        title = (f"anchor: A=1,000 in [0,1]², GP ℓ=0.2, noise 0.1, T={cfg['anchor_T']}, λ=0.01, q̄=2, β={BETA} | "
+                 f"theory (F=1, δ=1/T); {device}, {args.dtype}")
         print_table(rows, cols, title)
         floor = statistics.median(r["time"] for r in anc["idealized_bkb_theory"])
         bkb_theory = next((x["time_median"] for x in anc["summaries"] if x["algorithm"] == "BKB-theory"), float("nan"))
         anc["idealized_bkb_theory_median"] = floor
         anc["bkb_theory_over_idealized"] = bkb_theory / floor
-        print(f"idealized BKB theory-β loop (kernel precomputed, no bookkeeping; this run's floor): median {floor:.3f} s "
-              "(" + ", ".join(f"{r['time']:.3f}" for r in anc["idealized_bkb_theory"]) + f"); BKB-theory / floor = {bkb_theory / floor:.2f}")
+        print(f"idealized BKB theory-β loop (kernel precomputed, no bookkeeping; this run's floor): median {floor:.3f} "
+              f"s "
+              "(" + ", ".join(f"{r['time']:.3f}" for r in anc["idealized_bkb_theory"])
+              + f"); BKB-theory / floor = {bkb_theory / floor:.2f}")
         payload["anchor"] = anc
         payload["anchor_table"] = rows
         payload["anchor_plot"] = str(plot_bandit_runs(anc["runs"], args.out, f"{NAME}_anchor", title))

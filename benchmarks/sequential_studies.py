@@ -73,8 +73,10 @@ def regret_study(cfg: dict, device, dtype, seed: int) -> dict:
     T, seeds = cfg["anchor_T"], list(range(seed, seed + cfg["study_seeds"]))
     base = BanditSettings(lengthscale=0.2, lam=0.01, q_bar=2.0, F=1.0, delta=1.0 / T, beta=BETA)
     configs = [("GP-UCB", "GPUCB", base, "GP-UCB")]
-    configs += [(f"BKB q̄={q:g}" if q < 1e4 else f"BKB q̄=1e{round(math.log10(q))}", "BKB", replace(base, q_bar=q), "GP-UCB") for q in STUDY_Q]
-    configs += [("GP-UCB theory", "GPUCB-theory", base, "GP-UCB theory"), ("BKB theory q̄=2", "BKB-theory", base, "GP-UCB theory")]
+    configs += [(f"BKB q̄={q:g}" if q < 1e4 else f"BKB q̄=1e{round(math.log10(q))}", "BKB", replace(base, q_bar=q),
+                 "GP-UCB") for q in STUDY_Q]
+    configs += [("GP-UCB theory", "GPUCB-theory", base, "GP-UCB theory"),
+                ("BKB theory q̄=2", "BKB-theory", base, "GP-UCB theory")]
     runs: dict[str, list[dict]] = {label: [] for label, *_ in configs}
     arms_of: dict[tuple[str, int], list[int]] = {}
     for s in seeds:
@@ -87,9 +89,11 @@ def regret_study(cfg: dict, device, dtype, seed: int) -> dict:
             runs[label].append({
                 "seed": s, "normalized_regret": hist.normalized_regret[-1], "time": wall,
                 "dictionary_size": hist.dictionary_size[-1], "distinct_arms": len(set(hist.index)),
-                "off_mode_fraction": off_mode_fraction(hist.index), "same_arms_as_reference": hist.index == arms_of[ref, s],
+                "off_mode_fraction": off_mode_fraction(hist.index),
+                "same_arms_as_reference": hist.index == arms_of[ref, s],
             })
-        print(f"  regret study seed {s}: " + ", ".join(f"{label} {runs[label][-1]['normalized_regret']:.4f}" for label, *_ in configs), flush=True)
+        print(f"  regret study seed {s}: "
+              + ", ".join(f"{label} {runs[label][-1]['normalized_regret']:.4f}" for label, *_ in configs), flush=True)
     summary = {}
     for label, _, settings, ref in configs:
         x = np.array([r["normalized_regret"] for r in runs[label]])
@@ -97,7 +101,8 @@ def regret_study(cfg: dict, device, dtype, seed: int) -> dict:
         summary[label] = {
             "reference": ref, "q_bar": settings.q_bar if label.startswith("BKB") else None,
             "median": float(np.median(x)), "mean": float(x.mean()), "std": float(x.std(ddof=1)) if len(x) > 1 else 0.0,
-            "ratio_of_medians": float(np.median(x) / np.median(g)), "ratio_of_medians_90ci": bootstrap_ratio(x, g, np.median),
+            "ratio_of_medians": float(np.median(x) / np.median(g)),
+            "ratio_of_medians_90ci": bootstrap_ratio(x, g, np.median),
             "ratio_of_means": float(x.mean() / g.mean()), "ratio_of_means_90ci": bootstrap_ratio(x, g, np.mean),
             "seeds_higher_than_reference": int((x > g).sum()), "seeds_lower_than_reference": int((x < g).sum()),
             "seeds_same_arms_as_reference": sum(r["same_arms_as_reference"] for r in runs[label]),
@@ -126,8 +131,10 @@ def width_scan(cfg: dict, device, dtype, seed: int) -> dict:
     for beta in WIDTH_SCAN:
         base = BanditSettings(lengthscale=0.2, lam=0.01, q_bar=2.0, F=1.0, delta=1.0 / T, beta=beta)
         res = {}
-        for label, alg, settings in (("GP-UCB", "GPUCB", base), ("BKB q̄=2", "BKB", base), ("BKB q̄=4", "BKB", replace(base, q_bar=4.0))):
-            res[label] = [torchbkb.run(make_bandit(alg, prob.arms, settings, s), prob.objective(s), budget=T, progress=False, values=prob.values).normalized_regret[-1] for s in seeds]
+        for label, alg, settings in (("GP-UCB", "GPUCB", base), ("BKB q̄=2", "BKB", base),
+                                     ("BKB q̄=4", "BKB", replace(base, q_bar=4.0))):
+            res[label] = [torchbkb.run(make_bandit(alg, prob.arms, settings, s), prob.objective(s), budget=T,
+                                       progress=False, values=prob.values).normalized_regret[-1] for s in seeds]
         runs[str(beta)] = res
         g = np.array(res["GP-UCB"])
         row = {"beta": beta, "gpucb_median": float(np.median(g))}
@@ -137,7 +144,8 @@ def width_scan(cfg: dict, device, dtype, seed: int) -> dict:
                           "ratio_of_medians_90ci": bootstrap_ratio(x, g, np.median), "seeds_higher": int((x > g).sum())}
         rows.append(row)
         print(f"  width β = {beta}: GP-UCB {row['gpucb_median']:.4f}, " + ", ".join(
-            f"{k} {row[k]['median']:.4f} ({row[k]['ratio_of_medians']:.2f}x, higher on {row[k]['seeds_higher']}/{len(seeds)})" for k in ("BKB q̄=2", "BKB q̄=4")), flush=True)
+            f"{k} {row[k]['median']:.4f} ({row[k]['ratio_of_medians']:.2f}x, higher on "
+            f"{row[k]['seeds_higher']}/{len(seeds)})" for k in ("BKB q̄=2", "BKB q̄=4")), flush=True)
     return {"T": T, "seeds": seeds, "widths": list(WIDTH_SCAN), "rows": rows, "runs": runs}
 
 
@@ -147,15 +155,19 @@ def plot_regret_study(study: dict, out_dir) -> str:
     fig, axes = new_figure(ncols=2, width=5.6)
     ax = axes[0][0]
     labels = list(study["summary"])
-    strip_plot(ax, labels, [[r["normalized_regret"] for r in study["runs"][label]] for label in labels], rotation=35, fontsize=7)
+    strip_plot(ax, labels, [[r["normalized_regret"] for r in study["runs"][label]] for label in labels], rotation=35,
+               fontsize=7)
     ax.set_ylabel("R_T / R_unif (one point per seed; bar: median)")
     ax = axes[0][1]
     bkb = [(v["q_bar"], v) for k, v in study["summary"].items() if k.startswith("BKB q")]
     qs = [q for q, _ in bkb]
     mid = [v["ratio_of_medians"] for _, v in bkb]
-    err = [[m - v["ratio_of_medians_90ci"][0] for m, (_, v) in zip(mid, bkb)], [v["ratio_of_medians_90ci"][1] - m for m, (_, v) in zip(mid, bkb)]]
+    err = [[m - v["ratio_of_medians_90ci"][0] for m, (_, v) in zip(mid, bkb)],
+           [v["ratio_of_medians_90ci"][1] - m for m, (_, v) in zip(mid, bkb)]]
     ax.errorbar(qs, mid, yerr=err, marker="o", capsize=3, label="BKB / GP-UCB, median R_T (90 % bootstrap)")
-    ax.plot(qs, [v["median_off_mode_fraction"] / max(study["summary"]["GP-UCB"]["median_off_mode_fraction"], 1e-12) for _, v in bkb], marker="s", ls="--",
+    ax.plot(qs,
+            [v["median_off_mode_fraction"] / max(study["summary"]["GP-UCB"]["median_off_mode_fraction"], 1e-12) for _,
+             v in bkb], marker="s", ls="--",
             label=f"BKB / GP-UCB, steps off the most-pulled arm (t > {study['explore_after']})")
     ax.axhline(1.0, color="gray", lw=0.8)
     ax.set_xscale("log")
@@ -172,7 +184,8 @@ def main(argv: list[str] | None = None) -> dict:
     p = base_parser(__doc__.splitlines()[0])
     p.add_argument("--skip-regret-study", action="store_true")
     p.add_argument("--skip-width-scan", action="store_true")
-    p.add_argument("--study-seeds", type=int, default=None, help="seeds of the regret study (default: 2 quick, 20, 50 full)")
+    p.add_argument("--study-seeds", type=int, default=None,
+                   help="seeds of the regret study (default: 2 quick, 20, 50 full)")
     args = p.parse_args(argv)
     cfg = dict(SIZES[size_of(args)])
     if args.study_seeds is not None:
@@ -200,7 +213,9 @@ def main(argv: list[str] | None = None) -> dict:
             }
             for label, v in study["summary"].items()
         ]
-        print_table(rows, list(rows[0]), f"regret study: anchor problem, T={study['T']}, {len(study['seeds'])} seeds (medians over seeds; {device}, {args.dtype})")
+        print_table(rows, list(rows[0]),
+                    f"regret study: anchor problem, T={study['T']}, {len(study['seeds'])} seeds (medians over seeds; "
+                    f"{device}, {args.dtype})")
         payload["regret_study"] = study
         payload["regret_study_table"] = rows
         payload["regret_study_plot"] = plot_regret_study(study, args.out)
@@ -209,11 +224,14 @@ def main(argv: list[str] | None = None) -> dict:
         rows = [
             {"β (RLS)": r["beta"], "GP-UCB median": r["gpucb_median"]}
             | {f"{k} median": r[k]["median"] for k in ("BKB q̄=2", "BKB q̄=4")}
-            | {f"{k} / GP-UCB": "{:.2f} ({:.2f}-{:.2f})".format(r[k]["ratio_of_medians"], *r[k]["ratio_of_medians_90ci"]) for k in ("BKB q̄=2", "BKB q̄=4")}
+            | {f"{k} / GP-UCB": "{:.2f} "
+                                "({:.2f}-{:.2f})".format(r[k]["ratio_of_medians"], *r[k]["ratio_of_medians_90ci"])
+                                for k in ("BKB q̄=2", "BKB q̄=4")}
             | {f"{k} higher": f"{r[k]['seeds_higher']}/{len(ws['seeds'])}" for k in ("BKB q̄=2", "BKB q̄=4")}
             for r in ws["rows"]
         ]
-        print_table(rows, list(rows[0]), f"width scan: anchor problem, T={ws['T']}, {len(ws['seeds'])} seeds (medians over seeds)")
+        print_table(rows, list(rows[0]),
+                    f"width scan: anchor problem, T={ws['T']}, {len(ws['seeds'])} seeds (medians over seeds)")
         payload["width_scan"] = ws
         payload["width_scan_table"] = rows
     payload["total_time"] = time.perf_counter() - t0

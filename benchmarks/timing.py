@@ -55,7 +55,8 @@ def time_call(fn: Callable[[], Any], *, device=None, repeats: int = 3, warmup: i
     return Timing(min(values), statistics.median(values), values)
 
 
-def time_interleaved(fns: dict[str, Callable[[], Any]], *, device=None, repeats: int = 3, warmup: int = 1) -> dict[str, Timing]:
+def time_interleaved(fns: dict[str, Callable[[], Any]], *, device=None, repeats: int = 3, warmup: int = 1) -> dict[str,
+        Timing]:
     """Time several callables round-robin (a, b, c, a, b, c, ...), synchronizing CUDA around each.
 
     On a shared or throttling machine, interleaving exposes every candidate to the same conditions, so

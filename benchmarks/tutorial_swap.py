@@ -98,7 +98,8 @@ def batch_cv(kind, seed, quick):
     g = torch.Generator().manual_seed(seed)
     X = torch.linspace(0, 1, 20, dtype=F64).unsqueeze(-1)
     Y = torch.sin(6 * X) + 0.2 * torch.randn(20, 1, dtype=F64, generator=g)
-    cls, mll = (BKBModel, DTCMarginalLogLikelihood) if kind == "BKBModel" else (SingleTaskGP, ExactMarginalLogLikelihood)
+    cls, mll = (BKBModel, DTCMarginalLogLikelihood) if kind == "BKBModel" else (SingleTaskGP,
+                                                                                ExactMarginalLogLikelihood)
     cv = batch_cross_validation(model_cls=cls, mll_cls=mll, cv_folds=gen_loo_cv_folds(train_X=X, train_Y=Y))
     return -float((cv.posterior.mean - cv.observed_Y).pow(2).mean())
 
@@ -210,7 +211,8 @@ def thompson(kind, seed, quick, sampler="cholesky"):
     while X.shape[0] < (25 if quick else 50):
         base = RFFKernel(ard_num_dims=6, num_samples=1024) if sampler == "rff" else RBFKernel(ard_num_dims=6)
         model = fitted(kind, X, Y, covar_module=ScaleKernel(base), outcome_transform=Standardize(m=1))
-        cand = draw_sobol_samples(bounds=f.bounds.to(F64), n=2000 if quick else 5000, q=1, seed=seed + X.shape[0]).squeeze(-2)
+        cand = draw_sobol_samples(bounds=f.bounds.to(F64), n=2000 if quick else 5000, q=1,
+                                  seed=seed + X.shape[0]).squeeze(-2)
         with torch.no_grad():
             if sampler == "pathwise":
                 model = get_matheron_path_model(model=model)
@@ -288,7 +290,9 @@ def jes(kind, seed, quick):
 
 def mobo(kind, seed, quick, acquisition="qLogNEHVI"):
     """BraninCurrin with a ModelListGP: qLogNEHVI, qLogEHVI or qLogNParEGO (q = 2); the hypervolume reached."""
-    from botorch.acquisition.multi_objective.logei import qLogExpectedHypervolumeImprovement, qLogNoisyExpectedHypervolumeImprovement
+    from botorch.acquisition.multi_objective.logei import (
+        qLogExpectedHypervolumeImprovement, qLogNoisyExpectedHypervolumeImprovement
+    )
     from botorch.acquisition.multi_objective.parego import qLogNParEGO
     from botorch.models import ModelListGP
     from botorch.optim import optimize_acqf
@@ -305,13 +309,15 @@ def mobo(kind, seed, quick, acquisition="qLogNEHVI"):
     for _ in range(3 if quick else 8):
         model = ModelListGP(*(fitted(kind, X, Y[:, i : i + 1]) for i in range(2)))
         if acquisition == "qLogNEHVI":
-            acq = qLogNoisyExpectedHypervolumeImprovement(model, ref_point=f.ref_point, X_baseline=X, prune_baseline=True)
+            acq = qLogNoisyExpectedHypervolumeImprovement(model, ref_point=f.ref_point, X_baseline=X,
+                                                          prune_baseline=True)
         elif acquisition == "qLogEHVI":
             part = FastNondominatedPartitioning(ref_point=f.ref_point, Y=Y)
             acq = qLogExpectedHypervolumeImprovement(model, ref_point=f.ref_point, partitioning=part)
         else:
             acq = qLogNParEGO(model, X_baseline=X)
-        new, _ = optimize_acqf(acq, bounds=bounds, q=2, num_restarts=4, raw_samples=128, sequential=acquisition == "qLogNParEGO")
+        new, _ = optimize_acqf(acq, bounds=bounds, q=2, num_restarts=4, raw_samples=128,
+                               sequential=acquisition == "qLogNParEGO")
         X, Y = torch.cat([X, new]), torch.cat([Y, f(new)])
     front = Y[is_non_dominated(Y)]
     return float(Hypervolume(ref_point=f.ref_point).compute(front))
@@ -335,10 +341,12 @@ def ax_modular(kind, seed, quick, objectives=1):
 
     logging.getLogger("ax").setLevel(logging.ERROR)
     client = Client(random_seed=seed)
-    client.configure_experiment(parameters=[RangeParameterConfig(name=f"x{i}", parameter_type="float", bounds=(0.0, 1.0)) for i in range(2)])
+    client.configure_experiment(parameters=[RangeParameterConfig(name=f"x{i}", parameter_type="float",
+                                                                 bounds=(0.0, 1.0)) for i in range(2)])
     client.configure_optimization(objective="branin" if objectives == 1 else "branin, currin")
     cls = BKBModel if kind == "BKBModel" else SingleTaskGP
-    gs = choose_generation_strategy(GenerationStrategyDispatchStruct(method="custom", initialization_budget=5, initialization_random_seed=seed),
+    gs = choose_generation_strategy(GenerationStrategyDispatchStruct(method="custom", initialization_budget=5,
+                                                                     initialization_random_seed=seed),
                                     model_config=ModelConfig(botorch_model_class=cls))
     client.set_generation_strategy(gs)
     f1, f2 = Branin(negate=True).to(F64), BraninCurrin(negate=True).to(F64)
@@ -380,10 +388,12 @@ def ax_analyses(kind, seed, quick):
 
     logging.getLogger("ax").setLevel(logging.ERROR)
     client = Client(random_seed=seed)
-    client.configure_experiment(parameters=[RangeParameterConfig(name=f"x{i}", parameter_type="float", bounds=(0.0, 1.0)) for i in range(4)])
+    client.configure_experiment(parameters=[RangeParameterConfig(name=f"x{i}", parameter_type="float",
+                                                                 bounds=(0.0, 1.0)) for i in range(4)])
     client.configure_optimization(objective="f")
     cls = BKBModel if kind == "BKBModel" else SingleTaskGP
-    gs = choose_generation_strategy(GenerationStrategyDispatchStruct(method="custom", initialization_budget=8, initialization_random_seed=seed),
+    gs = choose_generation_strategy(GenerationStrategyDispatchStruct(method="custom", initialization_budget=8,
+                                                                     initialization_random_seed=seed),
                                     model_config=ModelConfig(botorch_model_class=cls))
     client.set_generation_strategy(gs)
     for _ in range(10):
@@ -440,7 +450,8 @@ def main(argv=None) -> dict:
                         traceback.print_exc()
                 rows.append({"flow": name, "model": kind, "seed": seed, "value": value, "error": error,
                              "seconds": time.perf_counter() - t0})
-                print(f"{name:30s} {kind:12s} seed {seed}: {value} {error or ''} ({rows[-1]['seconds']:.1f} s)", flush=True)
+                print(f"{name:30s} {kind:12s} seed {seed}: {value} {error or ''} ({rows[-1]['seconds']:.1f} s)",
+                      flush=True)
     table = []
     for name in flows:
         by = {k: [r for r in rows if r["flow"] == name and r["model"] == k] for k in MODELS}
@@ -449,11 +460,14 @@ def main(argv=None) -> dict:
         ref, bkb = ok["SingleTaskGP"], ok["BKBModel"]
         within = bool(ref and bkb) and statistics.median(bkb) >= min(ref) - 1e-3 * abs(min(ref))  # ties to rounding
         table.append({"flow": name, "SingleTaskGP": statistics.median(ref) if ref else None,
-                      "BKBModel": statistics.median(bkb) if bkb else None, "stgp_spread": [min(ref), max(ref)] if ref else None,
+                      "BKBModel": statistics.median(bkb) if bkb else None,
+                      "stgp_spread": [min(ref), max(ref)] if ref else None,
                       "bkb_errors": errors, "within_or_above": within,
                       "seconds_stgp": statistics.median(r["seconds"] for r in by["SingleTaskGP"]),
                       "seconds_bkb": statistics.median(r["seconds"] for r in by["BKBModel"])})
-    print_table(table, ["flow", "SingleTaskGP", "BKBModel", "stgp_spread", "bkb_errors", "within_or_above", "seconds_stgp", "seconds_bkb"],
+    print_table(table,
+                ["flow", "SingleTaskGP", "BKBModel", "stgp_spread", "bkb_errors", "within_or_above", "seconds_stgp",
+                 "seconds_bkb"],
                 "the tutorials with the one-class swap (median over seeds; larger is better)")
     payload = {"size": "quick" if args.quick else "default", "seeds": seeds, "table": table, "rows": rows}
     write_json(args.out, "tutorial_swap", payload)

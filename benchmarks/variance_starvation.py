@@ -45,7 +45,8 @@ from torchbkb.gp.kernels import GaussianKernel
 
 NAME = "variance_starvation"
 TS = (6, 63, 215)
-SIZES = {"quick": {"grid": 200, "seeds": 2}, "default": {"grid": 500, "seeds": 20}, "full": {"grid": 1000, "seeds": 100}}
+SIZES = {"quick": {"grid": 200, "seeds": 2}, "default": {"grid": 500, "seeds": 20},
+         "full": {"grid": 1000, "seeds": 100}}
 
 
 @dataclass
@@ -108,7 +109,8 @@ def simulate(
     post = DTCPosterior(NystromEmbedding(kernel, Xd[:1]), noise=lam).fit(Xd[:1], yd[:1])
     for s in range(2, T + 1):
         # BKB: each evaluated point enters S_s w.p. min(1, q̄ σ̃²_{s-1}(x_i)), σ̃² of the previous posterior
-        keep = sampler.resample(post.rls(Xd[:s]).to(torch.float64).cpu()) if post is not None else torch.ones(s, dtype=torch.bool)
+        keep = (sampler.resample(post.rls(Xd[:s]).to(torch.float64).cpu()) if post is not None
+                else torch.ones(s, dtype=torch.bool))
         dict_idx = keep.nonzero().squeeze(1)
         if dict_idx.numel() == 0:
             post = None  # S = ∅: the DTC posterior is the prior
@@ -188,7 +190,8 @@ def plot(panels: list[Panel], out_dir, name: str = NAME, title: str = ""):
                 ax.fill_between(g, mu - 3 * sd, mu + 3 * sd, color=color, alpha=0.18, lw=0)
         ax.plot(p.X.numpy(), p.y.numpy(), "k.", ms=3, alpha=0.6, label="evaluations")
         lo = float(min(p.f_grid.min(), p.exact[0].min())) - 3.5
-        ax.plot(p.dictionary.numpy(), [lo] * p.dictionary.numel(), "b|", ms=10, label=f"dictionary (m={p.dictionary.numel()})")
+        ax.plot(p.dictionary.numpy(), [lo] * p.dictionary.numel(), "b|", ms=10,
+                label=f"dictionary (m={p.dictionary.numel()})")
         ax.axvline(0.5, color="gray", lw=0.6, ls=":")
         ax.set_title(f"t = {p.t}")
         ax.set_xlabel("x")
@@ -201,7 +204,8 @@ def plot(panels: list[Panel], out_dir, name: str = NAME, title: str = ""):
 
 def main(argv: list[str] | None = None) -> dict:
     p = base_parser(__doc__.splitlines()[0])
-    p.add_argument("--lengthscale", type=float, default=1.0 / math.sqrt(200.0), help="default 1/√200: exp(-100 (x-x')²)")
+    p.add_argument("--lengthscale", type=float, default=1.0 / math.sqrt(200.0),
+                   help="default 1/√200: exp(-100 (x-x')²)")
     p.add_argument("--lam", type=float, default=0.01)
     p.add_argument("--q-bar", type=float, default=2.0)
     p.add_argument("--seeds", type=int, default=None, help="repetitions for the numbers (the plot uses --seed)")
@@ -210,10 +214,12 @@ def main(argv: list[str] | None = None) -> dict:
     if args.seeds is not None:
         cfg["seeds"] = args.seeds
     device, dtype = setup(args, default_threads=1)
-    kw = dict(grid_size=cfg["grid"], lengthscale=args.lengthscale, lam=args.lam, q_bar=args.q_bar, device=device, dtype=dtype)
+    kw = dict(grid_size=cfg["grid"], lengthscale=args.lengthscale, lam=args.lam, q_bar=args.q_bar, device=device,
+              dtype=dtype)
     t0 = time.perf_counter()
     panels = simulate(args.seed, **kw)
-    title = f"000 Fig. 1: k = exp(-(x-x')²/(2ℓ²)), ℓ = {args.lengthscale:.4f}, λ = {args.lam}, q̄ = {args.q_bar}; evaluations uniform in [0, 0.5]"
+    title = (f"000 Fig. 1: k = exp(-(x-x')²/(2ℓ²)), ℓ = {args.lengthscale:.4f}, λ = {args.lam}, q̄ = {args.q_bar}; "
+             f"evaluations uniform in [0, 0.5]")
     png = plot(panels, args.out, NAME, title)
     per_seed = [[panel_numbers(q) for q in simulate(args.seed + s, **kw)] for s in range(cfg["seeds"])]
     rows, agg = [], []
@@ -230,15 +236,19 @@ def main(argv: list[str] | None = None) -> dict:
                 "σ SoR [.5,1]": mean["sor_sigma_right"],
                 "σ exact [0,.5]": mean["exact_sigma_left"],
                 "σ DTC [0,.5]": mean["dtc_sigma_left"],
-                "σ̃²/σ² DTC min..max": f"{min(n['dtc_var_ratio_min'] for n in nums):.2f}..{max(n['dtc_var_ratio_max'] for n in nums):.2f}",
-                "f in ±3σ [.5,1]: exact/DTC/SoR": f"{mean['exact_coverage_right']:.2f}/{mean['dtc_coverage_right']:.2f}/{mean['sor_coverage_right']:.2f}",
+                "σ̃²/σ² DTC min..max": f"{min(n['dtc_var_ratio_min'] for n in nums):.2f}.."
+                                       f"{max(n['dtc_var_ratio_max'] for n in nums):.2f}",
+                "f in ±3σ [.5,1]: exact/DTC/SoR": f"{mean['exact_coverage_right']:.2f}/"
+                                                  f"{mean['dtc_coverage_right']:.2f}/{mean['sor_coverage_right']:.2f}",
             }
         )
     print_table(rows, list(rows[0]), f"variance starvation, means over {cfg['seeds']} seeds ({device}, {args.dtype})")
     payload = {
         "size": size_of(args),
-        "config": {**cfg, "ts": TS, "lengthscale": args.lengthscale, "lam": args.lam, "q_bar": args.q_bar, "seed": args.seed},
-        "kernel_choice": "exp(-100 (x - x')^2): the paper's 'bandwidth σ² = 100' read as inverse bandwidth; lengthscale 1/sqrt(200)",
+        "config": {**cfg, "ts": TS, "lengthscale": args.lengthscale, "lam": args.lam, "q_bar": args.q_bar,
+                   "seed": args.seed},
+        "kernel_choice": "exp(-100 (x - x')^2): the paper's 'bandwidth σ² = 100' read as inverse bandwidth; "
+        "lengthscale 1/sqrt(200)",
         "mean_over_seeds": agg,
         "per_seed": per_seed,
         "plotted_seed": [panel_numbers(q) for q in panels],

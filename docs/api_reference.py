@@ -20,7 +20,8 @@ GENERATED = "Generated from the docstrings by `python docs/api_reference.py`."
 PACKAGES = {
     "torchbkb": "The core: kernels, Nyström embedding, DTC and exact posteriors, RLS dictionaries, bandits, runs.",
     "torchbkb.gp": "The GP layer: kernels, the Nyström embedding, the DTC and exact posteriors.",
-    "torchbkb.sampling": "Dictionary sampling: RLS resampling, recursive RLS, BKB's sampling replayed on a training set.",
+    "torchbkb.sampling": "Dictionary sampling: RLS resampling, recursive RLS, BKB's sampling replayed on a training "
+    "set.",
     "torchbkb.bandits": "Bandit algorithms: BKB, BBKB, GP-UCB, GP-BUCB, S-BPE and the simple baselines.",
     "torchbkb.botorch": "BoTorch: the `BKBModel`, its evidence bound, acquisitions, batches, trust regions.",
     "torchbkb.gpytorch": "GPyTorch: the DTC posterior as an `ApproximateGP` and its variational strategy.",
@@ -44,13 +45,26 @@ def doc(obj) -> str:
     return inspect.cleandoc(text) if text else "*(no docstring)*"
 
 
+def documented() -> list:
+    """The objects every page lists (a base class among them has its own entry)."""
+    return [getattr(m, n) for m in map(importlib.import_module, PACKAGES) for n in m.__all__]
+
+
 def members(cls) -> list[tuple[str, object]]:
-    """The public methods and properties a class defines with a docstring of its own (an override without one,
-    such as ``extra_repr`` or ``forward`` under a documented ``__call__``, is PyTorch's protocol, not this API)."""
-    out = []
-    for name, value in vars(cls).items():
-        if name.startswith("_") and name != "__call__":
+    """The public methods and properties a class (or a mixin of torchbkb it derives from, documented nowhere else)
+    defines with a docstring of its own (an override without one, such as ``extra_repr`` or ``forward`` under a
+    documented ``__call__``, is PyTorch's protocol, not this API)."""
+    out, seen = [], set()
+    own, listed = [cls], documented()
+    for base in cls.__mro__[1:]:  # up to the first base with an entry of its own, which lists the rest
+        if any(base is obj for obj in listed):
+            break
+        if base.__module__.startswith("torchbkb"):
+            own.append(base)
+    for name, value in ((n, v) for c in own for n, v in vars(c).items()):
+        if (name.startswith("_") and name != "__call__") or name in seen:
             continue
+        seen.add(name)
         if isinstance(value, (staticmethod, classmethod)):
             value = value.__func__
         if (inspect.isfunction(value) or isinstance(value, property)) and value.__doc__:

@@ -83,16 +83,19 @@ def bbkb_loop(choices: torch.Tensor, n_init: int = 10, budget: int = 50) -> tupl
 def main() -> None:
     t0 = time.perf_counter()
     Y = continuous_loop()
-    print(f"continuous (LogEI + optimize_acqf):   best {Y.max():.3f} after {len(Y)} evaluations   ({time.perf_counter() - t0:.1f} s)")
+    print(f"continuous (LogEI + optimize_acqf):   best {Y.max():.3f} after {len(Y)} evaluations   "
+          f"({time.perf_counter() - t0:.1f} s)")
 
     choices = torch.rand(20_000, 6, dtype=torch.double)
     t0 = time.perf_counter()
     Y = discrete_loop(choices)
-    print(f"discrete (UCB + optimize_acqf_discrete): best {Y.max():.3f} after {len(Y)} evaluations   ({time.perf_counter() - t0:.1f} s)")
+    print(f"discrete (UCB + optimize_acqf_discrete): best {Y.max():.3f} after {len(Y)} evaluations   "
+          f"({time.perf_counter() - t0:.1f} s)")
 
     t0 = time.perf_counter()
     Y, sizes = bbkb_loop(choices)
-    print(f"BBKB batches (optimize_acqf_bbkb):       best {Y.max():.3f} after {len(Y)} evaluations in {len(sizes)} batches "
+    print(f"BBKB batches (optimize_acqf_bbkb):       best {Y.max():.3f} after {len(Y)} evaluations in {len(sizes)} "
+          f"batches "
           f"{sizes}   ({time.perf_counter() - t0:.1f} s)")
 
     best_random = f(choices[torch.randperm(len(choices))[:50]]).max()

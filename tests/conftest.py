@@ -47,7 +47,8 @@ def dask_client():
     distributed = pytest.importorskip("distributed")
     old = os.environ.get("PYTHONPATH")
     os.environ["PYTHONPATH"] = os.pathsep.join([str(REPO), str(REPO / "tests")] + ([old] if old else []))
-    cluster = distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None, silence_logs=50)
+    cluster = distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None,
+                                       silence_logs=50)
     client = distributed.Client(cluster)
     try:
         yield client

@@ -76,7 +76,8 @@ class LargestOutput(TorchDispatchMode):
 
 
 #: The factorizations complexity tests watch: in ``torch.linalg`` and in ``torch``.
-LINALG_FACTORIZATIONS = ["cholesky", "cholesky_ex", "eigh", "eigvalsh", "inv", "inv_ex", "solve", "solve_ex", "lstsq", "svd", "qr", "lu_factor", "lu_factor_ex", "solve_triangular", "pinv", "eig"]
+LINALG_FACTORIZATIONS = ["cholesky", "cholesky_ex", "eigh", "eigvalsh", "inv", "inv_ex", "solve", "solve_ex", "lstsq",
+                         "svd", "qr", "lu_factor", "lu_factor_ex", "solve_triangular", "pinv", "eig"]
 TORCH_FACTORIZATIONS = ["cholesky_inverse", "cholesky_solve", "inverse", "pinverse"]
 
 

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 PKG = Path(__file__).resolve().parents[1] / "torchbkb"
-MODULES = {".".join(p.relative_to(PKG.parent).with_suffix("").parts).removesuffix(".__init__"): p for p in PKG.rglob("*.py")}
+MODULES = {".".join(p.relative_to(PKG.parent).with_suffix("").parts).removesuffix(".__init__"): p
+           for p in PKG.rglob("*.py")}
 TREES = {name: ast.parse(path.read_text()) for name, path in MODULES.items()}
 # torch's own hooks that subclasses override and call through super()/the module: not our private names
 TORCH_HOOKS = {"_apply", "_buffers", "_stream_block", "_replace"}  # (+ NamedTuple's public _replace)
@@ -54,7 +55,8 @@ def test_no_import_cycle():
 
 
 # the layers of docs/design.md, bottom up; the adapters and the other papers' packages sit on top, apart
-LAYERS = {"errors": 0, "objectives": 0, "utils": 0, "legacy_paths": 0, "gp": 1, "sampling": 2, "bandits": 3, "experiment": 4}
+LAYERS = {"errors": 0, "objectives": 0, "utils": 0, "legacy_paths": 0, "gp": 1, "sampling": 2, "bandits": 3,
+          "experiment": 4}
 TOP = 5
 
 
@@ -79,13 +81,16 @@ def test_each_layer_imports_only_the_layers_below():
 def test_no_private_name_crosses_a_module():
     bad = []
     for name, tree in TREES.items():
-        bad += [f"{name}: from {n.module} import {a.name}" for n in _imports(tree) for a in n.names if a.name.startswith("_")]
+        bad += [f"{name}: from {n.module} import {a.name}" for n in _imports(tree) for a in n.names
+                if a.name.startswith("_")]
         nodes = list(ast.walk(tree))
         # a private member of a class of this very module is fine: the methods and attributes the module defines
         has_class = any(isinstance(n, ast.ClassDef) for n in nodes)
-        own = {n.name for n in nodes if isinstance(n, ast.FunctionDef)} | {n.attr for n in nodes if isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Store)}
+        own = {n.name for n in nodes if isinstance(n, ast.FunctionDef)} | {n.attr for n in nodes
+                if isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Store)}
         for node in nodes:
-            if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__") and node.attr not in TORCH_HOOKS | BOTORCH_STATE:
+            if (isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__")
+                and node.attr not in TORCH_HOOKS | BOTORCH_STATE):
                 owner = node.value
                 if isinstance(owner, ast.Name) and owner.id in ("self", "cls"):
                     continue

@@ -172,7 +172,8 @@ def test_runs_of_one_arm_are_the_picks_made_one_at_a_time(lazy, stop_rule):
         sel = select_batch(Z, mean, rls, V_inv, alpha=alpha, batch_bound=C, stop_rule=stop_rule, lazy=lazy)
         ref = _one_pick_at_a_time(Z, mean, rls, V_inv, alpha, C, stop_rule=stop_rule)
         assert sel.indices.tolist() == ref
-    long = select_batch(Z, mean, rls, V_inv, alpha=1.0, batch_bound=12.0, stop_rule=stop_rule, lazy=lazy).indices.tolist()
+    long = select_batch(Z, mean, rls, V_inv, alpha=1.0, batch_bound=12.0, stop_rule=stop_rule,
+                        lazy=lazy).indices.tolist()
     assert long == _one_pick_at_a_time(Z, mean, rls, V_inv, 1.0, 12.0, stop_rule=stop_rule)
     runs = [len(list(grp)) for _, grp in itertools.groupby(long)]
     assert max(runs) >= 8 and len(runs) >= 3  # long runs, and interruptions
@@ -198,7 +199,8 @@ def test_batches_equal_the_one_at_a_time_reference(seed, alpha, C, cap, stop_rul
 
 
 @settings(max_examples=200, deadline=None)
-@given(level=st.floats(1.0, 50.0), s0=st.floats(1e-9, 10.0), C=st.floats(1.0, 60.0), rule=st.sampled_from(["sum", "product"]))
+@given(level=st.floats(1.0, 50.0), s0=st.floats(1e-9, 10.0), C=st.floats(1.0, 60.0),
+       rule=st.sampled_from(["sum", "product"]))
 def test_picks_to_stop_matches_accumulating_the_rule(level, s0, C, rule):
     n = picks_to_stop(level, s0, C, rule)
     after = (lambda k: level + k * s0) if rule == "sum" else (lambda k: level * (1.0 + s0) ** k)
@@ -219,7 +221,8 @@ def test_runs_on_orthogonal_arms_end_exactly_where_the_ucbs_cross(lazy, means):
     Z = torch.eye(3, dtype=torch.float64)
     mean = torch.tensor(means, dtype=torch.float64)
     rls = torch.ones(3, dtype=torch.float64)
-    sel = select_batch(Z, mean, rls, torch.eye(3, dtype=torch.float64), alpha=1.0, batch_bound=1e9, max_batch_size=60, lazy=lazy)
+    sel = select_batch(Z, mean, rls, torch.eye(3, dtype=torch.float64), alpha=1.0, batch_bound=1e9, max_batch_size=60,
+                       lazy=lazy)
     n, expected = [0, 0, 0], []
     for _ in range(60):
         ucb = [float(mean[a]) + (1.0 / (1 + n[a])) ** 0.5 for a in range(3)]
@@ -229,7 +232,9 @@ def test_runs_on_orthogonal_arms_end_exactly_where_the_ucbs_cross(lazy, means):
     first = [0, 0, 0, 0, 1] if means[0] == 1.0 else [1, 1, 1, 0]  # the tie after three picks of the leader
     assert expected[: len(first)] == first
     assert sel.indices.tolist() == expected
-    assert close(sel.rls_in_batch, torch.tensor([1.0 / (1 + expected[:k].count(a)) for k, a in enumerate(expected)], dtype=torch.float64), 1e-12)
+    assert close(sel.rls_in_batch,
+                 torch.tensor([1.0 / (1 + expected[:k].count(a)) for k, a in enumerate(expected)], dtype=torch.float64),
+                 1e-12)
 
 
 @pytest.mark.parametrize("stop_rule", ["sum", "product"])
@@ -238,7 +243,8 @@ def test_a_tiny_batch_start_variance_leaves_the_cap_to_end_the_batch(stop_rule):
     Z = torch.eye(3, dtype=torch.float64)
     mean = torch.tensor([1.0, 0.0, 0.0], dtype=torch.float64)
     rls = torch.tensor([1e-30, 1.0, 1.0], dtype=torch.float64)
-    sel = select_batch(Z, mean, rls, torch.eye(3, dtype=torch.float64), alpha=0.1, batch_bound=2.0, max_batch_size=50, stop_rule=stop_rule)
+    sel = select_batch(Z, mean, rls, torch.eye(3, dtype=torch.float64), alpha=0.1, batch_bound=2.0, max_batch_size=50,
+                       stop_rule=stop_rule)
     assert sel.indices.tolist() == [0] * 50
     assert picks_to_stop(1.0, 1e-30, 2.0, stop_rule) is None
 

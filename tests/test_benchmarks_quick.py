@@ -24,7 +24,8 @@ from benchmarks.timing import time_call
 def _run(name, tmp_path, *extra):
     import importlib
 
-    payload = importlib.import_module(BENCHMARKS.get(name, f"benchmarks.{name}")).main(["--quick", "--out", str(tmp_path), "--no-progress", *extra])
+    payload = importlib.import_module(BENCHMARKS.get(name, f"benchmarks.{name}")).main(["--quick", "--out",
+            str(tmp_path), "--no-progress", *extra])
     doc = json.loads((tmp_path / f"{name}.json").read_text())
     assert doc["benchmark"] == name and doc["machine"]["torch"] == torch.__version__
     assert doc["size"] == "quick"
@@ -116,8 +117,10 @@ def test_paper_readings_quick(tmp_path):
     assert all(r["largest batch"] >= 1 and r["t"] <= 300 for r in rows.values())
     arms, z = rewards_at("abalone", "z", torch.float64, "cpu")
     _, raw = load("abalone", standardize_rewards=False)
-    assert torch.equal(z, load("abalone")[1]) and torch.equal(rewards_at("abalone", "10", torch.float64, "cpu")[1], raw * 10)
-    run = {"normalized_regret": 0.01, "growth": 1.1, "largest_batch": 3000, "batches": 20, "dictionary_size": 5, "t": 10, "time": 1.0, "capped": False}
+    assert (torch.equal(z, load("abalone")[1])
+            and torch.equal(rewards_at("abalone", "10", torch.float64, "cpu")[1], raw * 10))
+    run = {"normalized_regret": 0.01, "growth": 1.1, "largest_batch": 3000, "batches": 20, "dictionary_size": 5,
+           "t": 10, "time": 1.0, "capped": False}
     assert summarize([run])["shows_paper_figures"]
     assert not summarize([run | {"growth": 1.9}])["shows_paper_figures"]  # linear regret
     assert not summarize([run | {"largest_batch": 300}])["shows_paper_figures"]  # small batches
@@ -144,9 +147,12 @@ def test_botorch_peer_matches_gpucb_choices():
 
     p = anchor_problem()
     s = BanditSettings(lengthscale=0.2, lam=0.01, beta=0.5)
-    runs = {a: run_bandit(a, p.arms, p.objective(3), p.values, s, 25, seed=3, progress=False) for a in ("GPUCB", "BoTorch-UCB", "BoTorch-UCB-cond")}
-    assert runs["GPUCB"]["curves"]["cumulative_regret"] == pytest.approx(runs["BoTorch-UCB"]["curves"]["cumulative_regret"], rel=1e-9)
-    assert runs["GPUCB"]["curves"]["cumulative_regret"] == pytest.approx(runs["BoTorch-UCB-cond"]["curves"]["cumulative_regret"], rel=1e-9)
+    runs = {a: run_bandit(a, p.arms, p.objective(3), p.values, s, 25, seed=3, progress=False)
+            for a in ("GPUCB", "BoTorch-UCB", "BoTorch-UCB-cond")}
+    assert (runs["GPUCB"]["curves"]["cumulative_regret"]
+            == pytest.approx(runs["BoTorch-UCB"]["curves"]["cumulative_regret"], rel=1e-9))
+    assert (runs["GPUCB"]["curves"]["cumulative_regret"]
+            == pytest.approx(runs["BoTorch-UCB-cond"]["curves"]["cumulative_regret"], rel=1e-9))
 
 
 def test_registry_and_helpers():
@@ -174,7 +180,8 @@ def test_registry_and_helpers():
         ("botorch_iteration", ["--sizes", "60", "--dims", "2"], ["botorch_iteration.json", "botorch_iteration.png"]),
         ("botorch_candidates", ["--candidates", "20000"], ["botorch_candidates.json", "botorch_candidates.png"]),
         ("botorch_scale", ["--seeds", "1", "--functions", "hartmann6"], ["botorch_scale.json", "botorch_scale.png"]),
-        ("botorch_closed_loop", ["--seeds", "1", "--iterations", "1"], ["botorch_closed_loop.json", "botorch_closed_loop.png"]),
+        ("botorch_closed_loop", ["--seeds", "1", "--iterations", "1"],
+         ["botorch_closed_loop.json", "botorch_closed_loop.png"]),
         ("launches", ["--cases", "bkb_anchor", "bbkb_anchor"], ["launches.json", "launches.png"]),
         ("inclusion", ["--seeds", "1", "--problems", "anchor,cadata"], ["inclusion.json", "inclusion.png"]),
         ("sbpe", ["--threads", "1"], ["sbpe.json", "sbpe.png"]),
@@ -238,7 +245,8 @@ def test_every_benchmark_runs_as_a_module():
     """``python -m benchmarks.<name>`` runs ``main``: every benchmark and study module has the guard."""
     import ast
 
-    names = set(BENCHMARKS.values()) | {f"benchmarks.{n}" for n in ("batch_studies", "sequential_studies", "float32_check", "figures", "paper_readings")}
+    names = set(BENCHMARKS.values()) | {f"benchmarks.{n}"
+            for n in ("batch_studies", "sequential_studies", "float32_check", "figures", "paper_readings")}
     for module in sorted(names):
         tree = ast.parse((REPO / (module.replace(".", "/") + ".py")).read_text())
         guards = [n for n in tree.body if isinstance(n, ast.If) and "__main__" in ast.unparse(n.test)]

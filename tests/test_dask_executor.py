@@ -163,7 +163,8 @@ def test_objective_error_with_on_failure_raise_then_resume(tmp_path):
 def test_noisy_arm_objective_draws_independent_reproducible_noise_with_an_executor(dask_client):
     arms, f = _problem()
     serial = torchbkb.run(_bandit(arms), torchbkb.ArmObjective(f, noise_std=0.1, seed=4), 30, progress=False)
-    remote = torchbkb.run(_bandit(arms), torchbkb.ArmObjective(f, noise_std=0.1, seed=4), 30, executor=dask_client, progress=False)
+    remote = torchbkb.run(_bandit(arms), torchbkb.ArmObjective(f, noise_std=0.1, seed=4), 30, executor=dask_client,
+                          progress=False)
     assert remote.reward == serial.reward and remote.index == serial.index
     noise = torch.tensor(remote.reward, dtype=torch.float64) - f[remote.index]
     assert len(set(noise.tolist())) == len(noise)  # one draw per evaluation (copies in workers would repeat one)

@@ -31,7 +31,8 @@ def test_small_designs_follow_the_exact_max_variance_rule():
     for _ in range(12):
         if ref:
             Xp = cand[ref]
-            _, cov = exact_gp(rbf(Xp, Xp, ls), rbf(Xp, cand, ls), rbf(cand, cand, ls), torch.zeros(len(ref), dtype=torch.float64), lam)
+            _, cov = exact_gp(rbf(Xp, Xp, ls), rbf(Xp, cand, ls), rbf(cand, cand, ls),
+                              torch.zeros(len(ref), dtype=torch.float64), lam)
             var = torch.diagonal(cov)
         else:
             var = torch.ones(150, dtype=torch.float64)
@@ -43,23 +44,27 @@ def test_small_designs_follow_the_exact_max_variance_rule():
 def test_variance_is_the_dtc_variance_of_the_current_dictionary():
     cand = _grid(60)
     ls, lam = 0.3, 0.01
-    ex = UncertaintyExplorer(cand, GaussianKernel(ls), lam, base_size=4, oversample=0.3, generator=torch.Generator().manual_seed(1))
+    ex = UncertaintyExplorer(cand, GaussianKernel(ls), lam, base_size=4, oversample=0.3,
+                             generator=torch.Generator().manual_seed(1))
     ex.run(30)
     Xp, Z = cand[ex.picks], ex.inducing_points
     assert ex.dictionary_size < 20  # the dictionary is really sparse here
     Zu = torch.unique(Z, dim=0)
-    _, cov = titsias_dtc(rbf(Zu, Zu, ls), rbf(Xp, Zu, ls), rbf(cand, Zu, ls), rbf(cand, cand, ls), torch.zeros(30, dtype=torch.float64), lam)
+    _, cov = titsias_dtc(rbf(Zu, Zu, ls), rbf(Xp, Zu, ls), rbf(cand, Zu, ls), rbf(cand, cand, ls),
+                         torch.zeros(30, dtype=torch.float64), lam)
     assert torch.allclose(ex.variance(), torch.diagonal(cov), atol=1e-10)
 
 
 def test_rank_one_path_between_refreshes_equals_a_refit():
     cand = torch.rand(120, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
     ls, lam = 0.3, 0.01
-    ex = UncertaintyExplorer(cand, GaussianKernel(ls), lam, refresh=5, base_size=4, generator=torch.Generator().manual_seed(3))
+    ex = UncertaintyExplorer(cand, GaussianKernel(ls), lam, refresh=5, base_size=4,
+                             generator=torch.Generator().manual_seed(3))
     ex.run(13)  # refreshes after picks 1, 6, 11; picks 12, 13 are hallucinated rank-one updates
     assert ex.refreshes == 3
     Xp = cand[ex.picks]
-    post = DTCPosterior(NystromEmbedding(GaussianKernel(ls), ex.inducing_points), noise=lam).fit(Xp, torch.zeros(13, dtype=torch.float64))
+    post = DTCPosterior(NystromEmbedding(GaussianKernel(ls), ex.inducing_points), noise=lam).fit(Xp,
+            torch.zeros(13, dtype=torch.float64))
     assert torch.allclose(ex.variance(), post(cand)[1], atol=1e-10)
     ex.finalize()
     assert ex.refreshes == 4 and ex.finalize().refreshes == 4  # finalize redraws once, over all 13 picks
@@ -131,11 +136,15 @@ def test_theory_rls_delta_schedule_sums_below_half_delta():
         (lambda c: UncertaintyExplorer(c[0], GaussianKernel(0.3), 0.1), InputDataError, "candidates"),
         (lambda c: UncertaintyExplorer(c, GaussianKernel(0.3), 0.1).run(-1), InputDataError, "n:"),
         (lambda c: UncertaintyExplorer(c, GaussianKernel(0.3), 0.1).finalize(), TorchBKBError, "at least one pick"),
-        (lambda c: UncertaintyExplorer(c, GaussianKernel(0.3), 0.1).regressor(torch.zeros(0)), TorchBKBError, "at least one pick"),
-        (lambda c: uncertainty_design(c, GaussianKernel(0.3), 0.1, 0, torch.zeros(10, dtype=torch.float64)), InputDataError, "num_points"),
-        (lambda c: uncertainty_design(c, GaussianKernel(0.3), 0.1, 3, torch.zeros(9, dtype=torch.float64)), InputDataError, "objective"),
+        (lambda c: UncertaintyExplorer(c, GaussianKernel(0.3), 0.1).regressor(torch.zeros(0)), TorchBKBError,
+         "at least one pick"),
+        (lambda c: uncertainty_design(c, GaussianKernel(0.3), 0.1, 0, torch.zeros(10, dtype=torch.float64)),
+         InputDataError, "num_points"),
+        (lambda c: uncertainty_design(c, GaussianKernel(0.3), 0.1, 3, torch.zeros(9, dtype=torch.float64)),
+         InputDataError, "objective"),
         (lambda c: uncertainty_design(c, GaussianKernel(0.3), 0.1, 3, "f"), InputDataError, "objective"),
-        (lambda c: uncertainty_design(c, GaussianKernel(0.3), 0.1, 3, lambda i: torch.zeros(2, dtype=torch.float64)), InputDataError, "3 rewards"),
+        (lambda c: uncertainty_design(c, GaussianKernel(0.3), 0.1, 3, lambda i: torch.zeros(2, dtype=torch.float64)),
+         InputDataError, "3 rewards"),
     ],
 )
 def test_bad_inputs(call, exc, msg):

@@ -54,7 +54,8 @@ def test_bkb_eq4_is_gp_scale_over_lambda():
     S = X[::3]
     lam = 0.02
     post = _post(S, lam).fit(X, y)
-    m_ref, rls_ref = bkb_eq4(rbf(S, S, LS), rbf(X, S, LS), rbf(Xq, S, LS), torch.ones(len(Xq), dtype=torch.float64), y, lam)
+    m_ref, rls_ref = bkb_eq4(rbf(S, S, LS), rbf(X, S, LS), rbf(Xq, S, LS), torch.ones(len(Xq), dtype=torch.float64), y,
+                             lam)
     assert close(post.mean(Xq), m_ref, atol=1e-9)
     assert close(post.rls(Xq), rls_ref, atol=1e-7)
     assert close(post(Xq)[1] / lam, rls_ref, atol=1e-7)
@@ -344,11 +345,15 @@ def test_kernel_row_operator_and_column_scoring_are_000_eq4(whitening):
     Zt = W @ rbf(S, X, LS)
     Ma, V_inv = fit_kernel_row_operator(W, Zt, counts, counts * y, lam)
     K_SQ = rbf(S, Xq, LS)  # (m, q)
-    mean, rls = Ma[-1] @ K_SQ, rls_kernel_columns(K_SQ, torch.ones(len(Xq), dtype=torch.float64), Ma[:-1], lam, chunk_size=7)
+    mean, rls = Ma[-1] @ K_SQ, rls_kernel_columns(K_SQ, torch.ones(len(Xq), dtype=torch.float64), Ma[:-1], lam,
+                                                  chunk_size=7)
     rep = torch.repeat_interleave(torch.arange(len(X)), counts.long())  # every pull as its own row
-    m_ref, rls_ref = bkb_eq4(K_ss, rbf(X[rep], S, LS), rbf(Xq, S, LS), torch.ones(len(Xq), dtype=torch.float64), y[rep], lam)
+    m_ref, rls_ref = bkb_eq4(K_ss, rbf(X[rep], S, LS), rbf(Xq, S, LS), torch.ones(len(Xq), dtype=torch.float64), y[rep],
+                             lam)
     assert close(mean, m_ref, atol=1e-9)
     assert close(rls, rls_ref, atol=1e-7)
-    one_product = score_kernel_columns(K_SQ, torch.ones(len(Xq), dtype=torch.float64), Ma, lam, chunk_size=7)  # mean and rls at once
+    # mean and rls at once
+    one_product = score_kernel_columns(K_SQ, torch.ones(len(Xq), dtype=torch.float64), Ma, lam, chunk_size=7)
     assert close(one_product[0], m_ref, atol=1e-9) and close(one_product[1], rls_ref, atol=1e-7)
-    assert close(V_inv, torch.linalg.inv(Zt @ torch.diag(counts) @ Zt.T + lam * torch.eye(len(W), dtype=torch.float64)), atol=1e-9)
+    assert close(V_inv, torch.linalg.inv(Zt @ torch.diag(counts) @ Zt.T + lam * torch.eye(len(W), dtype=torch.float64)),
+                 atol=1e-9)

@@ -25,7 +25,8 @@ def test_matches_formula(dtype, device):
     m_ref, cov_ref = exact_gp(rbf(X, X, LS), rbf(X, Xq, LS), rbf(Xq, Xq, LS), y, lam)
     mean, var = post(Xq.to(device, dtype))
     assert mean.dtype == dtype
-    assert close(mean.double().cpu(), m_ref, 10 * tol(dtype)) and close(var.double().cpu(), cov_ref.diagonal(), 10 * tol(dtype))
+    assert (close(mean.double().cpu(), m_ref, 10 * tol(dtype))
+            and close(var.double().cpu(), cov_ref.diagonal(), 10 * tol(dtype)))
     jm, jc = post.joint(Xq.to(device, dtype))
     assert close(jc.double().cpu(), cov_ref, 10 * tol(dtype))
     assert close(post.rls(Xq.to(device, dtype)).double().cpu(), cov_ref.diagonal() / lam, 1e3 * tol(dtype))

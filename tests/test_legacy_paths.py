@@ -26,7 +26,8 @@ def test_old_path_is_the_new_module(old):
 
 def test_old_paths_in_a_fresh_interpreter():
     # the import style matters where the parent is a package: `import a.b.c as m` reads the attribute of a.b
-    lines = [f"import {old} as m\nassert m is sys.modules[{new!r}] and m.__spec__.name == {new!r}" for old, new in MOVED.items()]
+    lines = [f"import {old} as m\nassert m is sys.modules[{new!r}] and m.__spec__.name == {new!r}" for old,
+             new in MOVED.items()]
     code = "import sys\n" + "\n".join(lines) + "\nprint('ok')"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-1500:]

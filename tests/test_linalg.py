@@ -75,4 +75,5 @@ def test_inv_sqrt_factor_takes_cholesky_when_well_conditioned_and_eigh_otherwise
     Kd = torch.exp(-torch.cdist(torch.cat([X, X[:3]]), torch.cat([X, X[:3]])) ** 2 / (2 * 0.3**2))  # 3 duplicates
     W = inv_sqrt_factor(Kd)
     assert W.shape == (12, 15) and calls == [(15, 15)]  # the pivot test sends it to eigh: rank 12
-    assert torch.allclose(W.T @ W, torch.linalg.pinv(Kd, hermitian=True), atol=1e-6 * float(torch.linalg.inv(K).abs().max()))
+    assert torch.allclose(W.T @ W, torch.linalg.pinv(Kd, hermitian=True),
+                          atol=1e-6 * float(torch.linalg.inv(K).abs().max()))

@@ -73,7 +73,8 @@ def test_retries_and_skip_with_an_executor():
 
 
 def test_time_limit_and_bad_arguments():
-    hist = run(BKB(ARMS, GaussianKernel(0.3), noise=0.1, beta=0.1, seed=0), F, budget=1000, progress=False, time_limit=0.0)
+    hist = run(BKB(ARMS, GaussianKernel(0.3), noise=0.1, beta=0.1, seed=0), F, budget=1000, progress=False,
+               time_limit=0.0)
     assert len(hist) == 0 and "time limit" in hist.meta["stopped"]
     with pytest.raises(InputDataError, match="bandit"):
         run("x", F, budget=3)

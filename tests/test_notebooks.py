@@ -19,7 +19,8 @@ def test_notebook_committed_without_outputs(path):
     code = [c for c in nb["cells"] if c["cell_type"] == "code"]
     assert code, f"{path.name}: expected code cells, got none"
     with_outputs = [i for i, c in enumerate(code) if c.get("outputs") or c.get("execution_count") is not None]
-    assert not with_outputs, f"{path.name}: expected no outputs, got outputs in code cells {with_outputs} (clear them before committing)"
+    assert not with_outputs, (f"{path.name}: expected no outputs, got outputs in code cells {with_outputs} (clear them "
+                              "before committing)")
     assert nb["metadata"].get("kernelspec", {}).get("name") == "python3", f"{path.name}: expected the python3 kernel"
 
 

@@ -46,9 +46,11 @@ BANDITS = [(BKB, {}), (BBKB, {"batch_bound": 3.0}), (GPUCB, {}), (GPBUCB, {"batc
 
 
 @pytest.mark.parametrize("cls,kw", BANDITS, ids=lambda v: getattr(v, "__name__", ""))
-@pytest.mark.parametrize("dtype,exponents", [(torch.float64, (-300, -100, 100, 300)), (torch.float32, (-30, -16, 16, 30))])
+@pytest.mark.parametrize("dtype,exponents",
+                         [(torch.float64, (-300, -100, 100, 300)), (torch.float32, (-30, -16, 16, 30))])
 def test_the_bandits_make_the_same_choices_in_any_units(cls, kw, dtype, exponents):
-    """Kernel and noise times ``c``, rewards and width times ``√c`` (``c`` an even power of two: exact): the same picks."""
+    """Kernel and noise times ``c``, rewards and width times ``√c`` (``c`` an even power of two: exact): the same
+    picks."""
     ref = _choices(cls, 1.0, dtype, **kw)
     for e in exponents:
         assert _choices(cls, 2.0**e, dtype, **kw) == ref, f"c = 2^{e}"
@@ -84,7 +86,8 @@ def test_the_posteriors_are_invariant_to_units_or_refuse(c):
     X, Xq = ARMS[:30], ARMS[100:107]
     y = F[:30]
     k1, kc = Scaled(1.0), Scaled(c)
-    for make in (lambda k, lam: DTCPosterior(NystromEmbedding(k, X[:20]), noise=lam), lambda k, lam: ExactPosterior(k, noise=lam)):
+    for make in (lambda k, lam: DTCPosterior(NystromEmbedding(k, X[:20]), noise=lam),
+                 lambda k, lam: ExactPosterior(k, noise=lam)):
         m1, v1 = make(k1, 0.01).fit(X, y)(Xq)
         mc, vc = make(kc, 0.01 * c).fit(X, y * c**0.5)(Xq)
         torch.testing.assert_close(mc / c**0.5, m1, rtol=1e-12, atol=0)
@@ -100,7 +103,8 @@ def _reference_variance(k, X, Xq, lam):
     Kq = mpmath.matrix(k(Xq, X).tolist())
     Kinv = mpmath.inverse(K + lam * mpmath.eye(X.shape[0]))
     kqq = k(Xq, Xq).diagonal().tolist()
-    return torch.tensor([float(kqq[i] - (Kq[i, :] * Kinv * Kq[i, :].T)[0]) for i in range(Xq.shape[0])], dtype=torch.float64)
+    return torch.tensor([float(kqq[i] - (Kq[i, :] * Kinv * Kq[i, :].T)[0]) for i in range(Xq.shape[0])],
+                        dtype=torch.float64)
 
 
 @pytest.mark.parametrize("lengthscale", [0.15, 0.3, 0.6])
@@ -136,7 +140,8 @@ def test_float32_runs_warn_when_the_dictionary_makes_variances_unreliable():
             for _ in range(30):
                 i = bandit.ask()
                 bandit.tell(i, f.to(dtype)[i])
-        return [w for w in caught if issubclass(w.category, NumericsWarning) and "variances at the dictionary points are off" in str(w.message)]
+        return [w for w in caught if issubclass(w.category, NumericsWarning)
+                and "variances at the dictionary points are off" in str(w.message)]
 
     assert len(run(torch.float32, 1e-4)) == 1  # once per bandit
     assert run(torch.float64, 1e-4) == []

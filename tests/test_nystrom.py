@@ -170,7 +170,8 @@ def test_forward_into_preallocated_out_equals_forward():
     assert got.data_ptr() == buf.data_ptr() and torch.allclose(got, ref, atol=1e-12)
     with torch.no_grad():  # a long no-grad input without out= takes the same chunked path
         assert torch.allclose(emb(X.reshape(1400, 3)), ref.reshape(1400, -1), atol=1e-12)
-    for bad in (torch.empty(2, 700, emb.rank + 1, dtype=torch.float64), torch.empty(2, 700, emb.rank), torch.empty(2, emb.rank, 700, dtype=torch.float64).mT):
+    for bad in (torch.empty(2, 700, emb.rank + 1, dtype=torch.float64), torch.empty(2, 700, emb.rank),
+                torch.empty(2, emb.rank, 700, dtype=torch.float64).mT):
         with pytest.raises(InputDataError, match="out: expected"):
             emb(X, out=bad)
     with pytest.raises(InputDataError, match="autograd"):

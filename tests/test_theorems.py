@@ -25,7 +25,8 @@ from torchbkb.bandits.theorems import (
 def test_bkb_requirement_and_promises(T, delta, eps):
     a = (1 + eps) / (1 - eps)
     assert math.isclose(bkb_required_q_bar(T, delta, eps), 6 * a * math.log(4 * T / delta) / eps**2)
-    assert math.isclose(bkb_dictionary_bound(7.0, 3.0, 0.5, epsilon=eps, kappa2=2.0), 3 * (1 + 2.0 / 0.5) * a * 3.0 * 7.0)
+    assert math.isclose(bkb_dictionary_bound(7.0, 3.0, 0.5, epsilon=eps, kappa2=2.0),
+                        3 * (1 + 2.0 / 0.5) * a * 3.0 * 7.0)
     d, xi, lam, F = 12.0, 0.1, 0.3, 2.0
     lt = math.log(T) if T > 1 else 0.0
     ref = 2 * (2 * a) ** 1.5 * math.sqrt(T) * (xi * d * lt + math.sqrt(lam * F * F * d * lt) + xi * math.log(1 / delta))

@@ -89,7 +89,8 @@ def test_sparse_intervals_cover_f():
     X = torch.rand(200, 2, dtype=torch.float64, generator=g)  # the finite domain
     covered, ratios, uniform = [], [], []
     for _ in range(20):
-        f = _rkhs_function(torch.rand(8, 2, dtype=torch.float64, generator=g), torch.randn(8, dtype=torch.float64, generator=g), C, ls)
+        f = _rkhs_function(torch.rand(8, 2, dtype=torch.float64, generator=g),
+                           torch.randn(8, dtype=torch.float64, generator=g), C, ls)
         idx = torch.randint(0, 200, (60,), generator=g)  # design independent of the noise
         Xn = X[idx]
         y = f(Xn) + R * torch.randn(60, dtype=torch.float64, generator=g)

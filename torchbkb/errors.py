@@ -59,7 +59,8 @@ class NumericsWarning(UserWarning):
 
 
 class TheoryWarning(UserWarning):
-    """A theorem's width is used with settings outside the theorem's preconditions (:mod:`torchbkb.bandits.theorems`)."""
+    """A theorem's width is used with settings outside the theorem's preconditions
+    (:mod:`torchbkb.bandits.theorems`)."""
 
 
 class CheckpointError(InputDataError):

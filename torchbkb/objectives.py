@@ -106,11 +106,13 @@ class TensorObjective:
 
 
 def as_objective(objective: Any, A: int) -> Callable[[torch.Tensor], Any]:
-    """``objective`` as a callable over arm indices; a tensor `(A,)` of finite rewards becomes a :class:`TensorObjective`."""
+    """``objective`` as a callable over arm indices; a tensor `(A,)` of finite rewards becomes a
+    :class:`TensorObjective`."""
     if isinstance(objective, torch.Tensor):
         return TensorObjective(check_values(None, objective, A, name="objective").detach())
     if not callable(objective):
-        raise InputDataError(f"objective: expected a callable indices -> rewards or a tensor of shape ({A},), got {type(objective).__name__}")
+        raise InputDataError(f"objective: expected a callable indices -> rewards or a tensor of shape ({A},), got "
+                             f"{type(objective).__name__}")
     return objective
 
 
@@ -138,11 +140,13 @@ def check_rewards(out: Any, arms: list[int]) -> torch.Tensor:
     try:
         t = out if isinstance(out, torch.Tensor) else torch.as_tensor(out)
     except (TypeError, ValueError, RuntimeError):
-        raise ObjectiveOutputError(f"objective: expected {k} real reward(s) for arms {arms}, got {type(out).__name__}") from None
+        raise ObjectiveOutputError(f"objective: expected {k} real reward(s) for arms {arms}, got "
+                                   f"{type(out).__name__}") from None
     if t.is_complex() or t.dtype == torch.bool or not (t.is_floating_point() or t.dtype in _INTEGERS):
         raise ObjectiveOutputError(f"objective: expected real rewards for arms {arms}, got dtype {t.dtype}")
     if t.shape not in ((k,), (k, 1)) and not (k == 1 and t.dim() == 0):
-        raise ObjectiveOutputError(f"objective: expected rewards of shape ({k},) or ({k}, 1) for arms {arms}, got shape {tuple(t.shape)}")
+        raise ObjectiveOutputError(f"objective: expected rewards of shape ({k},) or ({k}, 1) for arms {arms}, got "
+                                   f"shape {tuple(t.shape)}")
     return t.detach().reshape(-1).to("cpu", torch.float64)
 
 

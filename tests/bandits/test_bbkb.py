@@ -108,7 +108,8 @@ def test_resampling_uses_the_batch_start_variances_and_pull_counts(monkeypatch):
     _run(b, f, 30)
     seen = []
     original = b.sampler.resample
-    monkeypatch.setattr(b.sampler, "resample", lambda rls, counts, **kw: seen.append((rls, counts)) or original(rls, counts, **kw))
+    monkeypatch.setattr(b.sampler, "resample",
+                        lambda rls, counts, **kw: seen.append((rls, counts)) or original(rls, counts, **kw))
     for _ in range(3):
         idx = b.ask()
         rls_fb = b.scores()[1].clone()
@@ -301,7 +302,8 @@ def test_bad_tell_leaves_state_unchanged():
         b.tell(idx, torch.full((len(idx),), float("nan"), dtype=f.dtype))
     after = b.state_dict()
     assert before["history"] == after["history"] and before["pending"] == after["pending"]
-    assert torch.equal(before["counts"], after["counts"]) and before["algorithm"]["log_sum"] == after["algorithm"]["log_sum"]
+    assert (torch.equal(before["counts"], after["counts"]) and before["algorithm"]["log_sum"]
+            == after["algorithm"]["log_sum"])
 
 
 def test_batches_read_features_on_demand_and_equal_selection_on_the_full_embedding():
@@ -316,7 +318,8 @@ def test_batches_read_features_on_demand_and_equal_selection_on_the_full_embeddi
         rows = b.feature_rows()
         some = torch.tensor([0, 17, 399, 17])
         assert rows.shape == b.arm_features().shape and close(rows[some], b.arm_features()[some], 1e-10)
-        full = select_batch(b.arm_features(), b.scores()[0], b.scores()[1], b.V_inverse(), b.current_beta(), b.batch_bound, b.max_batch_size)
+        full = select_batch(b.arm_features(), b.scores()[0], b.scores()[1], b.V_inverse(), b.current_beta(),
+                            b.batch_bound, b.max_batch_size)
         batch = b.ask()
         assert batch.tolist() == full.indices.tolist()
         longest = max(longest, len(batch))
@@ -327,11 +330,12 @@ def test_batches_read_features_on_demand_and_equal_selection_on_the_full_embeddi
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("cap", [None, 4])
 def test_a_prior_variance_too_small_for_the_stop_rule_ends_the_batch(cap):
-    """A kernel with prior variance 1e-100 next to λ = 0.01 (σ̃²_fb ≈ 0 next to C̃): without a cap each pick ends its batch
-    instead of a practically endless batch; with a cap the batch runs to the cap."""
+    """A kernel with prior variance 1e-100 next to λ = 0.01 (σ̃²_fb ≈ 0 next to C̃): without a cap each pick ends its
+    batch instead of a practically endless batch; with a cap the batch runs to the cap."""
     arms, f = _arms(A=40)
     base = GaussianKernel(0.2)
-    b = BBKB(arms, lambda x1, x2: 1e-100 * base(x1, x2), noise=0.01, q_bar=2.0, beta=0.3, batch_bound=2.0, max_batch_size=cap, seed=1)
+    b = BBKB(arms, lambda x1, x2: 1e-100 * base(x1, x2), noise=0.01, q_bar=2.0, beta=0.3, batch_bound=2.0,
+             max_batch_size=cap, seed=1)
     while b.t < 20:
         idx = b.ask()
         b.tell(idx, f[idx])

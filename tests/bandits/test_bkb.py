@@ -56,7 +56,8 @@ def test_theorem1_accuracy_and_a_small_dictionary():
         for t_check in (50, 400, T):
             run(bandit, obj, budget=t_check, progress=False)
             ratio = _ratio_check(bandit, arms, k, lam)
-            assert float(ratio.min()) >= 1 / alpha and float(ratio.max()) <= alpha, (qb, t_check, ratio.min(), ratio.max())
+            assert (float(ratio.min()) >= 1 / alpha and float(ratio.max()) <= alpha), (qb, t_check, ratio.min(),
+                                                                                       ratio.max())
         assert bandit.dictionary_size <= int((bandit.counts > 0).sum())
         assert bandit.dictionary_size < T / 20  # far below t
     assert bandit.dictionary_size < int((bandit.counts > 0).sum())  # q̄ = 20 really sparsifies
@@ -102,7 +103,8 @@ def test_embedding_recomputed_only_when_the_dictionary_changes():
 
 @pytest.mark.parametrize(
     "row_cache_bytes,refill_bytes",
-    [(2**28, 2**22), (2**28, 0), (0, 2**22)],  # rows refilled from the pulled-row cache / patched from it / computed in blocks
+    # rows refilled from the pulled-row cache / patched from it / computed in blocks
+    [(2**28, 2**22), (2**28, 0), (0, 2**22)],
 )
 def test_checkpoint_resume_gives_the_identical_trajectory(tmp_path, monkeypatch, row_cache_bytes, refill_bytes):
     monkeypatch.setattr(row_cache_module, "REFILL_BYTES", refill_bytes)
@@ -159,7 +161,8 @@ def test_pulled_row_cache_same_choices_and_dropped_past_its_budget():
     assert runs["cache"][0] == runs["patched"][0] == runs["none"][0] == runs["dropped"][0]
     assert runs["cache"][1].rows.order == sorted(runs["cache"][1].rows.order)  # refilled in dictionary order
     assert runs["patched"][1].rows.order != sorted(runs["patched"][1].rows.order)  # entering rows put into freed slots
-    assert runs["cache"][1].rows.caches_pulled_rows and runs["cache"][1].rows.num_pulled_rows == int((runs["cache"][1].counts > 0).sum())
+    assert (runs["cache"][1].rows.caches_pulled_rows and runs["cache"][1].rows.num_pulled_rows
+            == int((runs["cache"][1].counts > 0).sum()))
     assert not runs["none"][1].rows.caches_pulled_rows
     assert not runs["dropped"][1].rows.caches_pulled_rows and int((runs["dropped"][1].counts > 0).sum()) > 40
 

@@ -65,7 +65,8 @@ def test_in_batch_picks_use_exact_hallucinated_variances_and_the_product_rule():
         rls_fb = cov.diagonal() / LAM
         level = 1.0
         for k, i in enumerate(batch):
-            rows = torch.cat([idx, torch.tensor(batch[:k], dtype=torch.long)])  # picks hallucinated: rows without rewards
+            # picks hallucinated: rows without rewards
+            rows = torch.cat([idx, torch.tensor(batch[:k], dtype=torch.long)])
             _, cov_t = exact_gp(K[rows][:, rows], K[rows], K, torch.zeros(len(rows), dtype=torch.float64), LAM)
             rls_t = cov_t.diagonal().clamp_min(0) / LAM
             assert i == int(torch.argmax(mean_fb + b.beta * rls_t.sqrt()))
@@ -195,7 +196,8 @@ def test_consecutive_repeats_share_a_row_and_keep_exact_variances():
     # few arms and a narrow width: late batches pick the same arm again and again
     arms = torch.linspace(0, 1, 12, dtype=torch.float64)[:, None]
     f = torch.sin(5 * arms[:, 0])
-    b = _bandit(arms, batch_bound=1.5, beta=0.05, max_batch_size=25)  # (a well-known arm alone would fill a batch for ages)
+    # (a well-known arm alone would fill a batch for ages)
+    b = _bandit(arms, batch_bound=1.5, beta=0.05, max_batch_size=25)
     _run(b, f, 40)
     K = rbf(arms, arms, LS)
     repeats = 0
@@ -225,7 +227,8 @@ def test_a_prior_variance_too_small_for_the_product_rule_ends_the_batch(cap):
     pick ends its batch instead of repeating the arm forever; with a cap the batch runs to the cap."""
     arms, f = _arms(A=40)
     base = GaussianKernel(LS)
-    b = GPBUCB(arms, lambda x1, x2: 1e-100 * base(x1, x2), noise=LAM, beta=0.3, batch_bound=2.0, max_batch_size=cap, seed=1)
+    b = GPBUCB(arms, lambda x1, x2: 1e-100 * base(x1, x2), noise=LAM, beta=0.3, batch_bound=2.0, max_batch_size=cap,
+               seed=1)
     _run(b, f, 20)
     assert b.batch_sizes[0] == 1 and set(b.batch_sizes[1:]) == {1 if cap is None else cap}
 

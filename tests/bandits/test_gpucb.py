@@ -29,7 +29,8 @@ def test_incremental_posterior_equals_a_refit_and_logdet_is_exact():
     X = arms[idx]
     logdet = float(torch.logdet(torch.eye(50, dtype=torch.float64) + rbf(X, X, 0.3) / lam))
     assert bandit.log_det == pytest.approx(logdet, abs=1e-8)
-    assert bandit.current_beta() == pytest.approx(gpucb_beta(logdet, noise_std=math.sqrt(lam), lam=lam, F=1.0, delta=0.01))
+    assert bandit.current_beta() == pytest.approx(gpucb_beta(logdet, noise_std=math.sqrt(lam), lam=lam, F=1.0,
+                                                             delta=0.01))
 
 
 def test_selection_is_the_ucb_argmax_with_lowest_index_ties():
@@ -50,10 +51,13 @@ def test_sublinear_regret():
 
 def test_checkpoint_resume(tmp_path):
     arms, k, f = _problem(A=80, seed=5)
-    full = run(GPUCB(arms, k, noise=0.05, beta="theory", seed=1), ArmObjective(f, 0.1, seed=2), budget=30, progress=False)
+    full = run(GPUCB(arms, k, noise=0.05, beta="theory", seed=1), ArmObjective(f, 0.1, seed=2), budget=30,
+               progress=False)
     ck = tmp_path / "gpucb.pt"
-    run(GPUCB(arms, k, noise=0.05, beta="theory", seed=1), ArmObjective(f, 0.1, seed=2), budget=12, progress=False, checkpoint=ck)
-    resumed = run(GPUCB(arms, k, noise=0.05, beta="theory", seed=1), ArmObjective(f, 0.1, seed=2), budget=30, progress=False, checkpoint=ck)
+    run(GPUCB(arms, k, noise=0.05, beta="theory", seed=1), ArmObjective(f, 0.1, seed=2), budget=12, progress=False,
+        checkpoint=ck)
+    resumed = run(GPUCB(arms, k, noise=0.05, beta="theory", seed=1), ArmObjective(f, 0.1, seed=2), budget=30,
+                  progress=False, checkpoint=ck)
     assert resumed.index == full.index
 
 

@@ -39,7 +39,8 @@ def _dtc_rls(X, bandit):
     S = X[bandit.dictionary]
     rows = X[torch.tensor(bandit.history["index"])]
     y = torch.tensor(bandit.history["reward"], dtype=torch.float64)
-    _, rls = bkb_eq4(rbf(S, S, LS), rbf(rows, S, LS), rbf(X, S, LS), torch.ones(X.shape[0], dtype=torch.float64), y, LAM)
+    _, rls = bkb_eq4(rbf(S, S, LS), rbf(rows, S, LS), rbf(X, S, LS), torch.ones(X.shape[0], dtype=torch.float64), y,
+                     LAM)
     return rls
 
 
@@ -87,7 +88,8 @@ def test_gpucb_practical_width_uses_the_exact_variances():
 ])
 def test_batched_practical_width_sums_the_batch_start_variances(cls, seeds, C, T, batch_start_rls):
     X, f = _problem(seed=seeds[0])
-    bandit = cls(X, GaussianKernel(LS), noise=LAM, beta="practical", batch_bound=C, F=F, delta=DELTA, noise_std=XI, seed=seeds[1])
+    bandit = cls(X, GaussianKernel(LS), noise=LAM, beta="practical", batch_bound=C, F=F, delta=DELTA, noise_std=XI,
+                 seed=seeds[1])
     L, first = 0.0, True
     while bandit.t < T:
         rls_fb = batch_start_rls(X, bandit)

@@ -108,8 +108,10 @@ def test_checkpoint_resume_with_pruning_is_an_identical_continuation(cls):
     assert a.arms_scored < X.shape[0]
     b = _bandit(cls, X, k, prune=True, seed=99)
     b.load_state_dict(a.state_dict())
-    if cls is BKB:  # (BBKB, stopped mid-batch, refits on loading with the batch's told rewards; its next update redoes it)
-        assert torch.equal(a.arm_means, b.arm_means) and torch.equal(a.arm_rls, b.arm_rls)  # the refit on loading took the same path
+    # (BBKB, stopped mid-batch, refits on loading with the batch's told rewards; its next update redoes it)
+    if cls is BKB:
+        # the refit on loading took the same path
+        assert torch.equal(a.arm_means, b.arm_means) and torch.equal(a.arm_rls, b.arm_rls)
     assert a.pruning.state() == b.pruning.state()
     _run(a, f, 400)
     _run(b, f, 400)
@@ -198,7 +200,8 @@ def test_pruning_backs_off_when_most_arms_pass(monkeypatch):
     _run(full, f, 120)
     assert full.history == a.history
     a2 = _bandit(BKB, X, k, prune=True, beta=50.0)
-    while a2.pruning.wait == 0 or a2.pruning.last_attempt or a2.t < 60:  # stop in a back-off, after an update that did not try
+    # stop in a back-off, after an update that did not try
+    while a2.pruning.wait == 0 or a2.pruning.last_attempt or a2.t < 60:
         i = a2.ask()
         a2.tell(i, f[i])
     b = _bandit(BKB, X, k, prune=True, beta=50.0, seed=77)

@@ -79,7 +79,8 @@ def test_batches_are_variance_only_and_use_only_the_current_batch():
     over the active set, computed from this batch's picks only (independent formula); rewards are never
     looked at (changing them cannot change the next batch as long as the active set is the same)."""
     arms, f, g = _problem(2, A=100)
-    b = SBPE(arms, GaussianKernel(LS), noise=0.01, budget=30, beta=1e6, seed=0, base_size=64)  # β huge: nothing eliminated
+    # β huge: nothing eliminated
+    b = SBPE(arms, GaussianKernel(LS), noise=0.01, budget=30, beta=1e6, seed=0, base_size=64)
     first = b.ask()
     b.tell(first, f[first])
     second = b.ask()
@@ -89,7 +90,8 @@ def test_batches_are_variance_only_and_use_only_the_current_batch():
         for _ in range(batch.numel()):
             if ref:
                 Xp = arms[ref]
-                _, cov = exact_gp(rbf(Xp, Xp, LS), rbf(Xp, arms, LS), rbf(arms, arms, LS), torch.zeros(len(ref), dtype=torch.float64), 0.01)
+                _, cov = exact_gp(rbf(Xp, Xp, LS), rbf(Xp, arms, LS), rbf(arms, arms, LS),
+                                  torch.zeros(len(ref), dtype=torch.float64), 0.01)
                 var = torch.diagonal(cov)
             else:
                 var = torch.ones(100, dtype=torch.float64)
@@ -113,7 +115,8 @@ def test_elimination_follows_eq_13_with_an_independent_posterior():
     X = arms[i]
     mu, cov = titsias_dtc(rbf(Z, Z, LS), rbf(X, Z, LS), rbf(arms, Z, LS), rbf(arms, arms, LS), y, 1e-3)
     lam_max = b.lambda_maxes[0]
-    ref_lm = float(torch.linalg.eigvalsh(rbf(X, X, LS) - rbf(X, Z, LS) @ torch.linalg.solve(rbf(Z, Z, LS), rbf(Z, X, LS)))[-1])
+    ref_lm = float(torch.linalg.eigvalsh(rbf(X, X, LS) - rbf(X, Z, LS)
+                                         @ torch.linalg.solve(rbf(Z, Z, LS), rbf(Z, X, LS)))[-1])
     assert lam_max == pytest.approx(max(ref_lm, 0.0), abs=1e-8)
     beta = vakili_beta(0.05 / (4 * b.num_batches * 150), 2.0, 0.03, 1e-3, lam_max)  # β(δ/(4B|X|))
     assert b.betas[0] == pytest.approx(beta)
@@ -138,13 +141,15 @@ def test_elimination_never_removes_the_maximizer_at_low_noise(seed):
 
 def test_continuous_intervals_eq_15():
     arms, f, g = _problem(5, A=100)
-    b = SBPE(arms, GaussianKernel(LS), noise=1e-4, budget=60, rkhs_norm=2.0, subgaussian=0.01, interval="continuous", discretization_c=2.0, seed=5)
+    b = SBPE(arms, GaussianKernel(LS), noise=1e-4, budget=60, rkhs_norm=2.0, subgaussian=0.01, interval="continuous",
+             discretization_c=2.0, seed=5)
     finite = SBPE(arms, GaussianKernel(LS), noise=1e-4, budget=60, rkhs_norm=2.0, subgaussian=0.01, seed=5)
     for bandit in (b, finite):
         i = bandit.ask()
         bandit.tell(i, f[i] + 0.01 * torch.randn(i.shape, dtype=torch.float64, generator=g))
     n = b.schedule[0]
-    beta = vakili_beta_continuous(0.01 / (2 * b.num_batches), n, 2.0, 0.01, 1e-4, b.lambda_maxes[0], dim=2, c=2.0, kmax=1.0)
+    beta = vakili_beta_continuous(0.01 / (2 * b.num_batches), n, 2.0, 0.01, 1e-4, b.lambda_maxes[0], dim=2, c=2.0,
+                                  kmax=1.0)
     assert b.betas[0] == pytest.approx(beta)
     mean, var = b.posterior(arms)
     half = 2 / n + beta * (var.sqrt() + 2 / math.sqrt(n))

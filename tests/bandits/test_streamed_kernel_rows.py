@@ -24,7 +24,9 @@ def _run(bandit, f, steps):
     return picks
 
 
-@pytest.mark.parametrize("cls, kw", [(BKB, {"beta": 0.5}), (BKB, {"beta": "theory"}), (BBKB, {"beta": 0.5, "batch_bound": 3.0}), (BBKB, {"beta": "theory", "batch_bound": 2.0})])
+@pytest.mark.parametrize("cls, kw",
+                         [(BKB, {"beta": 0.5}), (BKB, {"beta": "theory"}), (BBKB, {"beta": 0.5, "batch_bound": 3.0}),
+                          (BBKB, {"beta": "theory", "batch_bound": 2.0})])
 def test_streamed_rows_make_the_cached_choices(cls, kw):
     arms, f = _problem()
     cached = cls(arms, GaussianKernel(0.3), noise=0.01, seed=1, **kw)
@@ -66,7 +68,8 @@ def test_streamed_checkpoint_resumes_identically():
 @pytest.mark.parametrize("cls", [BKB, BBKB])
 def test_streamed_steps_form_no_m_by_A_tensor(cls):
     arms, f = _problem(A=20_000, seed=4)
-    bandit = cls(arms, GaussianKernel(0.1), noise=0.001, seed=0, beta=1.0, kernel_cache_bytes=0, chunk_size=256, row_cache_bytes=0)
+    bandit = cls(arms, GaussianKernel(0.1), noise=0.001, seed=0, beta=1.0, kernel_cache_bytes=0, chunk_size=256,
+                 row_cache_bytes=0)
     _run(bandit, f, 30)
     m, A = bandit.dictionary_size, arms.shape[0]
     assert m >= 8

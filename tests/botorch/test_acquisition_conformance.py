@@ -73,18 +73,23 @@ ACQUISITIONS = {
     "qLogEI": (lambda m, X, Y: qLogExpectedImprovement(m, best_f=Y.max(), sampler=_sampler()), 2),
     # cache_root=False: SingleTaskGP's cached root factorizes the same covariance in another order, which gives
     # other (equally valid) MC samples; BoTorch does not offer the cache to models other than its own GPs
-    "qNEI": (lambda m, X, Y: qNoisyExpectedImprovement(m, X, sampler=_sampler(), prune_baseline=False, cache_root=False), 2),
-    "qLogNEI": (lambda m, X, Y: qLogNoisyExpectedImprovement(m, X, sampler=_sampler(), prune_baseline=False, cache_root=False), 2),
+    "qNEI": (lambda m, X, Y: qNoisyExpectedImprovement(m, X, sampler=_sampler(), prune_baseline=False,
+                                                       cache_root=False), 2),
+    "qLogNEI": (lambda m, X, Y: qLogNoisyExpectedImprovement(m, X, sampler=_sampler(), prune_baseline=False,
+                                                             cache_root=False), 2),
     "qPI": (lambda m, X, Y: qProbabilityOfImprovement(m, best_f=Y.median(), tau=0.5, sampler=_sampler()), 2),
     "qUCB": (lambda m, X, Y: qUpperConfidenceBound(m, beta=4.0, sampler=_sampler()), 2),
     "qSR": (lambda m, X, Y: qSimpleRegret(m, sampler=_sampler()), 2),
     "qKG": (lambda m, X, Y: qKnowledgeGradient(m, num_fantasies=4, sampler=_sampler(4)), 2),
-    "qNIPV": (lambda m, X, Y: qNegIntegratedPosteriorVariance(m, mc_points=torch.rand(16, D, generator=torch.Generator().manual_seed(2), dtype=torch.float64)), 2),
+    "qNIPV": (lambda m, X, Y: qNegIntegratedPosteriorVariance(
+        m, mc_points=torch.rand(16, D, generator=torch.Generator().manual_seed(2), dtype=torch.float64)), 2),
     "qMES": (lambda m, X, Y: _seeded(qMaxValueEntropy, m, candidate_set=_candidates(), num_mv_samples=4), 1),
-    "GIBBON": (lambda m, X, Y: _seeded(qLowerBoundMaxValueEntropy, m, candidate_set=_candidates(), num_mv_samples=4), 1),
+    "GIBBON": (lambda m, X, Y: _seeded(qLowerBoundMaxValueEntropy, m, candidate_set=_candidates(), num_mv_samples=4),
+               1),
     # condition_noiseless=False: with the default per-point noise 1e-6 SingleTaskGP's conditioned *mean* ignores
     # the noise (5e-3 off the exact formula here; BKBModel is within 1e-8: test_jes_conditioning_is_exact)
-    "qJES": (lambda m, X, Y: qJointEntropySearch(m, *_optimal_samples(), estimation_type="LB", condition_noiseless=False), 2),
+    "qJES": (lambda m, X, Y: qJointEntropySearch(m, *_optimal_samples(), estimation_type="LB",
+                                                 condition_noiseless=False), 2),
 }
 
 
@@ -170,7 +175,8 @@ def test_sparse_dictionary_runs_and_optimize_acqf_moves_the_candidates(name):
     assert float(grad.abs().max()) > 0.0
     bounds = torch.stack([torch.zeros(D), torch.ones(D)]).to(torch.float64)
     start = Xc[:1]
-    cand, _ = optimize_acqf(acqf, bounds, q=q, num_restarts=1, batch_initial_conditions=start, options={"maxiter": 20}, return_best_only=True)
+    cand, _ = optimize_acqf(acqf, bounds, q=q, num_restarts=1, batch_initial_conditions=start, options={"maxiter": 20},
+                            return_best_only=True)
     assert float((cand - start[0, :q]).abs().max()) > 1e-6
 
 

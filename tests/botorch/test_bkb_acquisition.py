@@ -13,7 +13,9 @@ from gpytorch.kernels import RBFKernel, ScaleKernel
 
 from conftest import tol
 from helpers import LargestOutput, close, rbf, titsias_dtc
-from torchbkb.botorch import BBKBUpperConfidenceBound, BKBModel, BKBUpperConfidenceBound, optimize_acqf_bbkb, theory_beta
+from torchbkb.botorch import (
+    BBKBUpperConfidenceBound, BKBModel, BKBUpperConfidenceBound, optimize_acqf_bbkb, theory_beta
+)
 from torchbkb.bandits.confidence import to_botorch_beta
 from torchbkb.errors import InputDataError
 
@@ -38,10 +40,12 @@ def _setup(n=25, seed=0, dtype=torch.float64, device="cpu", standardize=True):
     S = X[::2]
     C = torch.rand(60, 2, generator=g, dtype=torch.float64)
     model = BKBModel(
-        X.to(device, dtype), Y.to(device, dtype), kernel=_kernel(dtype, device), noise=LAM, inducing_points=S.to(device, dtype),
+        X.to(device, dtype), Y.to(device, dtype), kernel=_kernel(dtype, device), noise=LAM,
+        inducing_points=S.to(device, dtype),
         outcome_transform=Standardize(m=1) if standardize else None, exact_fraction=None,  # the DTC formulas
     )
-    a, s = (Y.mean(), Y.std()) if standardize else (torch.tensor(0.0, dtype=torch.float64), torch.tensor(1.0, dtype=torch.float64))
+    a, s = (Y.mean(), Y.std()) if standardize else (torch.tensor(0.0, dtype=torch.float64),
+                                                    torch.tensor(1.0, dtype=torch.float64))
     return model, X, (Y[:, 0] - a) / s, S, C, a, s
 
 
@@ -73,7 +77,8 @@ def test_theory_beta_is_000_theorem_2():
     rls_sum = float(cov_train.diagonal().sum()) / LAM
     t, xi, F, delta, eps = X.shape[0], math.sqrt(LAM), 2.0, 0.05, 0.5
     alpha = (1 + eps) / (1 - eps)
-    ref = 2 * xi * math.sqrt(alpha * math.log(OS * t) * rls_sum + math.log(1 / delta)) + (1 + 1 / math.sqrt(1 - eps)) * math.sqrt(LAM) * F
+    ref = (2 * xi * math.sqrt(alpha * math.log(OS * t) * rls_sum + math.log(1 / delta)) + (1 + 1 / math.sqrt(1 - eps))
+           * math.sqrt(LAM) * F)
     assert float(theory_beta(model, F=F, delta=delta)) == pytest.approx(ref, rel=1e-8)
     acq = BKBUpperConfidenceBound(model, beta="theory", F=F, delta=delta)
     assert float(acq.beta_rls) == pytest.approx(ref, rel=1e-8)
@@ -137,7 +142,8 @@ def test_optimize_acqf_discrete_q_gt_1_is_sequential_hallucinated_greedy():
     m_ref, _ = titsias_dtc(_k(S, S), _k(X, S), _k(C, S), _k(C, C), y, LAM)
     design, left, picks = X.clone(), list(range(len(C))), []
     for _ in range(4):
-        _, cov = titsias_dtc(_k(S, S), _k(design, S), _k(C, S), _k(C, C), torch.zeros(len(design), dtype=torch.float64), LAM)
+        _, cov = titsias_dtc(_k(S, S), _k(design, S), _k(C, S), _k(C, C), torch.zeros(len(design), dtype=torch.float64),
+                             LAM)
         ucb = m_ref + 2.0 * (cov.diagonal() / LAM).sqrt()
         j = max(left, key=lambda i: float(ucb[i]))
         picks.append(j)
@@ -185,12 +191,14 @@ def test_bbkb_streams_the_candidates_in_chunks():
     # no (A, m) tensor is ever formed: the largest intermediate is the candidates themselves (A·d)
     g = torch.Generator().manual_seed(0)
     X = torch.rand(40, 2, generator=g, dtype=torch.float64)
-    model = BKBModel(X, X[:, :1] - X[:, 1:], kernel=_kernel(torch.float64), noise=LAM, inducing_points=X[:12], outcome_transform=None, exact_fraction=None)
+    model = BKBModel(X, X[:, :1] - X[:, 1:], kernel=_kernel(torch.float64), noise=LAM, inducing_points=X[:12],
+                     outcome_transform=None, exact_fraction=None)
     A, m = 50_000, model.num_inducing
     choices = torch.rand(A, 2, generator=g, dtype=torch.float64)
     whole = optimize_acqf_bbkb(model, choices, batch_bound=3.0, beta=1.0, chunk_size=A, return_indices=True)
     with LargestOutput() as rec:
-        cand, vals, idx = optimize_acqf_bbkb(model, choices, batch_bound=3.0, beta=1.0, chunk_size=500, return_indices=True)
+        cand, vals, idx = optimize_acqf_bbkb(model, choices, batch_bound=3.0, beta=1.0, chunk_size=500,
+                                             return_indices=True)
     assert rec.numel <= A * 2 < A * m
     assert torch.equal(idx, whole[2]) and torch.allclose(vals, whole[1])
     assert bool(torch.isfinite(vals).all()) and cand.shape == (idx.numel(), 2)

@@ -41,7 +41,8 @@ def _data(n=30, d=2, seed=0):
 
 def _model(X, Y, S, device="cpu", dtype=torch.float64, **kw):
     kw.setdefault("outcome_transform", None)
-    return BKBModel(X.to(device, dtype), Y.to(device, dtype), kernel=_kernel(device, dtype), noise=LAM, inducing_points=S.to(device, dtype), **kw)
+    return BKBModel(X.to(device, dtype), Y.to(device, dtype), kernel=_kernel(device, dtype), noise=LAM,
+                    inducing_points=S.to(device, dtype), **kw)
 
 
 # ---------------------------------------------------------------------- the math
@@ -56,7 +57,8 @@ def test_posterior_is_titsias_dtc_with_joint_covariance(dtype, device):
     assert close(post.mean[:, 0].double().cpu(), m_ref, atol=t)
     assert close(post.distribution.covariance_matrix.double().cpu(), cov_ref, atol=t)
     noisy = model.posterior(Xq.to(device, dtype), observation_noise=True)
-    assert close(noisy.distribution.covariance_matrix.double().cpu(), cov_ref + LAM * torch.eye(7, dtype=torch.float64), atol=t)
+    assert close(noisy.distribution.covariance_matrix.double().cpu(), cov_ref + LAM * torch.eye(7, dtype=torch.float64),
+                 atol=t)
     # a tensor of observation noise adds exactly that noise
     nz = torch.linspace(0.1, 0.7, 7, dtype=dtype, device=device).unsqueeze(-1)
     noisy2 = model.posterior(Xq.to(device, dtype), observation_noise=nz)
@@ -93,7 +95,8 @@ def test_posterior_shapes(shape):
     # each batch is its own joint posterior
     flat = Xq.reshape(-1, q, 2)
     ref = model.posterior(flat[-1])
-    assert close(post.distribution.covariance_matrix.reshape(-1, q, q)[-1], ref.distribution.covariance_matrix, atol=1e-12)
+    assert close(post.distribution.covariance_matrix.reshape(-1, q, q)[-1], ref.distribution.covariance_matrix,
+                 atol=1e-12)
 
 
 def test_gradcheck_mean_and_variance():
@@ -117,7 +120,8 @@ def test_q1_fast_path_equals_the_joint_diagonal_and_is_differentiable():
     assert close(single.mean.reshape(-1), joint.mean.reshape(-1), atol=1e-12)
     assert close(single.variance.reshape(-1), joint.variance.reshape(-1), atol=1e-12)
     x = torch.rand(4, 1, 2, dtype=torch.float64, requires_grad=True)
-    assert torch.autograd.gradcheck(lambda z: (model.posterior(z).mean, model.posterior(z).variance), (x,), eps=1e-6, atol=1e-6)
+    assert torch.autograd.gradcheck(lambda z: (model.posterior(z).mean, model.posterior(z).variance), (x,), eps=1e-6,
+                                    atol=1e-6)
 
 
 def test_batched_training_data_are_independent_posteriors():
@@ -172,7 +176,8 @@ def test_from_model_equals_single_task_gp_with_all_points(with_input_transform):
     Xt = Xq_raw if it else Xq
     bkb = BKBModel.from_model(gp, inducing_points=X_raw if it else X)
     for q_shape in [(7, 2), (3, 4, 2)]:
-        Xtest = Xt[: q_shape[-2]].expand(*q_shape) if len(q_shape) == 2 else Xt[:4].expand(3, 4, 2) + 0.1 * torch.rand(3, 4, 2, dtype=torch.float64)
+        Xtest = (Xt[: q_shape[-2]].expand(*q_shape) if len(q_shape) == 2 else Xt[:4].expand(3, 4, 2) + 0.1
+                 * torch.rand(3, 4, 2, dtype=torch.float64))
         p_gp, p_bkb = gp.posterior(Xtest), bkb.posterior(Xtest)
         assert close(p_bkb.mean, p_gp.mean, atol=1e-8)
         assert close(p_bkb.distribution.covariance_matrix, p_gp.distribution.covariance_matrix, atol=1e-8)
@@ -221,7 +226,8 @@ def test_condition_on_observations_equals_refit(dtype):
         assert cond.train_inputs[0].shape == (30 + k, 2)
     # the original is unchanged
     assert base.train_inputs[0].shape == (30, 2)
-    assert close(base.posterior(c(Xq)).mean.double(), _model(X[:30], Y[:30], S, dtype=dtype).posterior(c(Xq)).mean.double(), atol=tol(dtype) * 10)
+    assert close(base.posterior(c(Xq)).mean.double(),
+                 _model(X[:30], Y[:30], S, dtype=dtype).posterior(c(Xq)).mean.double(), atol=tol(dtype) * 10)
 
 
 def test_condition_with_outcome_transform_uses_the_stored_statistics():
@@ -389,7 +395,8 @@ def test_bad_conditioning_and_batches():
     with pytest.raises(InputDataError, match="Y: expected shape"):
         model.condition_on_observations(Xq, torch.zeros(7, 2, dtype=torch.float64))
     with pytest.raises(InputDataError, match="noise"):
-        model.condition_on_observations(Xq, torch.zeros(7, 1, dtype=torch.float64), noise=torch.zeros(7, 1, dtype=torch.float64))
+        model.condition_on_observations(Xq, torch.zeros(7, 1, dtype=torch.float64),
+                                        noise=torch.zeros(7, 1, dtype=torch.float64))
     fant = model.condition_on_observations(Xq[:2], torch.zeros(3, 2, 1, dtype=torch.float64))
     assert fant.batch_shape == torch.Size([3])
     with pytest.raises(InputDataError, match="broadcastable"):

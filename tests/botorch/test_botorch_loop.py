@@ -124,9 +124,11 @@ def test_continuous_loop_beats_random_search():
         for t in range(T):
             model = BKBModel(X, Y, seed=t)
             torch.manual_seed(t)  # optimize_acqf's raw samples
-            cand, _ = optimize_acqf(LogExpectedImprovement(model, best_f=Y.max()), BOUNDS, q=1, num_restarts=2, raw_samples=32, options=OPT)
+            cand, _ = optimize_acqf(LogExpectedImprovement(model, best_f=Y.max()), BOUNDS, q=1, num_restarts=2,
+                                    raw_samples=32, options=OPT)
             X, Y = torch.cat([X, cand]), torch.cat([Y, HART(cand).unsqueeze(-1)])
         bo.append(float(Y.max()))
     # random search with the same budget, averaged over many replicates
-    R = HART(torch.rand(2000, n_init + T, 6, generator=torch.Generator().manual_seed(99), dtype=torch.float64)).max(-1).values
+    R = HART(torch.rand(2000, n_init + T, 6, generator=torch.Generator().manual_seed(99),
+                        dtype=torch.float64)).max(-1).values
     assert sum(bo) / 2 > float(R.mean()) + 0.4, (bo, float(R.mean()))

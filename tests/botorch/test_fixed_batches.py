@@ -43,7 +43,8 @@ def _gp_bucb(kernel, X, y, offset, C, lam, alpha, q):
 def test_fixed_q_picks_are_gp_bucb_greedy_batch_with_a_complete_dictionary(seed):
     X, y, C = _problem(seed=seed)
     k, lam, alpha = GaussianKernel(0.25), 0.01, 1.5
-    model = BKBModel(X, y.unsqueeze(-1), kernel=k, noise=lam, inducing_points=X, outcome_transform=None, exact_fraction=None)
+    model = BKBModel(X, y.unsqueeze(-1), kernel=k, noise=lam, inducing_points=X, outcome_transform=None,
+                     exact_fraction=None)
     out = optimize_acqf_bbkb(model, C, q=25, beta=alpha, return_indices=True, chunk_size=64)
     assert out.stop_reason == "q" and out.indices.unique().numel() == 25
     assert torch.equal(out.candidates, C[out.indices])
@@ -60,7 +61,8 @@ def test_a_pick_lowers_its_own_variance_as_an_exact_fantasy_and_may_repeat_witho
     assert acq[1] < acq[0] and acq[2] < acq[1]
     lam = model.noise
     var = float(rls) * lam
-    expected = model.posterior(C[:1]).mean.squeeze() + 5.0 * (var * lam / (var + lam) / lam) ** 0.5 * model.outcome_transform.stdvs.squeeze()
+    expected = (model.posterior(C[:1]).mean.squeeze() + 5.0 * (var * lam / (var + lam) / lam) ** 0.5
+                * model.outcome_transform.stdvs.squeeze())
     assert float(acq[1]) == pytest.approx(float(expected), rel=1e-6)
 
 
@@ -72,7 +74,8 @@ def test_fixed_q_reads_candidates_in_chunks(monkeypatch):
     model = BKBModel(X, y.unsqueeze(-1), seed=0)
     rows = []
     forward = NystromEmbedding.forward
-    monkeypatch.setattr(NystromEmbedding, "forward", lambda self, Z, *a, **kw: rows.append(Z.shape[-2]) or forward(self, Z, *a, **kw))
+    monkeypatch.setattr(NystromEmbedding, "forward",
+                        lambda self, Z, *a, **kw: rows.append(Z.shape[-2]) or forward(self, Z, *a, **kw))
     cand, _ = optimize_acqf_bbkb(model, C, q=200, beta=2.0, chunk_size=1024)
     assert cand.shape == (200, 2) and torch.unique(cand, dim=0).shape[0] == 200
     assert max(rows) <= 1024

@@ -13,7 +13,9 @@ from hypothesis import given, settings, strategies as st
 from helpers import spy_factorizations
 from torchbkb.botorch import BKBModel, DTCMarginalLogLikelihood
 from torchbkb.sampling.dictionary_replay import sample_dictionary
-from torchbkb.botorch.fitting import EXACT_FIT, FIT_INDUCING, FIT_POINTS, MAX_ROUNDS, ROUND_NATS, WARM_START, hyperparameter_change, hyperparameters
+from torchbkb.botorch.fitting import (
+    EXACT_FIT, FIT_INDUCING, FIT_POINTS, MAX_ROUNDS, ROUND_NATS, WARM_START, hyperparameter_change, hyperparameters
+)
 from torchbkb.errors import InputDataError
 from torchbkb.gp.evidence_bound import dtc_evidence_bound, exact_evidence
 
@@ -74,7 +76,8 @@ def test_mll_equals_single_task_gps_exact_mll_with_a_complete_dictionary(exact_f
         model.mean_module.constant = torch.tensor(0.3, dtype=F64)
         if not known_noise:
             model.likelihood.noise = torch.tensor([0.02], dtype=F64)
-    mll, emll = DTCMarginalLogLikelihood(bkb.likelihood, bkb).train(), ExactMarginalLogLikelihood(gp.likelihood, gp).train()
+    mll, emll = DTCMarginalLogLikelihood(bkb.likelihood, bkb).train(), ExactMarginalLogLikelihood(gp.likelihood,
+                                                                                                  gp).train()
     assert bkb.is_exact == (exact_fraction is not None)
     assert abs(float(mll() - emll(gp(*gp.train_inputs), gp.train_targets))) < 1e-8
 
@@ -85,7 +88,8 @@ def test_gradients_match_finite_differences():
     model.covar_module.lengthscale = torch.tensor([[0.3, 0.5]], dtype=F64)
     mll = DTCMarginalLogLikelihood(model.likelihood, model).train()
     params = dict(mll.named_parameters())
-    assert {"likelihood.noise_covar.raw_noise", "model.covar_module.raw_lengthscale", "model.mean_module.raw_constant"} <= set(params)
+    assert {"likelihood.noise_covar.raw_noise", "model.covar_module.raw_lengthscale",
+            "model.mean_module.raw_constant"} <= set(params)
     mll.zero_grad()
     mll().backward()
     h = 1e-6
@@ -98,7 +102,8 @@ def test_gradients_match_finite_differences():
                 down = float(mll())
                 p.view(-1)[i] += h
             fd = (up - down) / (2 * h)
-            assert abs(float(p.grad.view(-1)[i]) - fd) < 1e-6 * max(1.0, abs(fd)), (name, i, float(p.grad.view(-1)[i]), fd)
+            assert (abs(float(p.grad.view(-1)[i]) - fd) < 1e-6 * max(1.0, abs(fd))), (name, i,
+                                                                                      float(p.grad.view(-1)[i]), fd)
 
 
 def test_only_m_by_m_matrices_are_factorized(monkeypatch):
@@ -117,7 +122,8 @@ def test_fit_recovers_the_hyperparameters_of_a_gp_sample(fit_points):
     X = torch.rand(n, 1, generator=g, dtype=F64)
     k = RBFKernel().to(F64)
     k.lengthscale = torch.tensor(ls, dtype=F64)
-    f = torch.linalg.cholesky(k(X, X).to_dense() + 1e-8 * torch.eye(n, dtype=F64)) @ torch.randn(n, generator=g, dtype=F64)
+    f = torch.linalg.cholesky(k(X, X).to_dense() + 1e-8 * torch.eye(n, dtype=F64)) @ torch.randn(n, generator=g,
+                                                                                                 dtype=F64)
     Y = (f + math.sqrt(noise) * torch.randn(n, generator=g, dtype=F64)).unsqueeze(-1)
     model = BKBModel(X, Y, outcome_transform=None, seed=0)
     fit_gpytorch_mll(DTCMarginalLogLikelihood(model.likelihood, model), fit_points=fit_points)
@@ -259,7 +265,8 @@ def test_fit_points_is_checked_and_bounds_the_rounds(monkeypatch):
     assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())  # nothing changed
     seen = []
     bound = ml.dtc_evidence_bound
-    monkeypatch.setattr(ml, "dtc_evidence_bound", lambda k, X, *a, **kw: seen.append(X.shape[0]) or bound(k, X, *a, **kw))
+    monkeypatch.setattr(ml, "dtc_evidence_bound",
+                        lambda k, X, *a, **kw: seen.append(X.shape[0]) or bound(k, X, *a, **kw))
     fit_gpytorch_mll(mll, warm_start=False, fit_points=EXACT_FIT)
     assert seen and set(seen) == {EXACT_FIT}  # every evaluation of every round: the subset
     assert model.train_inputs[0].shape[0] == EXACT_FIT + 150  # the model keeps (and its posterior uses) every point
@@ -276,14 +283,16 @@ def test_bound_rounds_stop_at_round_nats_unless_told_otherwise(monkeypatch):
     model = BKBModel(X, Y, seed=3)
     mll = DTCMarginalLogLikelihood(model.likelihood, model)
     seen, real = [], fitting.fit_gpytorch_mll_scipy
-    monkeypatch.setattr(fitting, "fit_gpytorch_mll_scipy", lambda mll, **kw: seen.append(kw.get("options")) or real(mll, **kw))
+    monkeypatch.setattr(fitting, "fit_gpytorch_mll_scipy",
+                        lambda mll, **kw: seen.append(kw.get("options")) or real(mll, **kw))
     fit_gpytorch_mll(mll, warm_start=False)  # every point: ftol per point of n
     assert seen and all(o == {"ftol": ROUND_NATS / (EXACT_FIT + 150)} for o in seen)
     seen.clear()
     fit_gpytorch_mll(mll, warm_start=False, fit_points=EXACT_FIT)  # a subset: per point of the subset
     assert seen and all(o == {"ftol": ROUND_NATS / EXACT_FIT} for o in seen)
     seen.clear()
-    fit_gpytorch_mll(mll, warm_start=False, optimizer_kwargs={"options": {"ftol": 1e-12, "maxiter": 30}})  # the user's wins
+    # the user's wins
+    fit_gpytorch_mll(mll, warm_start=False, optimizer_kwargs={"options": {"ftol": 1e-12, "maxiter": 30}})
     assert seen and all(o == {"ftol": 1e-12, "maxiter": 30} for o in seen)
 
 

@@ -37,7 +37,8 @@ def test_a_repeated_point_enters_with_the_rules_probability(inclusion, p_a):
 def test_the_replay_groups_repeated_rows():
     g = torch.Generator().manual_seed(0)
     X = torch.rand(40, 2, dtype=torch.float64, generator=g).repeat(5, 1)  # every point evaluated 5 times
-    S = sample_dictionary(GaussianKernel(0.3), X, 0.01, q_bar=2.0, generator=torch.Generator().manual_seed(1), inclusion="count_scaled")
+    S = sample_dictionary(GaussianKernel(0.3), X, 0.01, q_bar=2.0, generator=torch.Generator().manual_seed(1),
+                          inclusion="count_scaled")
     assert torch.unique(S, dim=0).shape[0] == S.shape[0]  # each distinct point at most once
     S2 = sample_dictionary(GaussianKernel(0.3), X, 0.01, q_bar=2.0, generator=torch.Generator().manual_seed(1))
     assert S2.shape[0] >= 1

@@ -268,7 +268,8 @@ def test_point_by_point_conditioning_keeps_one_solve_per_query(monkeypatch):
     assert len(calls) <= 2  # one block: not one solve per conditioning
     monkeypatch.undo()
     new = [_data(1, seed=100 + i) for i in range(30)]
-    at_once = BKBModel(X, Y, seed=0).condition_on_observations(torch.cat([x for x, _ in new]), torch.cat([y for _, y in new]))
+    at_once = BKBModel(X, Y, seed=0).condition_on_observations(torch.cat([x for x, _ in new]),
+                                                               torch.cat([y for _, y in new]))
     Xq = torch.rand(6, 1, 2, dtype=F64)
     assert torch.allclose(model.train_inputs[0], at_once.train_inputs[0])
     assert torch.allclose(model.posterior(Xq).mean, at_once.posterior(Xq).mean, atol=1e-9)

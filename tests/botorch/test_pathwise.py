@@ -52,7 +52,8 @@ def test_paths_have_the_posterior_mean_and_covariance(mode):
     U = torch.cat([X, Xq])  # training points (hence the dictionary) and queries, transformed = original here
     num = 20_000
     torch.manual_seed(0)
-    paths = draw_bkb_paths(model, torch.Size([num]), prior_sampler=lambda model, sample_shape: ExactPriorPath(model.covar_module, U, num))
+    paths = draw_bkb_paths(model, torch.Size([num]), prior_sampler=
+                           lambda model, sample_shape: ExactPriorPath(model.covar_module, U, num))
     f = paths(Xq)  # (S, q)
     post = model.posterior(Xq)
     mean, cov = post.mean.squeeze(-1), post.distribution.covariance_matrix

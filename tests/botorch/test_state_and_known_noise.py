@@ -77,7 +77,8 @@ def test_known_noise_with_a_complete_dictionary_is_the_heteroskedastic_exact_gp(
 def test_construct_inputs_passes_the_known_noise():
     X, Y = _data(20)
     Yvar = torch.full_like(Y, 0.05)
-    inputs = BKBModel.construct_inputs(SupervisedDataset(X, Y, Yvar=Yvar, feature_names=["a", "b"], outcome_names=["y"]))
+    inputs = BKBModel.construct_inputs(SupervisedDataset(X, Y, Yvar=Yvar, feature_names=["a", "b"],
+                                                         outcome_names=["y"]))
     model = BKBModel(**inputs)
     assert torch.equal(inputs["train_Yvar"], Yvar) and model.noise == pytest.approx(0.05 / float(Y.var()))
 
@@ -103,7 +104,8 @@ def test_bad_conditioning_noise_leaves_the_model_as_it_was():
     model = BKBModel(X, Y, seed=0, exact_fraction=None)
     Xq = torch.rand(4, 2, dtype=torch.float64)
     before = model.posterior(Xq).mean.clone(), model.train_inputs[0].clone()
-    for noise in (torch.full((3, 1), -1.0, dtype=torch.float64), torch.full((3, 1), float("nan"), dtype=torch.float64), torch.full((2, 1), 0.1, dtype=torch.float64)):
+    for noise in (torch.full((3, 1), -1.0, dtype=torch.float64), torch.full((3, 1), float("nan"), dtype=torch.float64),
+                  torch.full((2, 1), 0.1, dtype=torch.float64)):
         with pytest.raises(InputDataError, match="noise"):
             model.condition_on_observations(X[:3], Y[:3], noise=noise)
     assert torch.equal(model.posterior(Xq).mean, before[0]) and torch.equal(model.train_inputs[0], before[1])

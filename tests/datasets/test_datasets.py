@@ -136,7 +136,8 @@ def test_rff_covariance_approximates_the_kernel(kernel):
 def test_sample_covariance_over_seeds(method):
     # The empirical covariance of many draws approximates k: 3,000 draws, std of an entry <= √(2/3000) ≈ 0.026.
     X = torch.tensor([[0.0], [0.15], [0.3], [0.9]], dtype=torch.float64)
-    F = torch.stack([gp_sample(X, kernel="matern52", lengthscale=0.3, seed=s, method=method, num_features=256, outputscale=2.0) for s in range(3000)])
+    F = torch.stack([gp_sample(X, kernel="matern52", lengthscale=0.3, seed=s, method=method, num_features=256,
+                               outputscale=2.0) for s in range(3000)])
     emp = F.T @ F / F.shape[0]
     assert (emp - 2.0 * kernel_matrix("matern52", X, X, 0.3)).abs().max() < 0.2
 

@@ -39,7 +39,8 @@ def _data(n=40, d=2, seed=0):
 
 def _model(Z, X, y, dtype=torch.float64, device="cpu", constant=True, **kw):
     mean = ConstantMean() if constant else ZeroMean()
-    m = DTCApproximateGP(Z.to(device, dtype), X.to(device, dtype), y.to(device, dtype), noise=NOISE, covar_module=_kernel(dtype, device), mean_module=mean, **kw)
+    m = DTCApproximateGP(Z.to(device, dtype), X.to(device, dtype), y.to(device, dtype), noise=NOISE,
+                         covar_module=_kernel(dtype, device), mean_module=mean, **kw)
     if constant:
         m.mean_module.constant = torch.tensor(C0, dtype=dtype)
         m.to(device)
@@ -59,7 +60,8 @@ def test_predictive_is_titsias_dtc_and_dtc_posterior(dtype, device):
     assert close(pred.covariance_matrix.double().cpu(), cov_ref, atol=t)
     assert close(pred.variance.double().cpu(), cov_ref.diagonal(), atol=t)
     # the same numbers as torchbkb's DTCPosterior on the residuals
-    post = DTCPosterior(NystromEmbedding(_kernel(dtype, device), Z.to(device, dtype)), noise=NOISE).fit(X.to(device, dtype), (y - C0).to(device, dtype))
+    post = DTCPosterior(NystromEmbedding(_kernel(dtype, device), Z.to(device, dtype)),
+                        noise=NOISE).fit(X.to(device, dtype), (y - C0).to(device, dtype))
     mean, var = post(Xq.to(device, dtype))
     assert close(pred.mean.double().cpu(), C0 + mean.double().cpu(), atol=t)
     assert close(pred.variance.double().cpu(), var.double().cpu(), atol=t)
@@ -106,7 +108,9 @@ def test_variational_distribution_is_the_titsias_optimum():
     ref_model.eval()
     ours, theirs = model(Xq), ref_model(Xq)
     assert close(ours.mean, theirs.mean, atol=1e-6)
-    assert close(ours.covariance_matrix, theirs.covariance_matrix.to_dense() if hasattr(theirs.covariance_matrix, "to_dense") else theirs.covariance_matrix, atol=1e-6)
+    assert close(ours.covariance_matrix,
+                 theirs.covariance_matrix.to_dense() if hasattr(theirs.covariance_matrix, "to_dense")
+                 else theirs.covariance_matrix, atol=1e-6)
     # and its KL to the prior is finite
     assert bool(torch.isfinite(model.variational_strategy.kl_divergence()))
 
@@ -121,7 +125,8 @@ class _UnwhitenedGP(gpytorch.models.ApproximateGP):
         self.covar_module = _kernel()
         with torch.no_grad():
             dist.variational_mean.copy_(q.mean)
-            dist.chol_variational_covar.copy_(torch.linalg.cholesky(q.covariance_matrix + 1e-12 * torch.eye(Z.shape[0], dtype=torch.float64)))
+            dist.chol_variational_covar.copy_(torch.linalg.cholesky(q.covariance_matrix + 1e-12
+                                                                    * torch.eye(Z.shape[0], dtype=torch.float64)))
         strategy.variational_params_initialized.fill_(1)
 
     def forward(self, x):
@@ -130,7 +135,8 @@ class _UnwhitenedGP(gpytorch.models.ApproximateGP):
 
 def _ref_bound(Z, X, y):
     Q = _k(X, Z) @ torch.linalg.solve(_k(Z, Z), _k(Z, X))
-    mvn = torch.distributions.MultivariateNormal(torch.full_like(y, C0), Q + NOISE * torch.eye(len(y), dtype=torch.float64))
+    mvn = torch.distributions.MultivariateNormal(torch.full_like(y, C0),
+                                                 Q + NOISE * torch.eye(len(y), dtype=torch.float64))
     return mvn.log_prob(y) - (torch.diagonal(_k(X, X)).sum() - torch.trace(Q)) / (2 * NOISE)
 
 
@@ -153,9 +159,11 @@ def test_titsias_bound_gradients_and_learning():
     bound = model.titsias_bound()
     bound.backward()
     grads = {n: p.grad for n, p in model.named_parameters()}
-    for name in ("variational_strategy.inducing_points", "covar_module.raw_outputscale", "covar_module.base_kernel.raw_lengthscale",
+    for name in ("variational_strategy.inducing_points", "covar_module.raw_outputscale",
+                 "covar_module.base_kernel.raw_lengthscale",
                  "mean_module.raw_constant", "likelihood.noise_covar.raw_noise"):
-        assert grads[name] is not None and bool(torch.isfinite(grads[name]).all()) and float(grads[name].abs().sum()) > 0, name
+        assert (grads[name] is not None and bool(torch.isfinite(grads[name]).all()) and float(grads[name].abs().sum())
+                > 0), name
     # finite-difference check on the noise (a raw parameter through a softplus)
     raw = model.likelihood.noise_covar.raw_noise
     h = 1e-6
@@ -177,7 +185,8 @@ def test_titsias_bound_gradients_and_learning():
     assert model.titsias_bound().item() > start + 1.0
     model.eval()
     Z = model.variational_strategy.inducing_points.detach()
-    post = DTCPosterior(NystromEmbedding(model.covar_module, Z), noise=model.likelihood.noise.item()).fit(X, y - model.mean_module.constant.detach())
+    post = DTCPosterior(NystromEmbedding(model.covar_module, Z), noise=model.likelihood.noise.item()).fit(X,
+            y - model.mean_module.constant.detach())
     with torch.no_grad():
         pred = model(Xq)
         mean, var = post(Xq)

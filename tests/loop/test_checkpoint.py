@@ -32,7 +32,9 @@ def _same_state(a: dict, b: dict) -> bool:
     if isinstance(a, (list, tuple)):
         return isinstance(b, (list, tuple)) and len(a) == len(b) and all(_same_state(x, y) for x, y in zip(a, b))
     if isinstance(a, torch.Tensor):
-        return isinstance(b, torch.Tensor) and a.shape == b.shape and bool(torch.equal(a, b) or (a.isnan() & b.isnan()).all() if a.is_floating_point() else torch.equal(a, b))
+        return (isinstance(b, torch.Tensor) and a.shape == b.shape
+                and bool(torch.equal(a, b) or (a.isnan() & b.isnan()).all() if a.is_floating_point()
+                         else torch.equal(a, b)))
     return a == b or (a != a and b != b)
 
 
@@ -60,7 +62,8 @@ def test_writes_use_a_unique_temporary_file_fsync_then_rename(tmp_path, monkeypa
     calls = []
     real_fsync, real_replace = os.fsync, os.replace
     monkeypatch.setattr(os, "fsync", lambda fd: (calls.append("fsync"), real_fsync(fd))[1])
-    monkeypatch.setattr(os, "replace", lambda a, b: (calls.append(("replace", os.path.basename(a))), real_replace(a, b))[1])
+    monkeypatch.setattr(os, "replace",
+                        lambda a, b: (calls.append(("replace", os.path.basename(a))), real_replace(a, b))[1])
     path = tmp_path / "c.ckpt"
     save_checkpoint(path, {"bandit": {}, "history": {}, "batches": 0})
     save_checkpoint(path, {"bandit": {}, "history": {}, "batches": 1})
@@ -204,7 +207,8 @@ def _mid_run(cls):
     return bandit
 
 
-_REPLACEMENTS = st.sampled_from([None, "x", -1, 10**9, 0.5, [], {}, [1, "a"], torch.zeros(3), torch.full((A,), float("nan")), torch.zeros(A, dtype=torch.long)])
+_REPLACEMENTS = st.sampled_from([None, "x", -1, 10**9, 0.5, [], {}, [1, "a"], torch.zeros(3),
+                                 torch.full((A,), float("nan")), torch.zeros(A, dtype=torch.long)])
 
 
 def _corrupt_and_load(cls, field, value, delete, part):
@@ -231,7 +235,8 @@ def _corrupt_and_load(cls, field, value, delete, part):
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(cls=st.sampled_from([BKB, BBKB, GPUCB, Random]), field=st.integers(0, 100), value=_REPLACEMENTS, delete=st.booleans())
+@given(cls=st.sampled_from([BKB, BBKB, GPUCB, Random]), field=st.integers(0, 100), value=_REPLACEMENTS,
+       delete=st.booleans())
 def test_any_corrupted_field_either_loads_or_changes_nothing(cls, field, value, delete):
     _corrupt_and_load(cls, field, value, delete, lambda state: state)
 
@@ -273,7 +278,8 @@ def test_a_checkpoint_directory_that_disappears_mid_run_is_a_typed_error(tmp_pat
 
 @pytest.mark.parametrize(
     "field,value",
-    [("rls", torch.zeros(3, dtype=torch.float64)), ("rls", torch.full((A,), float("nan"), dtype=torch.float64)), ("dictionary", torch.tensor([0, A + 5])), ("order", "abc")],
+    [("rls", torch.zeros(3, dtype=torch.float64)), ("rls", torch.full((A,), float("nan"), dtype=torch.float64)),
+     ("dictionary", torch.tensor([0, A + 5])), ("order", "abc")],
 )
 def test_algorithm_fields_of_the_wrong_kind_are_refused_before_loading(field, value):
     """A field the algorithm would accept silently (a short or NaN variance vector, out-of-range indices) is refused."""

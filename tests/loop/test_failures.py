@@ -88,7 +88,8 @@ def test_an_objective_unreachable_for_a_while_is_retried_and_blames_no_arm(tmp_p
     ref = _reference(60)
     objective = Unreachable(F, tmp_path, up=5, down_for=0.5)  # many more failures than any arm's max_retries=2
     with ThreadPoolExecutor(4) as pool:
-        hist = torchbkb.run(_bandit(), objective, 60, executor=pool, progress=False, checkpoint=tmp_path / "c.ckpt", retry_delay=0.01, deadline=60)
+        hist = torchbkb.run(_bandit(), objective, 60, executor=pool, progress=False, checkpoint=tmp_path / "c.ckpt",
+                            retry_delay=0.01, deadline=60)
     assert hist.index == ref.index and hist.reward == ref.reward and hist.failures == []
     assert len(hist.errors) > 3 and all(kind == "infrastructure" for _, _, kind, _ in hist.errors)
     assert max(hist.attempts) > 3  # retried beyond max_retries: infrastructure failures do not count
@@ -97,7 +98,8 @@ def test_an_objective_unreachable_for_a_while_is_retried_and_blames_no_arm(tmp_p
 
 
 class UrlDown:
-    """``values[i]``; the first ``down`` calls raise ``urllib.error.URLError`` (an ``OSError``, not a ``ConnectionError``)."""
+    """``values[i]``; the first ``down`` calls raise ``urllib.error.URLError`` (an ``OSError``, not a
+    ``ConnectionError``)."""
 
     def __init__(self, values, down):
         self.values, self.down, self.calls = values, down, 0
@@ -114,7 +116,8 @@ class UrlDown:
 def test_operating_system_errors_of_the_objective_are_infrastructure_failures():
     ref = _reference(30)
     hist = torchbkb.run(_bandit(), UrlDown(F, 6), 30, progress=False, max_retries=0, retry_delay=0.001)
-    assert hist.index == ref.index and hist.failures == [] and [k for _, _, k, _ in hist.errors] == ["infrastructure"] * 6
+    assert (hist.index == ref.index and hist.failures == [] and [k for _, _, k, _ in hist.errors] == ["infrastructure"]
+            * 6)
 
 
 def test_past_the_deadline_the_run_checkpoints_raises_and_resumes_without_exclusions(tmp_path):
@@ -122,7 +125,8 @@ def test_past_the_deadline_the_run_checkpoints_raises_and_resumes_without_exclus
     ckpt = tmp_path / "run.ckpt"
     down = Unreachable(F, tmp_path, up=30)  # down for good after 30 calls
     with ThreadPoolExecutor(2) as pool, pytest.raises(InfrastructureError, match="resume") as err:
-        torchbkb.run(_bandit(), down, 80, executor=pool, progress=False, checkpoint=ckpt, retry_delay=0.01, deadline=0.2)
+        torchbkb.run(_bandit(), down, 80, executor=pool, progress=False, checkpoint=ckpt, retry_delay=0.01,
+                     deadline=0.2)
     assert err.value.arms  # the outstanding arms are named
     saved = torch.load(ckpt, weights_only=True)
     done = len(saved["history"]["index"])
@@ -131,10 +135,12 @@ def test_past_the_deadline_the_run_checkpoints_raises_and_resumes_without_exclus
     # ones is up to the pool's threads, so compared as a multiset)
     got, want = _by_batch(saved["history"]["index"], saved["history"]["batch"]), _by_batch(ref.index, ref.batch)
     last = max(got)
-    assert all(got[b] == want[b] for b in got if b != last) and not (collections.Counter(got[last]) - collections.Counter(want[last]))
+    assert (all(got[b] == want[b] for b in got if b != last)
+            and not (collections.Counter(got[last]) - collections.Counter(want[last])))
     for _ in range(2):  # every resume while it is still down fails the same way, and excludes nothing
         with ThreadPoolExecutor(2) as pool, pytest.raises(InfrastructureError):
-            torchbkb.run(_bandit(), down, 80, executor=pool, progress=False, checkpoint=ckpt, retry_delay=0.01, deadline=0.1)
+            torchbkb.run(_bandit(), down, 80, executor=pool, progress=False, checkpoint=ckpt, retry_delay=0.01,
+                         deadline=0.1)
     resumed = torchbkb.run(_bandit(), F, 80, progress=False, checkpoint=ckpt)
     assert _by_batch(resumed.index, resumed.batch) == _by_batch(ref.index, ref.batch) and resumed.failures == []
     assert sorted(zip(resumed.index, resumed.reward)) == sorted(zip(ref.index, ref.reward))
@@ -151,7 +157,8 @@ def _by_batch(index: list[int], batch: list[int]) -> dict[int, list[int]]:
 def test_a_pool_the_run_owns_is_recreated_when_a_worker_dies(tmp_path):
     ref = _reference(50)
     objective = Unreachable(F, tmp_path, kill_at=6)
-    hist = torchbkb.run(_bandit(), objective, 50, executor="process", workers=2, progress=False, max_retries=0, retry_delay=0.01)
+    hist = torchbkb.run(_bandit(), objective, 50, executor="process", workers=2, progress=False, max_retries=0,
+                        retry_delay=0.01)
     assert hist.index == ref.index and hist.reward == ref.reward and hist.failures == []
     assert any("BrokenProcessPool" in msg for _, _, kind, msg in hist.errors if kind == "infrastructure")
 
@@ -161,7 +168,8 @@ def test_a_broken_pool_of_the_caller_ends_the_run_with_a_typed_error_and_nothing
     ckpt = tmp_path / "run.ckpt"
     objective = Unreachable(F, tmp_path, kill_at=6)
     with ProcessPoolExecutor(2) as pool, pytest.raises(InfrastructureError, match="broken"):
-        torchbkb.run(_bandit(), objective, 50, executor=pool, progress=False, checkpoint=ckpt, max_retries=12, retry_delay=0.01)
+        torchbkb.run(_bandit(), objective, 50, executor=pool, progress=False, checkpoint=ckpt, max_retries=12,
+                     retry_delay=0.01)
     saved = torch.load(ckpt, weights_only=True)
     assert not bool(saved["bandit"]["excluded"].any())
     with ProcessPoolExecutor(2) as pool:
@@ -194,7 +202,8 @@ def test_a_dask_restart_in_the_middle_of_a_batch_excludes_no_arm(dask_client, tm
 
     watcher = threading.Thread(target=restart_once, daemon=True)
     watcher.start()
-    hist = torchbkb.run(_bandit(), objective, 40, executor=dask_client, progress=False, max_retries=0, retry_delay=0.1, deadline=120)
+    hist = torchbkb.run(_bandit(), objective, 40, executor=dask_client, progress=False, max_retries=0, retry_delay=0.1,
+                        deadline=120)
     watcher.join(timeout=60)
     assert hist.index == ref.index and hist.reward == ref.reward
     assert hist.failures == [] and any(kind == "infrastructure" for _, _, kind, _ in hist.errors)
@@ -249,15 +258,19 @@ def test_excluded_arms_keep_their_error_and_can_be_readmitted_on_resume(tmp_path
     bad = bandit.ask()[:2].tolist()
     ckpt = tmp_path / "run.ckpt"
     with pytest.warns(RuntimeWarning, match="left out"):
-        hist = torchbkb.run(bandit, AlwaysBroken(F, bad), 20, progress=False, on_failure="skip", max_retries=1, checkpoint=ckpt)
-    assert sorted(bandit.exclusions) == sorted(set(bad)) and all(r == f"ValueError: sample {a} is contaminated" for a, r in bandit.exclusions.items())
+        hist = torchbkb.run(bandit, AlwaysBroken(F, bad), 20, progress=False, on_failure="skip", max_retries=1,
+                            checkpoint=ckpt)
+    assert (sorted(bandit.exclusions) == sorted(set(bad))
+            and all(r == f"ValueError: sample {a} is contaminated" for a, r in bandit.exclusions.items()))
     assert {a for _, a, _ in hist.failures} == set(bad) and hist.attempts == [1] * len(hist)
     fresh = Batches(ARMS, 5, seed=2)
-    resumed = torchbkb.run(fresh, F, 40, progress=False, checkpoint=ckpt)  # the exclusions come back with the checkpoint
+    # the exclusions come back with the checkpoint
+    resumed = torchbkb.run(fresh, F, 40, progress=False, checkpoint=ckpt)
     assert sorted(fresh.exclusions) == sorted(set(bad)) and not set(resumed.index[len(hist):]) & set(bad)
     again = Batches(ARMS, 5, seed=2)
     hist2 = torchbkb.run(again, F, 60, progress=False, checkpoint=ckpt, readmit=True)
-    assert not bool(again.excluded.any()) and again.exclusions == {} and sorted(hist2.meta["readmitted"]) == sorted(set(bad))
+    assert (not bool(again.excluded.any()) and again.exclusions == {} and sorted(hist2.meta["readmitted"])
+            == sorted(set(bad)))
     with pytest.raises(InputDataError, match="excluded"):
         again.readmit([0])
 
@@ -307,7 +320,8 @@ def test_nan_rewards_are_failures_of_their_arm():
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(shape=st.lists(st.integers(0, 4), min_size=0, max_size=3), dtype=st.sampled_from([torch.float64, torch.float32, torch.int64, torch.complex64, torch.bool]))
+@given(shape=st.lists(st.integers(0, 4), min_size=0, max_size=3),
+       dtype=st.sampled_from([torch.float64, torch.float32, torch.int64, torch.complex64, torch.bool]))
 def test_any_output_is_accepted_exactly_when_it_is_one_real_reward_per_arm(shape, dtype):
     k = 3
     out = torch.ones(shape, dtype=dtype)
@@ -396,6 +410,7 @@ class SlowFirst:
 def test_a_point_that_times_out_is_an_infrastructure_failure_and_is_retried():
     ref = _reference(15)
     with ThreadPoolExecutor(2) as pool:
-        hist = torchbkb.run(_bandit(), SlowFirst(F, 1.0), 15, executor=pool, progress=False, max_retries=0, timeout=0.2, retry_delay=0.01)
+        hist = torchbkb.run(_bandit(), SlowFirst(F, 1.0), 15, executor=pool, progress=False, max_retries=0, timeout=0.2,
+                            retry_delay=0.01)
     assert hist.index == ref.index and hist.failures == []
     assert [k for _, _, k, msg in hist.errors] == ["infrastructure"] and hist.attempts[0] == 2

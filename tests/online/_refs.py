@@ -88,11 +88,13 @@ def single_thread():
 
 def learner_state(f):
     """A copy of a learner's ``state_dict`` and its round count, to check that a failed call changed nothing."""
-    return {k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in f.state_dict().items()} | {"t": f.num_rounds}
+    return {k: (v.clone() if isinstance(v, torch.Tensor) else v) for k,
+            v in f.state_dict().items()} | {"t": f.num_rounds}
 
 
 def same_state(a, b):
-    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) if isinstance(a[k], torch.Tensor) else a[k] == b[k] for k in a)
+    return (a.keys() == b.keys()
+            and all(torch.equal(a[k], b[k]) if isinstance(a[k], torch.Tensor) else a[k] == b[k] for k in a))
 
 
 def corrupt_batch(X, y, bad):

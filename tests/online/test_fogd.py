@@ -58,7 +58,9 @@ def test_seed_reproducibility_and_step():
 
 
 @pytest.mark.parametrize(
-    "kwargs", [dict(d=0), dict(d=2.5), dict(d=2, num_features=0), dict(d=2, lr=0.0), dict(d=2, lengthscale=-1.0), dict(d=2, generator="g")]
+    "kwargs",
+    [dict(d=0), dict(d=2.5), dict(d=2, num_features=0), dict(d=2, lr=0.0), dict(d=2, lengthscale=-1.0),
+     dict(d=2, generator="g")]
 )
 def test_bad_hyperparameters(kwargs):
     with pytest.raises(InputDataError, match="expected"):

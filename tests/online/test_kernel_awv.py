@@ -5,7 +5,7 @@ from hypothesis import given, settings, strategies as st
 from torchbkb.errors import InputDataError
 from torchbkb.online import PKAWV, KernelAWV, OnlineKRR
 
-from ._refs import DEVICES, DTYPES, close, kernel_forecasts_direct, rbf, tol, single_thread  # noqa: F401 (autouse fixture)
+from ._refs import DEVICES, DTYPES, close, kernel_forecasts_direct, rbf, single_thread, tol  # noqa: F401 (autouse)
 
 
 def _kernel(A, B):
@@ -30,7 +30,8 @@ def test_forecasts_equal_the_closed_form(cls, awv, dtype, device):
     assert close(res.predictions, kernel_forecasts_direct(rbf(X, X, 0.5), y, 0.5, awv=awv), atol=tol(dtype))
     Q = torch.rand(7, 2, dtype=torch.float64)
     K = rbf(torch.cat([X, Q]), torch.cat([X, Q]), 0.5)
-    want = [kernel_forecasts_direct(K[idx][:, idx], torch.cat([y, torch.zeros(1, dtype=torch.float64)]), 0.5, awv=awv, rounds=[80])[0]
+    want = [kernel_forecasts_direct(K[idx][:, idx], torch.cat([y, torch.zeros(1, dtype=torch.float64)]), 0.5, awv=awv,
+                                    rounds=[80])[0]
             for idx in ([*range(80), 80 + j] for j in range(7))]
     assert close(f.predict(Q.to(device, dtype)), torch.stack(want), atol=tol(dtype))
 

@@ -111,7 +111,8 @@ def test_add_validates_p_and_keeps_the_state():
 
 @pytest.mark.parametrize(
     "kwargs",
-    [dict(mu=0.0), dict(mu=-1.0), dict(beta=0.0), dict(beta=float("inf")), dict(epsilon=-1.0), dict(epsilon="x"), dict(generator=1)],
+    [dict(mu=0.0), dict(mu=-1.0), dict(beta=0.0), dict(beta=float("inf")), dict(epsilon=-1.0), dict(epsilon="x"),
+     dict(generator=1)],
 )
 def test_bad_hyperparameters(kwargs):
     with pytest.raises(InputDataError, match="expected"):

@@ -5,7 +5,10 @@ from hypothesis import given, settings, strategies as st
 from torchbkb.errors import InputDataError
 from torchbkb.online import PKAWV, KernelAWV, TaylorEmbedding
 
-from ._refs import DEVICES, DTYPES, awv_direct, close, corrupt_batch, kernel_forecasts_direct, learner_state, nystrom_pkawv_paper, rbf, same_state, tol, single_thread  # noqa: F401 (autouse fixture)
+from ._refs import (  # noqa: F401 (single_thread: an autouse fixture)
+    DEVICES, DTYPES, awv_direct, close, corrupt_batch, kernel_forecasts_direct, learner_state, nystrom_pkawv_paper, rbf,
+    same_state, single_thread, tol,
+)
 
 
 def _stream(n, d, seed=0, scale=1.0):
@@ -63,7 +66,8 @@ def test_large_taylor_basis_forecasts_like_kernel_awv():
 def test_small_taylor_basis_is_close_but_not_equal():
     X, y = _stream(150, 2, seed=3, scale=0.7)
     ref = kernel_forecasts_direct(rbf(X, X), y, 1.0)
-    gaps = [float((PKAWV(embedding=TaylorEmbedding(2, M), lam=1.0).fit_stream(X, y).predictions - ref).abs().max()) for M in (1, 2, 4, 8)]
+    gaps = [float((PKAWV(embedding=TaylorEmbedding(2, M), lam=1.0).fit_stream(X, y).predictions - ref).abs().max())
+            for M in (1, 2, 4, 8)]
     assert gaps[0] > 1e-3 and all(a > b for a, b in zip(gaps, gaps[1:]))
 
 
@@ -97,7 +101,8 @@ def test_kors_variant_matches_the_paper_algorithm(dtype, device, awv):
     # with each other by ~2e-7 and a reference run can land ~1e-7 away depending on rounding (memory alignment)
     # -- hence 1e-6, still far below what any algorithmic difference gives (> 1e-3).
     assert close(res.predictions, ref, atol=1e-6 if dtype == torch.float64 else 1e-5)
-    assert close(f.predict(X[:5].to(device, dtype)), _nystrom_predict(X, y, idx, X[:5], awv), atol=1e-6 if dtype == torch.float64 else tol(dtype))
+    assert close(f.predict(X[:5].to(device, dtype)), _nystrom_predict(X, y, idx, X[:5], awv),
+                 atol=1e-6 if dtype == torch.float64 else tol(dtype))
 
 
 def _nystrom_predict(X, y, idx, Q, awv):
@@ -231,7 +236,8 @@ def test_bad_inputs_raise_and_leave_the_state_untouched(which, bad, n):
     f.update(X[:6], y[:6])
     before = learner_state(f)
     Xb, yb = corrupt_batch(X[6 : 6 + n], y[6 : 6 + n], bad)
-    for call in (lambda: f.update(Xb, yb), lambda: f.fit_stream(Xb, yb), lambda: f.predict(Xb) if bad not in ("inf_y", "y_len", "y_2d", "list_y") else f.update(Xb, yb)):
+    for call in (lambda: f.update(Xb, yb), lambda: f.fit_stream(Xb, yb),
+                 lambda: f.predict(Xb) if bad not in ("inf_y", "y_len", "y_2d", "list_y") else f.update(Xb, yb)):
         with pytest.raises(InputDataError, match="expected"):
             call()
         assert same_state(before, learner_state(f))

@@ -5,13 +5,16 @@ from hypothesis import given, settings, strategies as st
 from torchbkb.errors import InputDataError
 from torchbkb.online import ProsNKONS
 
-from ._refs import DEVICES, DTYPES, close, corrupt_batch, learner_state, rbf, same_state, single_thread  # noqa: F401 (autouse fixture)
+from ._refs import (  # noqa: F401 (single_thread: an autouse fixture)
+    DEVICES, DTYPES, close, corrupt_batch, learner_state, rbf, same_state, single_thread,
+)
 
 
 def _stream(n, d, seed=0):
     g = torch.Generator().manual_seed(seed)
     X = torch.rand(n, d, generator=g, dtype=torch.float64) * 2 - 1
-    y = (torch.sin(3 * X[:, 0]) + 0.5 * X[:, -1] ** 2 + 0.1 * torch.randn(n, generator=g, dtype=torch.float64)).clamp(-1, 1)
+    y = (torch.sin(3 * X[:, 0]) + 0.5 * X[:, -1] ** 2 + 0.1
+         * torch.randn(n, generator=g, dtype=torch.float64)).clamp(-1, 1)
     return X, y
 
 
@@ -30,7 +33,8 @@ def pros_n_kons_paper(X, y, additions, alpha, C, sigma):
             m = len(I)
             evals, U = torch.linalg.eigh(rbf(X[I], X[I]))
             E = U / evals.sqrt()  # φ(x) = Eᵀ k_I(x)
-            w, A, g = torch.zeros(m, dtype=torch.float64), alpha * torch.eye(m, dtype=torch.float64), torch.zeros(m, dtype=torch.float64)
+            w, A, g = torch.zeros(m, dtype=torch.float64), alpha * torch.eye(m, dtype=torch.float64), torch.zeros(m,
+                    dtype=torch.float64)
         if not I:
             out.append(0.0)
             continue
@@ -98,7 +102,9 @@ def test_update_equals_fit_stream_and_is_reproducible():
     assert torch.equal(a, b) and f.num_rounds == 100
 
 
-@pytest.mark.parametrize("kwargs", [dict(alpha=0.0), dict(C=-1.0), dict(sigma=0.0), dict(alpha="a"), dict(mu=0.0), dict(beta=-1.0), dict(new_direction_rtol=1.5)])
+@pytest.mark.parametrize("kwargs",
+                         [dict(alpha=0.0), dict(C=-1.0), dict(sigma=0.0), dict(alpha="a"), dict(mu=0.0),
+                          dict(beta=-1.0), dict(new_direction_rtol=1.5)])
 def test_bad_hyperparameters(kwargs):
     with pytest.raises(InputDataError, match="expected"):
         ProsNKONS(_kernel, **kwargs)

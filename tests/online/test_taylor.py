@@ -22,7 +22,8 @@ def _eq6(X, k, sigma):
     """g_k(x) = Π_i x_i^{k_i} exp(-x_i²/2σ²) / (σ^{k_i} √(k_i!)), one multi-index at a time."""
     out = torch.ones(X.shape[0], dtype=torch.float64)
     for i, ki in enumerate(k):
-        out = out * X[:, i] ** ki * torch.exp(-X[:, i] ** 2 / (2 * sigma**2)) / (sigma**ki * math.sqrt(math.factorial(ki)))
+        out = (out * X[:, i] ** ki
+               * torch.exp(-X[:, i] ** 2 / (2 * sigma**2)) / (sigma**ki * math.sqrt(math.factorial(ki))))
     return out
 
 
@@ -150,7 +151,8 @@ def test_bad_inputs(X):
         TaylorEmbedding(3, 2)(X)
 
 
-@pytest.mark.parametrize("args", [(0, 1.0, 1.0), (10, 0.0, 1.0), (10, 1.0, -1.0), (10, 1.0, float("nan")), (10, 1.0, 1.0, 0.0)])
+@pytest.mark.parametrize("args",
+                         [(0, 1.0, 1.0), (10, 0.0, 1.0), (10, 1.0, -1.0), (10, 1.0, float("nan")), (10, 1.0, 1.0, 0.0)])
 def test_bad_taylor_degree_arguments(args):
     with pytest.raises(InputDataError, match="expected"):
         taylor_degree(*args)

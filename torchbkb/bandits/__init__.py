@@ -8,4 +8,5 @@ from torchbkb.bandits.gpbucb import GPBUCB
 from torchbkb.bandits.gpucb import GPUCB
 from torchbkb.bandits.sbpe import SBPE, sbpe_batch_sizes
 
-__all__ = ["Bandit", "KernelBandit", "Random", "EpsGreedy", "GPUCB", "BKB", "BBKB", "GPBUCB", "SBPE", "sbpe_batch_sizes"]
+__all__ = ["Bandit", "KernelBandit", "Random", "EpsGreedy", "GPUCB", "BKB", "BBKB", "GPBUCB", "SBPE",
+           "sbpe_batch_sizes"]

@@ -28,7 +28,6 @@ Example:
 
 from __future__ import annotations
 
-import copy
 import math
 from collections import Counter
 from typing import Any
@@ -37,10 +36,8 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from torchbkb.bandits.fingerprint import bandit_fingerprint, check_fingerprint
-from torchbkb.bandits.checkpoint_formats import upgraded
-from torchbkb.bandits.saved_state import check_algorithm_state, check_saved_state
-from torchbkb.errors import CheckpointError, InputDataError, TorchBKBError, check_finite, check_generator, check_matrix, check_positive
+from torchbkb.bandits.bandit_checkpoint import BanditCheckpoint
+from torchbkb.errors import InputDataError, TorchBKBError, check_finite, check_generator, check_matrix, check_positive
 from torchbkb.bandits.confidence import check_beta
 from torchbkb.gp.kernels import KernelAdapter, as_kernel
 from torchbkb.gp.linalg import check_units
@@ -48,8 +45,9 @@ from torchbkb.gp.linalg import check_units
 __all__ = ["Bandit", "KernelBandit", "check_beta"]
 
 
-class Bandit:
-    """Base class of the finite-arm bandits (ask/tell, counts, history, checkpoints).
+class Bandit(BanditCheckpoint):
+    """Base class of the finite-arm bandits (ask/tell, counts, history; checkpoints from
+    :class:`~torchbkb.bandits.bandit_checkpoint.BanditCheckpoint`).
 
     Args:
         arms: `(A, d)` floating tensor of arms (finite). Its dtype and device are those of the run.
@@ -80,7 +78,8 @@ class Bandit:
         self.batch_id = 0
         self.history: dict[str, list] = {"index": [], "reward": [], "batch": []}
         self._pending: list[int] = []
-        self.last_told: tuple[torch.Tensor, torch.Tensor] = (self._long([]), torch.zeros(0, dtype=torch.float64, device=arms.device))
+        self.last_told: tuple[torch.Tensor, torch.Tensor] = (self._long([]),
+                                                             torch.zeros(0, dtype=torch.float64, device=arms.device))
         self._told_idx: list[int] = []
         self.last_told_ids: list[int] = []  # last_told's indices on the host
         self._told_y: list[float] = []
@@ -157,7 +156,8 @@ class Bandit:
             idx, ids = self._check_indices(indices, "indices")
             bad = [a for a in ids if not bool(self.excluded[a])]
             if bad:
-                raise InputDataError(f"indices: expected excluded arms (excluded: {sorted(self.exclusions)}), got arms {bad} that are not")
+                raise InputDataError(f"indices: expected excluded arms (excluded: {sorted(self.exclusions)}), got arms "
+                                     f"{bad} that are not")
         arms = sorted(set(idx.tolist()))
         self.excluded[idx] = False
         for a in arms:
@@ -177,79 +177,13 @@ class Bandit:
         """Size of the sparse dictionary, for the algorithms that have one."""
         return None
 
-    # ------------------------------------------------------------------ checkpoints
-    def fingerprint(self) -> dict[str, Any]:
-        """What a checkpoint must match to be loaded here: arms, kernel, settings
-        (:func:`~torchbkb.bandits.fingerprint.bandit_fingerprint`; computed once, the arms are fixed)."""
-        if self._fingerprint is None:
-            self._fingerprint = bandit_fingerprint(self)
-        return self._fingerprint
-
-    def state_dict(self) -> dict[str, Any]:
-        """Everything needed to resume with an identical continuation (plain Python + tensors)."""
-        return {
-            "class": type(self).__name__,
-            "num_arms": self.num_arms,
-            "fingerprint": copy.deepcopy(self.fingerprint()),
-            "generator": self.generator.get_state(),
-            "counts": self.counts.cpu().clone(),
-            "reward_sums": self.reward_sums.cpu().clone(),
-            "t": self.t,
-            "batch_id": self.batch_id,
-            "history": copy.deepcopy(self.history),
-            "pending": list(self._pending),
-            "told": (list(self._told_idx), list(self._told_y)),
-            "excluded": self.excluded.cpu().clone(),
-            "exclusions": dict(self.exclusions),
-            "algorithm": self._algorithm_state(),
-        }
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore a :meth:`state_dict` of a bandit built with the same arguments. Every field and the
-        :meth:`fingerprint` (arms, kernel, settings) are checked first, and a failure of the algorithm's own part
-        rolls back: a failed load (:class:`~torchbkb.errors.CheckpointError`) changes nothing."""
-        cls, A = (state.get("class"), state.get("num_arms")) if isinstance(state, dict) else (type(state).__name__, None)
-        if not isinstance(state, dict) or not isinstance(cls, str) or cls != type(self).__name__ or type(A) is not int or A != self.num_arms:
-            got = (cls if isinstance(cls, str) else type(cls).__name__, A if type(A) is int else type(A).__name__)
-            raise CheckpointError(f"state: expected a {type(self).__name__} checkpoint over {self.num_arms} arms, got {got[0]} over {got[1]} arms")
-        if "fingerprint" in state:  # absent in checkpoints written before fingerprints
-            check_fingerprint(state["fingerprint"], self.fingerprint())
-        backup = self.state_dict()
-        state = upgraded(state, backup)  # older checkpoints' missing fields, in one place
-        check_saved_state(state, self.num_arms)
-        check_algorithm_state(state["algorithm"], backup["algorithm"], self.num_arms)
-        try:
-            self._apply_state(state)
-        except Exception as e:
-            self._apply_state(backup)
-            raise CheckpointError(f"state: expected a loadable {type(self).__name__} state, got one that failed with {type(e).__name__}: {e}") from e
-
-    def _apply_state(self, state: dict[str, Any]) -> None:
-        self.generator.set_state(state["generator"])
-        self.counts = state["counts"].to(self.arms.device).clone()
-        self.reward_sums = state["reward_sums"].to(self.arms.device).clone()
-        self.t = int(state["t"])
-        self.batch_id = int(state["batch_id"])
-        self.history = copy.deepcopy(state["history"])
-        self._pending = list(state["pending"])
-        self._told_idx, self._told_y = list(state["told"][0]), list(state["told"][1])
-        self.excluded = state["excluded"].to(self.arms.device).clone()
-        reasons = state["exclusions"]
-        self.exclusions = {int(a): str(reasons.get(a, "excluded")) for a in self.excluded.nonzero().squeeze(1).tolist()}
-        self._load_algorithm_state(state["algorithm"])
-
-    def _algorithm_state(self) -> dict[str, Any]:
-        return {}
-
-    def _load_algorithm_state(self, state: dict[str, Any]) -> None:
-        pass
-
     # ------------------------------------------------------------------ internals
     def _allowed(self) -> torch.Tensor:
         """`(k,)` indices of the arms not excluded; an error when there is none."""
         allowed = (~self.excluded).nonzero().squeeze(1)
         if allowed.numel() == 0:
-            raise TorchBKBError(f"{type(self).__name__}: every one of the {self.num_arms} arms was excluded (they all kept failing)")
+            raise TorchBKBError(f"{type(self).__name__}: every one of the {self.num_arms} arms was excluded (they all "
+                                f"kept failing)")
         return allowed
 
     def _mask_excluded(self, scores: torch.Tensor) -> torch.Tensor:
@@ -271,7 +205,8 @@ class Bandit:
         self._told_y.extend(ys)
 
     def _finish_batch(self) -> None:
-        self.last_told = (self._long(self._told_idx), torch.tensor(self._told_y, dtype=torch.float64, device=self.arms.device))
+        self.last_told = (self._long(self._told_idx),
+                          torch.tensor(self._told_y, dtype=torch.float64, device=self.arms.device))
         self.last_told_ids = self._told_idx
         self._told_idx, self._told_y = [], []
         self._update()
@@ -318,7 +253,8 @@ class Bandit:
         if isinstance(y, (list, tuple, float, int)):
             y = torch.as_tensor(y, dtype=torch.float64)
         if not isinstance(y, torch.Tensor) or not (y.is_floating_point() or y.dtype in (torch.int32, torch.int64)):
-            raise InputDataError(f"y: expected a floating tensor of rewards, got {type(y).__name__ if not isinstance(y, torch.Tensor) else y.dtype}")
+            raise InputDataError(f"y: expected a floating tensor of rewards, got "
+                                 f"{type(y).__name__ if not isinstance(y, torch.Tensor) else y.dtype}")
         y = y.reshape(-1) if y.dim() <= 1 or (y.dim() == 2 and y.shape[-1] == 1) else y
         if y.dim() != 1 or y.shape[0] != idx.shape[0]:
             raise InputDataError(f"y: expected {idx.shape[0]} rewards (one per index), got shape {tuple(y.shape)}")
@@ -380,7 +316,8 @@ class KernelBandit(Bandit):
             self.kdiag = self.kernel.diag(self.arms)  # (A,) prior variances k(a, a)
         check_finite(self.kdiag, "kernel: prior variances k(a, a)")
         if bool((self.kdiag < 0).any()):
-            raise InputDataError(f"kernel: expected prior variances k(a, a) >= 0 at every arm, got min {float(self.kdiag.min()):.3g}")
+            raise InputDataError(f"kernel: expected prior variances k(a, a) >= 0 at every arm, got min "
+                                 f"{float(self.kdiag.min()):.3g}")
         self.kappa2 = float(self.kdiag.max())
         check_units(self.kappa2, self.lam, self.arms.dtype, type(self).__name__)
 

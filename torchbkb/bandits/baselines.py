@@ -71,6 +71,7 @@ class EpsGreedy(Bandit):
             uniform = allowed[torch.randint(0, int(allowed.numel()), (1,), generator=self.generator).to(allowed.device)]
         if explore or self.t == 0:
             return uniform
-        means = torch.where(self.counts > 0, self.reward_sums / self.counts.clamp_min(1), torch.full_like(self.reward_sums, -torch.inf))
+        means = torch.where(self.counts > 0, self.reward_sums / self.counts.clamp_min(1),
+                            torch.full_like(self.reward_sums, -torch.inf))
         means = self._mask_excluded(means)
         return torch.argmax(means).reshape(1)

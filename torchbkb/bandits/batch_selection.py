@@ -89,7 +89,7 @@ def select_batch(
     Args:
         Z: `(A, r)` embedded candidates ``z(a)`` (any float dtype; scoring runs in it), or anything that
             reads like it -- ``shape``, ``dtype``, ``device``, ``Z[idx]`` for a long tensor ``idx`` -- such
-            as :class:`~torchbkb.bandits.bkb.FeatureRows`, which computes the few rows a batch reads
+            as :class:`~torchbkb.bandits.kernel_rows.FeatureRows`, which computes the few rows a batch reads
             on demand (with ``validate=False``).
         mean: `(A,)` frozen mean ``μ̃_fb``.
         rls: `(A,)` RLS-scale variances ``σ̃²_fb`` at the batch start.
@@ -147,12 +147,14 @@ def select_batch(
         if n_allowed > 1 and picks and picks[-1] == i:  # i again: how many more times, hallucinated 1, 2, ... times?
             # (only once an arm repeats: when picks alternate between arms, looking ahead costs more than it saves)
             J = min(n_allowed - 1, window)
-            wins, seen = _run_length(Z, i, u, s, J, ucb, mean_c, rls0, cur_rls[i], U_buf, coef_buf, b, V_t, V_inv, alpha, lazy, chunk_size)
+            wins, seen = _run_length(Z, i, u, s, J, ucb, mean_c, rls0, cur_rls[i], U_buf, coef_buf, b, V_t, V_inv,
+                                     alpha, lazy, chunk_size)
             evaluations += seen
             run += wins
             window = min(4 * window, _MAX_WINDOW) if wins == J else _WINDOW
         rls_i = float(cur_rls[i])
-        in_batch.extend(max(rls_i - j / (1.0 + j * s) * (s * s), 0.0) for j in range(run))  # σ̃²_t of each pick of the run
+        # σ̃²_t of each pick of the run
+        in_batch.extend(max(rls_i - j / (1.0 + j * s) * (s * s), 0.0) for j in range(run))
         picks.extend([i] * run)
         level = _level_after(level, s0, run, stop_rule)
         done = run == n_allowed  # the stop rule (or the cap) ends the batch with the run's last pick
@@ -168,7 +170,8 @@ def select_batch(
         # lazy UCB: refresh every arm whose stale UCB reaches x_i's new UCB (closed form: σ̃²_t(x_i) - g s²;
         # x_i itself is among them, its stale UCB being its old one) -- the argmax is then exact, unless
         # rounding left every refreshed UCB below that level: then the arms between are refreshed too
-        ucb_i_new = min(float(mean_c[i]) + alpha * math.sqrt(max(rls_i - g * (s * s), 0.0)), float(ucb[i]))  # <= the stale one
+        # <= the stale one
+        ucb_i_new = min(float(mean_c[i]) + alpha * math.sqrt(max(rls_i - g * (s * s), 0.0)), float(ucb[i]))
         idx = (ucb >= ucb_i_new).nonzero().squeeze(1) if lazy else torch.arange(ucb.numel(), device=dev)  # (M,)
         rls_m, ucb_m = _refresh(Z, idx, rls0, U_buf, coef_buf, b, V_t, V_inv, mean_c, alpha, chunk_size)
         cur_rls[idx], ucb[idx] = rls_m, ucb_m
@@ -202,8 +205,10 @@ def stop_rule_stalls(level: float, s0: float, batch_bound: float, stop_rule: str
 
     Example:
         >>> from torchbkb.bandits.batch_selection import stop_rule_stalls
-        >>> stop_rule_stalls(1.0, 0.5, 2.0), stop_rule_stalls(1.0, 1e-30, 2.0), stop_rule_stalls(1.0, 0.0, 2.0, "product")
-        (False, True, True)
+        >>> stop_rule_stalls(1.0, 0.5, 2.0), stop_rule_stalls(1.0, 1e-30, 2.0)
+        (False, True)
+        >>> stop_rule_stalls(1.0, 0.0, 2.0, "product")
+        True
     """
     return s0 <= 0.0 or picks_to_stop(level, s0, batch_bound, stop_rule) is None
 
@@ -220,7 +225,8 @@ def check_batch_limits(batch_bound: float, max_batch_size: int | None = None) ->
         raise InputDataError(f"batch_bound: expected a float C̃ >= 1, got {batch_bound!r}") from None
     if not 1.0 <= C < math.inf:
         raise InputDataError(f"batch_bound: expected a finite C̃ >= 1, got {batch_bound!r}")
-    if max_batch_size is not None and (isinstance(max_batch_size, bool) or int(max_batch_size) != max_batch_size or int(max_batch_size) < 1):
+    if (max_batch_size is not None
+        and (isinstance(max_batch_size, bool) or int(max_batch_size) != max_batch_size or int(max_batch_size) < 1)):
         raise InputDataError(f"max_batch_size: expected an integer >= 1 or None, got {max_batch_size!r}")
     return C, None if max_batch_size is None else int(max_batch_size)
 
@@ -249,7 +255,8 @@ def picks_to_stop(level: float, s0: float, bound: float, stop_rule: str) -> int 
     return n
 
 
-def _run_length(Z, i, u, s, J, ucb, mean, rls0, rls_i, U_buf, coef_buf, b, V_t, V_0, alpha, lazy, chunk=None) -> tuple[int, int]:
+def _run_length(Z, i, u, s, J, ucb, mean, rls0, rls_i, U_buf, coef_buf, b, V_t, V_0, alpha, lazy,
+                chunk=None) -> tuple[int, int]:
     """How many of the next ``J`` picks are ``i`` again.
 
     Hallucinating ``i`` ``j`` times is one rank-one term: with ``u = V_t⁻¹ z_i`` and ``s = z_iᵀ u`` every
@@ -319,16 +326,19 @@ def _refresh_rows(Zi, idx, rls0, U_buf, coef_buf, b, V_t, V_0, mean, alpha):
 
 def _check(Z, mean, rls, V_inv, alpha, batch_bound, max_batch_size, stop_rule):
     if not isinstance(Z, torch.Tensor) or Z.dim() != 2:
-        raise InputDataError(f"Z: expected shape (A, r), got {tuple(Z.shape) if isinstance(Z, torch.Tensor) else type(Z).__name__}")
+        raise InputDataError(f"Z: expected shape (A, r), got "
+                             f"{tuple(Z.shape) if isinstance(Z, torch.Tensor) else type(Z).__name__}")
     A, r = Z.shape
     if A == 0:
         raise InputDataError("Z: expected at least one candidate, got A = 0")
     for name, t in (("mean", mean), ("rls", rls)):
         if not isinstance(t, torch.Tensor) or t.shape != (A,):
-            raise InputDataError(f"{name}: expected shape ({A},), got {tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__}")
+            raise InputDataError(f"{name}: expected shape ({A},), got "
+                                 f"{tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__}")
         check_finite(t, name)
     if not isinstance(V_inv, torch.Tensor) or V_inv.shape != (r, r):
-        raise InputDataError(f"V_inv: expected shape ({r}, {r}), got {tuple(V_inv.shape) if isinstance(V_inv, torch.Tensor) else type(V_inv).__name__}")
+        raise InputDataError(f"V_inv: expected shape ({r}, {r}), got "
+                             f"{tuple(V_inv.shape) if isinstance(V_inv, torch.Tensor) else type(V_inv).__name__}")
     check_finite(Z, "Z")
     if bool((rls < 0).any()):
         raise InputDataError(f"rls: expected non-negative variances, got min {float(rls.min()):.3e}")

@@ -1,7 +1,8 @@
 """BBKB -- batch budgeted kernel bandit (001, Algorithm 1): adaptive batches, delayed resparsification.
 
 A batch starts from the posterior of the last resparsification (dictionary ``S_fb``, mean ``μ̃_fb``,
-RLS variances ``σ̃²_fb``, all cached for every arm). Inside the batch (:func:`~torchbkb.bandits.batch_selection.select_batch`):
+RLS variances ``σ̃²_fb``, all cached for every arm). Inside the batch
+(:func:`~torchbkb.bandits.batch_selection.select_batch`):
 
 * the dictionary and the mean stay fixed; each pick is hallucinated into ``V`` by a rank-one update
   (no reward), so the in-batch variances ``σ̃²_t`` are exactly those of a DTC posterior on ``S_fb``
@@ -9,7 +10,7 @@ RLS variances ``σ̃²_fb``, all cached for every arm). Inside the batch (:func:
 * the UCB is ``μ̃_fb + α̃ σ̃_t``; UCBs only decrease, so after a pick only the arms whose stale UCB is at
   least the chosen arm's new UCB are recomputed (lazy UCB: ``O(A·m)`` at most, usually far less); a run
   of repeated picks of one arm (most of a late batch) is decided at once in closed form, and only the
-  features of the arms read are computed (:class:`~torchbkb.bandits.bkb.FeatureRows`);
+  features of the arms read are computed (:class:`~torchbkb.bandits.kernel_rows.FeatureRows`);
 * the batch goes on while ``1 + Σ_{s in batch} σ̃²_fb(x_s) <= C̃``; the pick that crosses ``C̃`` is
   the last one of the batch (Algorithm 1, line 5).
 
@@ -99,15 +100,16 @@ class BBKB(SketchedKernelBandit):
             :func:`~torchbkb.bandits.device_batch.select_batch_on_device` instead (every arm per pick, no host read).
         chunk_size: arms scored at once (``None``: sized for the device, see
             :func:`~torchbkb.gp.scoring_chunk.scoring_chunk`).
-        row_cache_bytes: memory for the kernel rows of the pulled arms (see :class:`~torchbkb.bandits.sketched.SketchedKernelBandit`).
+        row_cache_bytes: memory for the kernel rows of the pulled arms (see
+            :class:`~torchbkb.bandits.sketched.SketchedKernelBandit`).
         prune: at a resparsification, score the variance only of the arms whose UCB bound
             ``μ̃ + α̃ √(k/λ)`` reaches the largest mean, and select the batch among them: no other arm can
             be picked in the batch, since in-batch UCBs never fall below the mean (see
             :class:`~torchbkb.bandits.sketched.SketchedKernelBandit`; ``False`` scores every arm -- the same
             batches, slower).
         inclusion: how an arm pulled ``n`` times enters the dictionary: ``"count_scaled"`` (default,
-            ``min(1, q̄·n·σ̃²)``, the authors' code) or ``"per_pull"`` (``1 - (1 - p)^n``, 000 Algorithm 1 read literally); see
-            :mod:`torchbkb.sampling.rls_dictionary`.
+            ``min(1, q̄·n·σ̃²)``, the authors' code) or ``"per_pull"`` (``1 - (1 - p)^n``, 000 Algorithm 1 read
+            literally); see :mod:`torchbkb.sampling.rls_dictionary`.
         horizon: the run's length ``T``, if known: ``beta="theory"`` warns
             (:class:`~torchbkb.errors.TheoryWarning`) when ``q̄`` or ``λ`` is below 001 Theorem 2's requirement
             (:func:`~torchbkb.bandits.theorems.bbkb_required_q_bar`; without it, for ``T = 1``).
@@ -117,8 +119,8 @@ class BBKB(SketchedKernelBandit):
         beta: the multiplier ``α̃`` used for the last batch.
         beta_tilde: ``β̃_fb`` of the last batch (``nan`` with a constant ``beta``).
         log_sum: ``Σ_s log(1 + 3 σ̃²_{fb[s-1]}(x_s))`` over the told points (the theory β's sum).
-        practical_sum: ``L = Σ_s log(1 + σ̃²_fb(x_s))`` over the told points after the first batch (the practical width's
-            sum; the authors' initialization with one arm adds ``n σ̃² log 1 = 0``).
+        practical_sum: ``L = Σ_s log(1 + σ̃²_fb(x_s))`` over the told points after the first batch (the practical
+            width's sum; the authors' initialization with one arm adds ``n σ̃² log 1 = 0``).
         batch_sizes: length of every batch asked, in order.
         num_resparsifications: dictionary resamplings (one per completed batch).
         embeddings_computed: dictionary changes (kernel rows updated, ``K_S`` refactored) at batch ends.
@@ -169,14 +171,16 @@ class BBKB(SketchedKernelBandit):
         horizon: int | None = None,
     ):
         super().__init__(
-            arms, kernel, noise=noise, q_bar=q_bar, beta=beta, seed=seed, F=F, delta=delta, noise_std=noise_std, chunk_size=chunk_size, row_cache_bytes=row_cache_bytes,
+            arms, kernel, noise=noise, q_bar=q_bar, beta=beta, seed=seed, F=F, delta=delta, noise_std=noise_std,
+            chunk_size=chunk_size, row_cache_bytes=row_cache_bytes,
             prune=prune, inclusion=inclusion, kernel_cache_bytes=kernel_cache_bytes,
         )
         self.batch_bound, self.max_batch_size = check_batch_limits(batch_bound, max_batch_size)
         self.batch_size = None if batch_size is None else check_q(batch_size, self.num_arms)
         self.lazy = bool(lazy)
         if self.beta_mode == "theory":
-            warn_unmet_preconditions("BBKB", q_bar=self.q_bar, lam=self.lam, delta=self.delta, horizon=horizon, batch_bound=self.batch_bound)
+            warn_unmet_preconditions("BBKB", q_bar=self.q_bar, lam=self.lam, delta=self.delta, horizon=horizon,
+                                     batch_bound=self.batch_bound)
         self.beta_tilde = float("nan")
         self.log_sum = 0.0
         self.practical_sum = 0.0
@@ -189,9 +193,11 @@ class BBKB(SketchedKernelBandit):
 
     # ------------------------------------------------------------------ widths
     def current_beta(self) -> float:
-        """The multiplier ``α̃`` of the next batch: ``C̃ β̃_fb`` (theory), the authors' width (practical) or the user's constant."""
+        """The multiplier ``α̃`` of the next batch: ``C̃ β̃_fb`` (theory), the authors' width (practical) or the user's
+        constant."""
         if self.beta_mode == "practical":
-            return bbkb_practical_beta(self.practical_sum, noise_std=self.noise_std, lam=self.lam, F=self.F, delta=self.delta, batch_bound=self.batch_bound)
+            return bbkb_practical_beta(self.practical_sum, noise_std=self.noise_std, lam=self.lam, F=self.F,
+                                       delta=self.delta, batch_bound=self.batch_bound)
         if self.beta_mode != "theory":
             return float(self.beta_mode)
         return self.batch_bound * self.current_beta_tilde()

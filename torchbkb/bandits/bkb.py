@@ -65,15 +65,16 @@ class BKB(SketchedKernelBandit):
         noise_std: ``ξ`` of the theory β (default ``√λ``).
         chunk_size: arms scored at once (``None``: sized for the device, see
             :func:`~torchbkb.gp.scoring_chunk.scoring_chunk`).
-        row_cache_bytes: memory for the kernel rows of the pulled arms (see :class:`~torchbkb.bandits.sketched.SketchedKernelBandit`).
+        row_cache_bytes: memory for the kernel rows of the pulled arms (see
+            :class:`~torchbkb.bandits.sketched.SketchedKernelBandit`).
         kernel_cache_bytes: memory for the dictionary's kernel rows; past it they are streamed (see
             :class:`~torchbkb.bandits.sketched.SketchedKernelBandit`).
         prune: with a constant ``beta``, score the variance only of the arms whose UCB can still be the
             largest (:mod:`torchbkb.bandits.pruning`; the same choices as ``False``). The theory width
             depends on the scores, so with ``beta="theory"`` every arm is scored.
         inclusion: how an arm pulled ``n`` times enters the dictionary: ``"count_scaled"`` (default,
-            ``min(1, q̄·n·σ̃²)``, the authors' code) or ``"per_pull"`` (``1 - (1 - p)^n``, 000 Algorithm 1 read literally); see
-            :mod:`torchbkb.sampling.rls_dictionary`.
+            ``min(1, q̄·n·σ̃²)``, the authors' code) or ``"per_pull"`` (``1 - (1 - p)^n``, 000 Algorithm 1 read
+            literally); see :mod:`torchbkb.sampling.rls_dictionary`.
         horizon: the run's length ``T``, if known: ``beta="theory"`` warns
             (:class:`~torchbkb.errors.TheoryWarning`) when ``q̄`` is below 000 Theorem 2's requirement for it
             (:func:`~torchbkb.bandits.theorems.bkb_required_q_bar`; without it, for ``T = 1``).
@@ -110,7 +111,8 @@ class BKB(SketchedKernelBandit):
         horizon: int | None = None,
     ):
         super().__init__(
-            arms, kernel, noise=noise, q_bar=q_bar, beta=beta, seed=seed, F=F, delta=delta, noise_std=noise_std, chunk_size=chunk_size, row_cache_bytes=row_cache_bytes,
+            arms, kernel, noise=noise, q_bar=q_bar, beta=beta, seed=seed, F=F, delta=delta, noise_std=noise_std,
+            chunk_size=chunk_size, row_cache_bytes=row_cache_bytes,
             prune=prune, inclusion=inclusion, kernel_cache_bytes=kernel_cache_bytes,
         )
         if alpha is not None:
@@ -121,7 +123,8 @@ class BKB(SketchedKernelBandit):
         alpha_from_epsilon(epsilon)  # validates 0 < ε < 1
         self.epsilon = float(epsilon)
         if self.beta_mode == "theory":
-            warn_unmet_preconditions("BKB", q_bar=self.q_bar, lam=self.lam, delta=self.delta, horizon=horizon, epsilon=self.epsilon)
+            warn_unmet_preconditions("BKB", q_bar=self.q_bar, lam=self.lam, delta=self.delta, horizon=horizon,
+                                     epsilon=self.epsilon)
 
     def _select(self) -> torch.Tensor:
         if self.t == 0:
@@ -137,7 +140,9 @@ class BKB(SketchedKernelBandit):
     def current_beta(self) -> float:
         """The width of the next selection: β̃ₜ (theory), the authors' βₜ (practical) or the constant."""
         if self.beta_mode == "practical":
-            return bkb_practical_beta(self.deff, self.t, noise_std=self.noise_std, lam=self.lam, F=self.F, delta=self.delta)
+            return bkb_practical_beta(self.deff, self.t, noise_std=self.noise_std, lam=self.lam, F=self.F,
+                                      delta=self.delta)
         if self.beta_mode != "theory":
             return float(self.beta_mode)
-        return bkb_beta(self.deff, max(self.t, 1), noise_std=self.noise_std, lam=self.lam, F=self.F, delta=self.delta, epsilon=self.epsilon, kappa2=self.kappa2)
+        return bkb_beta(self.deff, max(self.t, 1), noise_std=self.noise_std, lam=self.lam, F=self.F, delta=self.delta,
+                        epsilon=self.epsilon, kappa2=self.kappa2)

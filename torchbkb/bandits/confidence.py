@@ -95,7 +95,8 @@ def bbkb_beta(log_sum: float, *, noise_std: float, lam: float, F: float, delta: 
         log_sum: ``Σ_s log(1 + 3 σ̃²_{fb[s-1]}(x_s))`` accumulated at each batch start over the batch's picks.
     """
     _check_common(noise_std, lam, F, delta)
-    return 2.0 * noise_std * math.sqrt(max(log_sum, 0.0) + math.log(1.0 / delta)) + (1.0 + math.sqrt(2.0)) * math.sqrt(lam) * F
+    return (2.0 * noise_std * math.sqrt(max(log_sum, 0.0) + math.log(1.0 / delta)) + (1.0 + math.sqrt(2.0))
+            * math.sqrt(lam) * F)
 
 
 def gpucb_beta(log_det: float, *, noise_std: float, lam: float, F: float, delta: float) -> float:
@@ -127,7 +128,8 @@ def bkb_practical_beta(rls_sum: float, t: int, *, noise_std: float, lam: float, 
     return math.sqrt(lam) * F + noise_std * math.sqrt(max(rls_sum, 0.0) * log_t + math.log(1.0 / delta))
 
 
-def bbkb_practical_beta(log_det: float, *, noise_std: float, lam: float, F: float, delta: float, batch_bound: float) -> float:
+def bbkb_practical_beta(log_det: float, *, noise_std: float, lam: float, F: float, delta: float,
+                        batch_bound: float) -> float:
     """BBKB's width in the authors' code (``Batch_BKB.update``); it multiplies ``σ̃`` as it is (no ``C̃`` factor)::
 
         β = √λ F + ξ √(C̃ · L + log(1/δ)),   L = Σ_s log(1 + σ̃²_fb[s](x_s))
@@ -212,7 +214,8 @@ def vakili_beta(
         0.54477
     """
     tau = _check_vakili(delta, rkhs_norm, subgaussian, noise, lambda_max)
-    beta = (2.0 + math.sqrt(float(lambda_max)) / tau) * float(rkhs_norm) + float(subgaussian) / tau * math.sqrt(2.0 * math.log(1.0 / float(delta)))
+    beta = (2.0 + math.sqrt(float(lambda_max)) / tau) * float(rkhs_norm) + float(subgaussian) / tau * math.sqrt(2.0
+            * math.log(1.0 / float(delta)))
     return _vakili_scale(beta, tau, scale)
 
 
@@ -349,7 +352,8 @@ def vakili_continuous_halfwidth(std, n: int, beta: float):
 
 def _check_vakili(delta, rkhs_norm, subgaussian, noise, lambda_max) -> float:
     """Validate Theorem 3.5's parameters; return ``τ = √noise``."""
-    for name, v in (("delta", delta), ("rkhs_norm", rkhs_norm), ("subgaussian", subgaussian), ("noise", noise), ("lambda_max", lambda_max)):
+    for name, v in (("delta", delta), ("rkhs_norm", rkhs_norm), ("subgaussian", subgaussian), ("noise", noise),
+                    ("lambda_max", lambda_max)):
         try:  # Python/NumPy numbers and 0-d tensors
             ok = not isinstance(v, (bool, str)) and math.isfinite(float(v))
         except (TypeError, ValueError, RuntimeError):

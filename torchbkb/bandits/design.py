@@ -120,7 +120,8 @@ class UncertaintyExplorer:
         elif not callable(rls_delta):
             d = float(rls_delta)
             if not 0.0 < d < 1.0 / 32.0:
-                raise InputDataError(f"rls_delta: expected 0 < rls_delta < 1/32 or a callable j -> δ_j, got {rls_delta!r}")
+                raise InputDataError(f"rls_delta: expected 0 < rls_delta < 1/32 or a callable j -> δ_j, got "
+                                     f"{rls_delta!r}")
             rls_delta = (lambda j, _d=d: _d)
         self.candidates = candidates.detach()
         self.oversample = oversample
@@ -179,7 +180,8 @@ class UncertaintyExplorer:
             `(n,)` long, the candidate indices picked by this call.
         """
         check_int(n, "n", 0)
-        return torch.as_tensor([self.step() for _ in range(n)], dtype=torch.long, device=self.candidates.device).reshape(-1)
+        return torch.as_tensor([self.step() for _ in range(n)], dtype=torch.long,
+                               device=self.candidates.device).reshape(-1)
 
     def finalize(self) -> UncertaintyExplorer:
         """Redraw the dictionary over *all* picks if the current one is older (Algorithm 1, line 16)."""
@@ -332,7 +334,8 @@ def uncertainty_design(
     return UncertaintyDesign(idx, y, post, idx[ex.dictionary], lam_max)
 
 
-def linf_error(regressor: Callable, f: Callable[[torch.Tensor], torch.Tensor] | torch.Tensor, X: torch.Tensor, *, chunk_size: int = DEFAULT_CHUNK) -> float:
+def linf_error(regressor: Callable, f: Callable[[torch.Tensor], torch.Tensor] | torch.Tensor, X: torch.Tensor, *,
+               chunk_size: int = DEFAULT_CHUNK) -> float:
     """``max_{x ∈ X} |f(x) - μ̄(x)|`` -- the L∞ error of Theorem 4.1 measured on the points ``X``.
 
     Args:
@@ -363,6 +366,7 @@ def linf_error(regressor: Callable, f: Callable[[torch.Tensor], torch.Tensor] | 
             fc = f[i : i + chunk_size] if isinstance(f, torch.Tensor) else f(Xc)
             fc = torch.as_tensor(fc).reshape(-1)
             if fc.shape != mu.shape:
-                raise InputDataError(f"f: expected values of shape {tuple(mu.shape)} at the points, got {tuple(fc.shape)}")
+                raise InputDataError(f"f: expected values of shape {tuple(mu.shape)} at the points, got "
+                                     f"{tuple(fc.shape)}")
             errs.append((fc.to(torch.float64) - mu.to(torch.float64)).abs().max())
     return float(torch.stack(errs).max())

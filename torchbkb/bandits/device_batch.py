@@ -109,7 +109,8 @@ def select_batch_on_device(
         check_every: picks between two host reads of the done flag.
 
     Returns:
-        A :class:`~torchbkb.bandits.batch_selection.BatchSelection` (``ucb_evaluations`` counts every arm of every pick).
+        A :class:`~torchbkb.bandits.batch_selection.BatchSelection` (``ucb_evaluations`` counts every arm of every
+        pick).
     """
     C, cap = check_batch_limits(batch_bound, max_batch_size)
     A = Z.shape[0]

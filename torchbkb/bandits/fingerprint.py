@@ -39,7 +39,8 @@ __all__ = ["KERNEL_PROBES", "SETTINGS", "bandit_fingerprint", "check_fingerprint
 KERNEL_PROBES = 8
 #: the bandit attributes that define an algorithm's behaviour (those a bandit has are compared).
 SETTINGS = (
-    "lam", "beta_mode", "noise_std", "F", "delta", "q_bar", "inclusion", "epsilon", "batch_bound", "max_batch_size", "lazy",
+    "lam", "beta_mode", "noise_std", "F", "delta", "q_bar", "inclusion", "epsilon", "batch_bound", "max_batch_size",
+    "lazy",
     "budget", "interval", "lambda_max_mode", "discretization_c", "num_batches", "oversample", "refresh",
     "schedule", "base_size", "stop_rule",
 )  # fmt: skip
@@ -73,9 +74,11 @@ def check_fingerprint(saved: Any, current: dict[str, Any]) -> None:
     if not isinstance(saved, dict):
         raise CheckpointError(f"checkpoint: expected a fingerprint dict, got {type(saved).__name__}")
     if saved.get("class") != current["class"]:
-        raise CheckpointError(f"checkpoint: expected a checkpoint of a {current['class']}, got one of a {saved.get('class')}")
+        raise CheckpointError(f"checkpoint: expected a checkpoint of a {current['class']}, got one of a "
+                              f"{saved.get('class')}")
     if saved.get("arms") != current["arms"]:
-        raise CheckpointError("checkpoint: expected a checkpoint over these arms, got one written over other arms (their digests differ)")
+        raise CheckpointError("checkpoint: expected a checkpoint over these arms, got one written over other arms "
+                              "(their digests differ)")
     got = saved.get("settings")
     if not isinstance(got, dict):
         raise CheckpointError(f"checkpoint: expected the algorithm's settings, got {type(got).__name__}")
@@ -92,7 +95,8 @@ def check_fingerprint(saved: Any, current: dict[str, Any]) -> None:
             raise CheckpointError(f"checkpoint: expected a checkpoint with a {k_now['class']} kernel, got {got_cls}")
         vals = k_saved.get("values")
         if not isinstance(vals, torch.Tensor) or vals.shape != k_now["values"].shape:
-            raise CheckpointError("checkpoint: expected the kernel's values at the probe arms, got none or another shape")
+            raise CheckpointError("checkpoint: expected the kernel's values at the probe arms, got none or another "
+                                  "shape")
         diff = float((vals.to(torch.float64) - k_now["values"]).abs().max()) if vals.numel() else 0.0
         scale = float(k_now["values"].abs().max()) if vals.numel() else 0.0
         if not diff <= 1e-5 * scale:

@@ -81,7 +81,8 @@ class GPBUCB(GPUCB):
         stop_rule: ``"batch_start"`` (001's statement, the default) or ``"in_batch"`` (Desautels et al.).
         max_batch_size: optional cap on the batch length. A pick with ``σ²_fb = 0`` ends the batch (every
             later pick would be that arm again), and so does one with ``σ²_fb`` so small that the rule would
-            need more than 2²⁴ picks of it when there is no cap (as in :func:`~torchbkb.bandits.batch_selection.select_batch`).
+            need more than 2²⁴ picks of it when there is no cap (as in
+            :func:`~torchbkb.bandits.batch_selection.select_batch`).
         seed: generator seed (the first arm is uniform).
         noise_std, F, delta: parameters of the theory width.
 
@@ -130,7 +131,8 @@ class GPBUCB(GPUCB):
     def current_beta(self) -> float:
         """The multiplier ``α`` of the next batch."""
         if self.beta_mode == "practical":
-            return bbkb_practical_beta(self.practical_sum, noise_std=self.noise_std, lam=self.lam, F=self.F, delta=self.delta, batch_bound=self.batch_bound)
+            return bbkb_practical_beta(self.practical_sum, noise_std=self.noise_std, lam=self.lam, F=self.F,
+                                       delta=self.delta, batch_bound=self.batch_bound)
         if self.beta_mode != "theory":
             return float(self.beta_mode)
         return self.batch_bound * super().current_beta()
@@ -158,9 +160,12 @@ class GPBUCB(GPUCB):
                     s_i = rls_fb[i] if self.stop_rule == "batch_start" else in_batch[-1]
                     # a term 0, or ≈ 0 and no cap: the product would (practically) never pass C̃ and the
                     # picks would be x_i again and again (in-batch terms only shrink) -- the batch ends here
-                    stalled = s_i <= 0.0 or (self.max_batch_size is None and stop_rule_stalls(level, s_i, self.batch_bound, "product"))
+                    stalled = (s_i <= 0.0
+                               or (self.max_batch_size is None
+                                   and stop_rule_stalls(level, s_i, self.batch_bound, "product")))
                     level *= 1.0 + s_i
-                    if stalled or level > self.batch_bound or (self.max_batch_size is not None and len(picks) >= self.max_batch_size):
+                    if (stalled or level > self.batch_bound
+                        or (self.max_batch_size is not None and len(picks) >= self.max_batch_size)):
                         break
                     if len(picks) >= 2 and picks[-2] == i:
                         post.repeat_last()  # the same arm again: its hallucinated row's count + 1, O(A)

@@ -8,8 +8,8 @@ same arm are merged: once the rows number ``2p`` (``p`` distinct pulled arms, an
 pull counts and mean rewards (noise ``λ / n_i``, the same posterior exactly). That refit costs
 ``O(p³ + A·p²)`` once per ``≥ p`` pulls, so a step costs ``O(A·p)`` amortized, ``p <= min(t, A)`` --
 the same use of pull counts as BKB's, so the exact baseline is not slowed by pulls it does not need
-to remember one by one (GP-UCB on a finite arm set re-pulls its best arms most of the time). ``beta="theory"`` uses the exact
-log-determinant ``log det(I + K_t/λ) = Σ_s log(1 + σ²_{s-1}(x_s))`` (RLS scale), accumulated as the
+to remember one by one (GP-UCB on a finite arm set re-pulls its best arms most of the time). ``beta="theory"`` uses the
+exact log-determinant ``log det(I + K_t/λ) = Σ_s log(1 + σ²_{s-1}(x_s))`` (RLS scale), accumulated as the
 run goes, in the self-normalized width of :func:`torchbkb.bandits.confidence.gpucb_beta`. ``beta="practical"`` is the
 width of the BKB authors' code with the exact variances (:func:`torchbkb.bandits.confidence.bkb_practical_beta`), so a
 comparison with ``BKB(beta="practical")`` differs only in the posterior.
@@ -64,7 +64,8 @@ class GPUCB(KernelBandit):
 
     beta_modes = ("theory", "practical")
 
-    def __init__(self, arms: torch.Tensor, kernel: Callable, *, noise: float, beta: float | str = "theory", seed: int | None = None, noise_std: float | None = None, F: float = 1.0, delta: float = 0.01):
+    def __init__(self, arms: torch.Tensor, kernel: Callable, *, noise: float, beta: float | str = "theory",
+                 seed: int | None = None, noise_std: float | None = None, F: float = 1.0, delta: float = 0.01):
         super().__init__(arms, kernel, noise=noise, beta=beta, seed=seed, noise_std=noise_std, F=F, delta=delta)
         self.log_det = 0.0
         self.beta = float("nan")
@@ -152,7 +153,8 @@ class GPUCB(KernelBandit):
         c = min(self._compacted_at, done)
         for i, yi in zip(hist_i[:c], hist_y[:c]):
             self._tally(i, yi)
-        idx, y, counts = self._distinct_rows() if c else (self._long([]), self.arms.new_zeros(0), self.arms.new_zeros(0))
+        idx, y, counts = (self._distinct_rows() if c
+                          else (self._long([]), self.arms.new_zeros(0), self.arms.new_zeros(0)))
         rest_i = self._long(hist_i[c:])
         rest_y = torch.tensor(hist_y[c:], dtype=torch.float64).to(self.arms.device, self.arms.dtype)
         for i, yi in zip(hist_i[c:], hist_y[c:]):
@@ -161,7 +163,8 @@ class GPUCB(KernelBandit):
 
     # ------------------------------------------------------------------ checkpoints
     def _algorithm_state(self) -> dict[str, Any]:
-        return {"log_det": self.log_det, "beta": self.beta, "compactions": self.compactions, "compacted_at": self._compacted_at}
+        return {"log_det": self.log_det, "beta": self.beta, "compactions": self.compactions,
+                "compacted_at": self._compacted_at}
 
     def _load_algorithm_state(self, state: dict[str, Any]) -> None:
         self.log_det, self.beta = float(state["log_det"]), float(state["beta"])

@@ -1,4 +1,5 @@
-"""The kernel rows a sketched bandit scores from: ``k(x, arms)`` of the pulled arms and ``k(S, arms)`` of the dictionary.
+"""The kernel rows a sketched bandit scores from: ``k(x, arms)`` of the pulled arms and ``k(S, arms)`` of the
+dictionary.
 
 Two caches, both `(rows, A)` in the arms' dtype:
 
@@ -59,11 +60,14 @@ class KernelRowCache:
         order_index: ``order`` as a `(m,)` long tensor.
     """
 
-    def __init__(self, kernel: Callable, arms: torch.Tensor, *, chunk_size: int = DEFAULT_CHUNK, row_cache_bytes: int = ROW_CACHE_BYTES, kernel_cache_bytes: int | None = None):
+    def __init__(self, kernel: Callable, arms: torch.Tensor, *, chunk_size: int = DEFAULT_CHUNK,
+                 row_cache_bytes: int = ROW_CACHE_BYTES, kernel_cache_bytes: int | None = None):
         self.kernel, self.arms, self.chunk_size = kernel, arms, int(chunk_size)
         self.row_cache_bytes = int(row_cache_bytes)
-        self.kernel_cache_bytes = max(KERNEL_CACHE_BYTES, 10 * arms.numel() * arms.element_size()) if kernel_cache_bytes is None else int(kernel_cache_bytes)
-        self._P_row = torch.full((arms.shape[0],), -1, dtype=torch.long, device=arms.device)  # arm -> row of _P_buf (-1: none)
+        self.kernel_cache_bytes = (max(KERNEL_CACHE_BYTES, 10 * arms.numel() * arms.element_size())
+                                   if kernel_cache_bytes is None else int(kernel_cache_bytes))
+        # arm -> row of _P_buf (-1: none)
+        self._P_row = torch.full((arms.shape[0],), -1, dtype=torch.long, device=arms.device)
         self.reset()
 
     def reset(self) -> None:
@@ -79,7 +83,8 @@ class KernelRowCache:
         self._K_buf: torch.Tensor | None = None  # (capacity, A), the first m rows used
         self.order: list[int] = []
         self.order_index = self._long([])
-        self._slot_block: list[int] = []  # for each slot, the id of the kernel block its row was computed in (-1: alone)
+        # for each slot, the id of the kernel block its row was computed in (-1: alone)
+        self._slot_block: list[int] = []
         self._blocks: dict[int, list[int]] = {}  # block id -> the arms evaluated together in that call
 
     # ------------------------------------------------------------------ reading
@@ -139,7 +144,8 @@ class KernelRowCache:
                 self._P_pos[a] = row
             self._P_row[self._long(new)] = torch.arange(first, first + len(new), device=self.arms.device)
 
-    def set_dictionary(self, dictionary: torch.Tensor, order: list[int] | None = None, blocks: list[list[int]] | None = None) -> None:
+    def set_dictionary(self, dictionary: torch.Tensor, order: list[int] | None = None,
+                       blocks: list[list[int]] | None = None) -> None:
         """Make :meth:`rows` hold ``k(s, arms)`` for every point ``s`` of ``dictionary`` `(m,)` (ascending arm indices).
 
         ``order`` and ``blocks`` (resuming from a checkpoint: a saved :attr:`order` and :meth:`blocks`) rebuild
@@ -147,7 +153,8 @@ class KernelRowCache:
         """
         m = dictionary.numel()
         with torch.no_grad():
-            if m * self.arms.shape[0] * self.arms.element_size() > self.kernel_cache_bytes:  # streamed: slot order = the dictionary's
+            # streamed: slot order = the dictionary's
+            if m * self.arms.shape[0] * self.arms.element_size() > self.kernel_cache_bytes:
                 self._K_buf, self.order = None, list(order) if order is not None else dictionary.tolist()
                 self.order_index, self._slot_block, self._blocks = self._long(self.order), [-1] * len(self.order), {}
             elif order is None:
@@ -158,7 +165,8 @@ class KernelRowCache:
                 self._K_buf, self.order, self._slot_block, self._blocks = None, [], [], {}
                 self._update(list(order), blocks=blocks)
 
-    def _update(self, new_dict: list[int], new_idx: torch.Tensor | None = None, *, blocks: list[list[int]] | None = None) -> None:
+    def _update(self, new_dict: list[int], new_idx: torch.Tensor | None = None, *,
+                blocks: list[list[int]] | None = None) -> None:
         """Bring the rows up to date: rows of points that stay are not touched; a leaving point's slot is given to an
         entering point (or to the last row, to keep the cache compact). Entering points with a cached pulled row are
         copied; the others are evaluated together in one ``k(X_entering, arms)`` `(e, A)` call, recorded as a block.
@@ -176,7 +184,8 @@ class KernelRowCache:
                     buf = self.arms.new_empty((max(16, 2 * m), A))
                 idx = self._long(new_dict) if new_idx is None else new_idx
                 torch.index_select(self._P_buf, 0, self._P_row[idx], out=buf[:m])
-                self._K_buf, self.order, self.order_index, self._slot_block, self._blocks = buf, list(new_dict), idx, [-1] * m, {}
+                self._K_buf, self.order, self.order_index = buf, list(new_dict), idx
+                self._slot_block, self._blocks = [-1] * m, {}
                 return
         want = set(new_dict)
         order, slot_block = list(self.order), list(self._slot_block)  # state changes only at the end
@@ -226,7 +235,8 @@ class KernelRowCache:
                     bid = self._next_block
                     self._next_block += 1
                     self._blocks[bid] = list(members)
-                rows = finite_rows(self.kernel(self.arms[self._long(members)], self.arms), members)  # (e, A): one call per block
+                # (e, A): one call per block
+                rows = finite_rows(self.kernel(self.arms[self._long(members)], self.arms), members)
                 js = [j for j, a in enumerate(members) if a in slot_of]
                 slots = [slot_of[members[j]] for j in js]
                 if len(js) < len(members):

@@ -43,9 +43,11 @@ def check_saved_state(state: dict[str, Any], num_arms: int) -> None:
     if not isinstance(counts, torch.Tensor) or counts.dtype != torch.long or counts.shape != (num_arms,):
         raise CheckpointError(f"state: expected counts of dtype int64 and shape ({num_arms},), got {_describe(counts)}")
     if not isinstance(sums, torch.Tensor) or not sums.is_floating_point() or sums.shape != (num_arms,):
-        raise CheckpointError(f"state: expected reward_sums of a floating dtype and shape ({num_arms},), got {_describe(sums)}")
+        raise CheckpointError(f"state: expected reward_sums of a floating dtype and shape ({num_arms},), got "
+                              f"{_describe(sums)}")
     if bool((counts < 0).any()) or not bool(torch.isfinite(sums).all()):
-        raise CheckpointError("state: expected non-negative counts and finite reward sums, got negative counts or NaN/inf sums")
+        raise CheckpointError("state: expected non-negative counts and finite reward sums, got negative counts or "
+                              "NaN/inf sums")
     t, batch_id = state["t"], state["batch_id"]
     if not _is_int(t) or not _is_int(batch_id) or t < 0 or batch_id < 0:
         raise CheckpointError(f"state: expected integers t >= 0 and batch_id >= 0, got t={t!r}, batch_id={batch_id!r}")
@@ -55,19 +57,24 @@ def check_saved_state(state: dict[str, Any], num_arms: int) -> None:
     if not isinstance(hist, dict) or any(not isinstance(hist.get(k), list) for k in ("index", "reward", "batch")):
         raise CheckpointError("state: expected a history with lists 'index', 'reward', 'batch', got something else")
     if not len(hist["index"]) == len(hist["reward"]) == len(hist["batch"]) == t:
-        raise CheckpointError(f"state: expected {t} history entries, got {len(hist['index'])}/{len(hist['reward'])}/{len(hist['batch'])}")
+        raise CheckpointError(f"state: expected {t} history entries, got "
+                              f"{len(hist['index'])}/{len(hist['reward'])}/{len(hist['batch'])}")
     _check_arms(hist["index"], num_arms, "history index")
     pending = state["pending"]
     if not isinstance(pending, list):
         raise CheckpointError(f"state: expected a list of pending arms, got {_describe(pending)}")
     _check_arms(pending, num_arms, "pending")
     told = state["told"]
-    if not isinstance(told, (list, tuple)) or len(told) != 2 or not all(isinstance(x, list) for x in told) or len(told[0]) != len(told[1]):
-        raise CheckpointError("state: expected 'told' as two lists of equal length (indices, rewards), got something else")
+    if (not isinstance(told, (list, tuple)) or len(told) != 2 or not all(isinstance(x, list) for x in told)
+        or len(told[0]) != len(told[1])):
+        raise CheckpointError("state: expected 'told' as two lists of equal length (indices, rewards), got something "
+                              "else")
     _check_arms(told[0], num_arms, "told")
     excluded = state.get("excluded")
-    if excluded is not None and (not isinstance(excluded, torch.Tensor) or excluded.dtype != torch.bool or excluded.shape != (num_arms,)):
-        raise CheckpointError(f"state: expected excluded of dtype bool and shape ({num_arms},), got {_describe(excluded)}")
+    if (excluded is not None
+        and (not isinstance(excluded, torch.Tensor) or excluded.dtype != torch.bool or excluded.shape != (num_arms,))):
+        raise CheckpointError(f"state: expected excluded of dtype bool and shape ({num_arms},), got "
+                              f"{_describe(excluded)}")
     reasons = state.get("exclusions")
     if reasons is not None and not isinstance(reasons, dict):
         raise CheckpointError(f"state: expected exclusions as a dict arm -> reason, got {_describe(reasons)}")
@@ -92,17 +99,25 @@ def check_algorithm_state(saved: dict[str, Any], reference: dict[str, Any], num_
             continue
         if isinstance(ref, torch.Tensor):
             if not isinstance(got, torch.Tensor) or got.dtype != ref.dtype or got.dim() != ref.dim():
-                raise CheckpointError(f"state: expected algorithm field {key!r} as a {ref.dtype} tensor of {ref.dim()} dims, got {_describe(got)}")
+                raise CheckpointError(f"state: expected algorithm field {key!r} as a {ref.dtype} tensor of {ref.dim()} "
+                                      f"dims, got {_describe(got)}")
             if ref.dim() and not ref.dtype == torch.long and ref.shape[0] == num_arms and got.shape[0] != num_arms:
-                raise CheckpointError(f"state: expected algorithm field {key!r} of length {num_arms} (one entry per arm), got {_describe(got)}")
+                raise CheckpointError(f"state: expected algorithm field {key!r} of length {num_arms} (one entry per "
+                                      f"arm), got {_describe(got)}")
             if got.is_floating_point() and bool(got.isnan().any()):
-                raise CheckpointError(f"state: expected algorithm field {key!r} without NaN, got {int(got.isnan().sum())} NaN entries")
+                raise CheckpointError(f"state: expected algorithm field {key!r} without NaN, got "
+                                      f"{int(got.isnan().sum())} NaN entries")
             if got.dtype == torch.long and got.numel() and (int(got.min()) < 0 or int(got.max()) >= num_arms):
-                raise CheckpointError(f"state: expected arm indices in [0, {num_arms}) in algorithm field {key!r}, got values in [{int(got.min())}, {int(got.max())}]")
-        elif isinstance(ref, bool) != isinstance(got, bool) or (isinstance(ref, (int, float)) and not isinstance(got, (int, float))):
-            raise CheckpointError(f"state: expected algorithm field {key!r} as a {type(ref).__name__}, got {_describe(got)}")
-        elif isinstance(ref, (list, tuple, dict, str)) and not isinstance(got, type(ref) if not isinstance(ref, (list, tuple)) else (list, tuple)):
-            raise CheckpointError(f"state: expected algorithm field {key!r} as a {type(ref).__name__}, got {_describe(got)}")
+                raise CheckpointError(f"state: expected arm indices in [0, {num_arms}) in algorithm field {key!r}, got "
+                                      f"values in [{int(got.min())}, {int(got.max())}]")
+        elif (isinstance(ref, bool) != isinstance(got, bool)
+              or (isinstance(ref, (int, float)) and not isinstance(got, (int, float)))):
+            raise CheckpointError(f"state: expected algorithm field {key!r} as a {type(ref).__name__}, got "
+                                  f"{_describe(got)}")
+        elif (isinstance(ref, (list, tuple, dict, str))
+              and not isinstance(got, type(ref) if not isinstance(ref, (list, tuple)) else (list, tuple))):
+            raise CheckpointError(f"state: expected algorithm field {key!r} as a {type(ref).__name__}, got "
+                                  f"{_describe(got)}")
 
 
 def _is_int(v: Any) -> bool:

@@ -159,18 +159,21 @@ class SBPE(KernelBandit):
         if isinstance(lambda_max, str):
             if lambda_max not in ("measured", "lemma"):
                 raise InputDataError(f"lambda_max: expected 'measured', 'lemma' or a number >= 0, got {lambda_max!r}")
-        elif isinstance(lambda_max, bool) or not isinstance(lambda_max, (int, float)) or not (0.0 <= float(lambda_max) < math.inf):
+        elif (isinstance(lambda_max, bool) or not isinstance(lambda_max, (int, float))
+              or not (0.0 <= float(lambda_max) < math.inf)):
             raise InputDataError(f"lambda_max: expected 'measured', 'lemma' or a number >= 0, got {lambda_max!r}")
         if interval not in ("finite", "continuous"):
             raise InputDataError(f"interval: expected 'finite' or 'continuous', got {interval!r}")
         check_positive(discretization_c, "discretization_c")
         check_oversample(oversample)
         check_int(refresh, "refresh")
-        if subgaussian is not None and not (isinstance(subgaussian, (int, float)) and 0.0 <= float(subgaussian) < math.inf):
+        if (subgaussian is not None
+            and not (isinstance(subgaussian, (int, float)) and 0.0 <= float(subgaussian) < math.inf)):
             raise InputDataError(f"subgaussian: expected a finite number >= 0, got {subgaussian!r}")
         if not (isinstance(rkhs_norm, (int, float)) and 0.0 <= float(rkhs_norm) < math.inf):
             raise InputDataError(f"rkhs_norm: expected a finite number >= 0, got {rkhs_norm!r}")
-        super().__init__(arms, kernel, noise=noise, beta=beta, seed=seed, noise_std=subgaussian, F=float(rkhs_norm), delta=delta)
+        super().__init__(arms, kernel, noise=noise, beta=beta, seed=seed, noise_std=subgaussian, F=float(rkhs_norm),
+                         delta=delta)
         self.budget = int(budget)
         self.num_batches = len(self.schedule)
         self.lambda_max_mode = lambda_max
@@ -232,12 +235,14 @@ class SBPE(KernelBandit):
     # ------------------------------------------------------------------ algorithm
     def _select(self) -> torch.Tensor:
         if self.remaining <= 0:
-            raise TorchBKBError(f"SBPE: budget of {self.budget} evaluations exhausted (expected ask() only while remaining > 0); use recommend()")
+            raise TorchBKBError(f"SBPE: budget of {self.budget} evaluations exhausted (expected ask() only while "
+                                f"remaining > 0); use recommend()")
         n_i = self.schedule[self.batch_id]  # batch_id batches asked so far
         act = (self.active & ~self.excluded).nonzero().squeeze(1)  # (A_i,): arms that kept failing are left out
         if act.numel() == 0:
             self._allowed()  # raises: every arm was excluded
-            raise TorchBKBError("SBPE: expected an active arm that is not excluded, got none (all remaining active arms kept failing)")
+            raise TorchBKBError("SBPE: expected an active arm that is not excluded, got none (all remaining active "
+                                "arms kept failing)")
         explorer = UncertaintyExplorer(
             self.arms[act],
             self.kernel,
@@ -311,7 +316,8 @@ class SBPE(KernelBandit):
         if self.interval == "finite":
             return vakili_beta_finite(d, self.num_arms, self.F, self.noise_std, self.lam, lam_max)
         return vakili_beta_continuous(
-            d, n_b, self.F, self.noise_std, self.lam, lam_max, dim=int(self.arms.shape[1]), c=self.discretization_c, kmax=self.kappa2
+            d, n_b, self.F, self.noise_std, self.lam, lam_max, dim=int(self.arms.shape[1]), c=self.discretization_c,
+            kmax=self.kappa2
         )
 
     # ------------------------------------------------------------------ checkpoints

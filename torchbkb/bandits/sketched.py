@@ -113,7 +113,9 @@ class SketchedKernelBandit(KernelBandit):
         self.q_bar = check_positive(q_bar, "q_bar")
         self.score_chunk_size = check_chunk_size(chunk_size)  # None: sized for the device at every scoring
         self.chunk_size = self.score_chunk_size or DEFAULT_CHUNK  # kernel rows computed at once
-        self.rows = KernelRowCache(self.kernel, self.arms, chunk_size=self.chunk_size, row_cache_bytes=check_int(row_cache_bytes, "row_cache_bytes", minimum=0), kernel_cache_bytes=kernel_cache_bytes)
+        self.rows = KernelRowCache(self.kernel, self.arms, chunk_size=self.chunk_size,
+                                   row_cache_bytes=check_int(row_cache_bytes, "row_cache_bytes", minimum=0),
+                                   kernel_cache_bytes=kernel_cache_bytes)
         self.pruning = PruningSchedule()
         self.sampler = RLSDictionary(self.q_bar, generator=self.generator, inclusion=self.inclusion)
         self.dictionary = self._long([])
@@ -126,7 +128,8 @@ class SketchedKernelBandit(KernelBandit):
         self._pulled_set: set[int] = set()
         self._prior_rls = self.kdiag / self.lam  # (A,) prior σ̃² = k(a, a)/λ, the largest σ̃² can be
         self._bonus_cache: tuple[float, torch.Tensor] | None = None  # (width, width·√(k/λ)) for the UCB bound
-        self._accuracy = AccuracyMonitor(type(self).__name__)  # variances vs a float64 reference, as the dictionary grows
+        # variances vs a float64 reference, as the dictionary grows
+        self._accuracy = AccuracyMonitor(type(self).__name__)
         self._clear_posterior()
 
     def _scoring_chunk(self) -> int:
@@ -183,13 +186,15 @@ class SketchedKernelBandit(KernelBandit):
     @property
     def posterior(self) -> DTCPosterior | None:
         """The current DTC posterior as a :class:`~torchbkb.DTCPosterior` on the dictionary and all pulls
-        (``None`` while the dictionary is empty); built (one embedding and one fit) on first access after each update."""
+        (``None`` while the dictionary is empty); built (one embedding and one fit) on first access after each
+        update."""
         if self._posterior is None and self._W is not None:
             pulled = (self.counts > 0).nonzero().squeeze(1)
             emb = NystromEmbedding(self.kernel, self.arms[self.rows.order_index], chunk_size=self.chunk_size)
             n = self.counts[pulled].to(self.arms.dtype)
             y_mean = (self.reward_sums[pulled] / self.counts[pulled]).to(self.arms.dtype)
-            self._posterior = DTCPosterior(emb, noise=self.lam, chunk_size=self.chunk_size).fit(self.arms[pulled], y_mean, n)
+            self._posterior = DTCPosterior(emb, noise=self.lam, chunk_size=self.chunk_size).fit(self.arms[pulled],
+                                                                                                y_mean, n)
         return self._posterior
 
     def scores(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -258,7 +263,8 @@ class SketchedKernelBandit(KernelBandit):
             self._pulled_set = set(self._pulled.tolist())
         return self._pulled
 
-    def _rebuild(self, new_dict: torch.Tensor, order=None, blocks=None, *, pulled: torch.Tensor | None = None, counts: torch.Tensor | None = None) -> None:
+    def _rebuild(self, new_dict: torch.Tensor, order=None, blocks=None, *, pulled: torch.Tensor | None = None,
+                 counts: torch.Tensor | None = None) -> None:
         """Set the dictionary, update kernel rows and ``W`` if it changed, refit ``V`` from all pulls, rescore the arms.
 
         ``order`` and ``blocks`` (checkpoint loading) are the saved slot order and kernel blocks; ``pulled`` (the
@@ -297,7 +303,8 @@ class SketchedKernelBandit(KernelBandit):
             return
         S = self.rows.order_index  # (m,) the dictionary's arms in slot order
         fast = rls_kernel_columns(K_SA.index_select(1, S), self.kdiag[S], M, self.lam, self._scoring_chunk())
-        self._accuracy.check(self.kernel, fast, self.arms[S], self.arms[pulled], n, self.lam, self.arms.dtype, stacklevel=7)
+        self._accuracy.check(self.kernel, fast, self.arms[S], self.arms[pulled], n, self.lam, self.arms.dtype,
+                             stacklevel=7)
 
     def _ucb_width(self) -> float | None:
         """The multiplier of ``σ̃`` in the next selection's UCB when it is known before scoring (``None``: it

@@ -78,17 +78,20 @@ def bkb_required_q_bar(T: int, delta: float, epsilon: float = 0.5) -> float:
 def bkb_dictionary_bound(d_eff: float, q_bar: float, lam: float, *, epsilon: float = 0.5, kappa2: float = 1.0) -> float:
     """``3 (1 + κ²/λ) α q̄ d_eff``: 000 Theorem 1's bound on ``|S_t|`` (when ``q̄`` meets the requirement)."""
     lam = check_positive(lam, "lam")
-    return 3.0 * (1.0 + check_positive(kappa2, "kappa2") / lam) * alpha_from_epsilon(epsilon) * check_positive(q_bar, "q_bar") * _nonnegative(d_eff, "d_eff")
+    return (3.0 * (1.0 + check_positive(kappa2, "kappa2") / lam) * alpha_from_epsilon(epsilon)
+            * check_positive(q_bar, "q_bar") * _nonnegative(d_eff, "d_eff"))
 
 
-def bkb_regret_bound(T: int, d_eff: float, *, noise_std: float, lam: float, F: float, delta: float, epsilon: float = 0.5, kappa2: float = 1.0) -> float:
+def bkb_regret_bound(T: int, d_eff: float, *, noise_std: float, lam: float, F: float, delta: float,
+                     epsilon: float = 0.5, kappa2: float = 1.0) -> float:
     """000 Theorem 2: ``2 (2α)^{3/2} √T (ξ d log(κ²T) + √(λ F² d log(κ²T)) + ξ log 1/δ)``, ``d = d_eff(λ, X_T)``."""
     _log_term(T, delta)
     a = alpha_from_epsilon(epsilon)
     d = _nonnegative(d_eff, "d_eff")
     xi, lam, F = _nonnegative(noise_std, "noise_std"), check_positive(lam, "lam"), _nonnegative(F, "F")
     log_t = max(math.log(check_positive(kappa2, "kappa2") * T), 0.0)
-    return 2.0 * (2.0 * a) ** 1.5 * math.sqrt(T) * (xi * d * log_t + math.sqrt(lam * F**2 * d * log_t) + xi * math.log(1.0 / delta))
+    return (2.0 * (2.0 * a) ** 1.5 * math.sqrt(T)
+            * (xi * d * log_t + math.sqrt(lam * F**2 * d * log_t) + xi * math.log(1.0 / delta)))
 
 
 def bbkb_required_q_bar(T: int, delta: float, batch_bound: float, *, guarantee: str = "regret") -> float:
@@ -111,7 +114,8 @@ def bbkb_dictionary_bound(d_eff: float, q_bar: float, lam: float, batch_bound: f
     """``9 C̃ (1 + κ²/λ) q̄ d_eff``: 001 Theorem 1's bound on ``|S_t|``."""
     C = check_batch_limits(batch_bound)[0]
     lam = check_positive(lam, "lam")
-    return 9.0 * C * (1.0 + check_positive(kappa2, "kappa2") / lam) * check_positive(q_bar, "q_bar") * _nonnegative(d_eff, "d_eff")
+    return (9.0 * C * (1.0 + check_positive(kappa2, "kappa2") / lam) * check_positive(q_bar, "q_bar")
+            * _nonnegative(d_eff, "d_eff"))
 
 
 def bbkb_resparsification_bound(variance_sum: float, lam: float, batch_bound: float, *, kappa2: float = 1.0) -> float:
@@ -121,10 +125,12 @@ def bbkb_resparsification_bound(variance_sum: float, lam: float, batch_bound: fl
     if C == 1.0:
         return math.inf
     lam = check_positive(lam, "lam")
-    return C / (C - 1.0) * 9.0 * (1.0 + check_positive(kappa2, "kappa2") / lam) * _nonnegative(variance_sum, "variance_sum")
+    return (C / (C - 1.0) * 9.0 * (1.0 + check_positive(kappa2, "kappa2") / lam)
+            * _nonnegative(variance_sum, "variance_sum"))
 
 
-def bbkb_regret_bound(T: int, variance_sum: float, *, noise_std: float, lam: float, F: float, delta: float, batch_bound: float) -> float:
+def bbkb_regret_bound(T: int, variance_sum: float, *, noise_std: float, lam: float, F: float, delta: float,
+                      batch_bound: float) -> float:
     """001 Theorem 2: ``55 C̃³ √T (ξ D + ξ log 1/δ + √(λ F² D))`` with ``D = Σ_t σ²_{t-1}(x_t)``."""
     _log_term(T, delta)
     C = check_batch_limits(batch_bound)[0]
@@ -145,9 +151,12 @@ def warn_unmet_preconditions(algorithm: str, *, q_bar: float, lam: float, delta:
         >>> import warnings
         >>> with warnings.catch_warnings(record=True) as w:
         ...     warnings.simplefilter("always")
-        ...     missed = warn_unmet_preconditions("BBKB", q_bar=2.0, lam=0.2, delta=1e-4, horizon=10_000, batch_bound=2.0)
-        >>> missed
-        ['q_bar >= 2853 (001 Theorem 2: 72·C̃·log(4T/δ), T = 10000), got 2', 'noise (λ) >= 1 (001 Theorems 1-2), got 0.2']
+        ...     missed = warn_unmet_preconditions("BBKB", q_bar=2.0, lam=0.2, delta=1e-4, horizon=10_000,
+        ...                                       batch_bound=2.0)
+        >>> for line in missed:
+        ...     print(line)
+        q_bar >= 2853 (001 Theorem 2: 72·C̃·log(4T/δ), T = 10000), got 2
+        noise (λ) >= 1 (001 Theorems 1-2), got 0.2
     """
     T = 1 if horizon is None else check_int(horizon, "horizon")
     t_note = f"T = {T}" if horizon is not None else "T = 1; pass horizon=T for a run's figure"
@@ -155,7 +164,8 @@ def warn_unmet_preconditions(algorithm: str, *, q_bar: float, lam: float, delta:
     if algorithm == "BKB":
         need = bkb_required_q_bar(T, delta, epsilon)
         if q_bar < need:
-            missed.append(f"q_bar >= {math.ceil(need)} (000 Theorem 2: 6α·log(4T/δ)/ε², ε = {epsilon:g}, {t_note}), got {q_bar:g}")
+            missed.append(f"q_bar >= {math.ceil(need)} (000 Theorem 2: 6α·log(4T/δ)/ε², ε = {epsilon:g}, {t_note}), "
+                          f"got {q_bar:g}")
     elif algorithm == "BBKB":
         need = bbkb_required_q_bar(T, delta, batch_bound)
         if q_bar < need:

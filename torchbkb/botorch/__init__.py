@@ -21,13 +21,16 @@ The subpackage is named ``botorch`` but imports the real BoTorch with absolute i
 try:
     import botorch as _botorch  # noqa: F401
 except ImportError as err:  # an optional dependency: say which extra brings it
-    raise ImportError("torchbkb.botorch: expected BoTorch installed (pip install 'torchbkb[botorch]'), got none") from err
+    raise ImportError("torchbkb.botorch: expected BoTorch installed (pip install 'torchbkb[botorch]'), got "
+                      "none") from err
 
 from torchbkb.botorch.model import BKBModel
 from torchbkb.sampling.dictionary_replay import sample_dictionary
 from torchbkb.botorch.defaults import default_kernel
 from torchbkb.botorch.marginal_likelihood import DTCMarginalLogLikelihood
-from torchbkb.botorch.acquisition import BKBUpperConfidenceBound, BBKBUpperConfidenceBound, theory_beta, vakili_theory_beta
+from torchbkb.botorch.acquisition import (
+    BKBUpperConfidenceBound, BBKBUpperConfidenceBound, theory_beta, vakili_theory_beta
+)
 from torchbkb.botorch.batch import optimize_acqf_bbkb
 from torchbkb.botorch.pathwise import BKBSamplePath, draw_bkb_paths
 from torchbkb.botorch.thompson import optimize_acqf_thompson

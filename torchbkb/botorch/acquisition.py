@@ -47,7 +47,8 @@ from torchbkb.sampling.recursive_rls import nystrom_lambda_max
 __all__ = ["BKBUpperConfidenceBound", "BBKBUpperConfidenceBound", "theory_beta", "vakili_theory_beta"]
 
 
-def theory_beta(model, *, F: float = 1.0, delta: float = 0.01, epsilon: float = 0.5, noise_std: float | None = None) -> Tensor:
+def theory_beta(model, *, F: float = 1.0, delta: float = 0.01, epsilon: float = 0.5,
+                noise_std: float | None = None) -> Tensor:
     """BKB's ``β̃ₜ`` (000 Theorem 2, RLS scale) for the data of a :class:`~torchbkb.botorch.BKBModel`.
 
     ``β̃ₜ = 2ξ √(α log(κ² t) Σ_s σ̃²ₜ(x_s) + log(1/δ)) + (1 + 1/√(1-ε)) √λ F`` with ``t`` the number of
@@ -84,10 +85,12 @@ def theory_beta(model, *, F: float = 1.0, delta: float = 0.01, epsilon: float = 
         X = post.train_X
         kappa2 = float(post.embedding.kernel_diag(X).max()) if X.shape[-2] > 0 else 1.0
     vals = [
-        bkb_beta(float(r), int(round(float(n))), noise_std=xi, lam=lam, F=F, delta=delta, epsilon=epsilon, kappa2=kappa2)
+        bkb_beta(float(r), int(round(float(n))), noise_std=xi, lam=lam, F=F, delta=delta, epsilon=epsilon,
+                 kappa2=kappa2)
         for r, n in zip(rls_sum.tolist(), t.tolist())
     ]
-    return torch.tensor(vals, dtype=model.mean_constant.dtype, device=model.mean_constant.device).reshape(post.batch_shape)
+    return torch.tensor(vals, dtype=model.mean_constant.dtype,
+                        device=model.mean_constant.device).reshape(post.batch_shape)
 
 
 def vakili_theory_beta(
@@ -131,7 +134,8 @@ def vakili_theory_beta(
         raise InputDataError(f"model: expected a BKBModel for beta='vakili', got {type(model).__name__}")
     post = model.dtc_posterior
     if len(post.batch_shape) > 0:
-        raise InputDataError(f"model: expected a non-batched BKBModel for beta='vakili', got batch shape {tuple(post.batch_shape)}")
+        raise InputDataError(f"model: expected a non-batched BKBModel for beta='vakili', got batch shape "
+                             f"{tuple(post.batch_shape)}")
     lam = post.lam
     R = math.sqrt(lam) if subgaussian is None else float(subgaussian)
     with torch.no_grad():

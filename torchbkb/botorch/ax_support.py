@@ -32,10 +32,12 @@ def fit_bkb_model(model: BKBModel, mll_class: Any = None, mll_options: dict | No
     exact GP's evidence, which the bound replaces; any other MLL class is refused)."""
     if mll_class not in (None, ExactMarginalLogLikelihood, DTCMarginalLogLikelihood):
         raise InputDataError(
-            f"mll_class: expected ExactMarginalLogLikelihood or DTCMarginalLogLikelihood for a BKBModel, got {getattr(mll_class, '__name__', mll_class)}"
+            f"mll_class: expected ExactMarginalLogLikelihood or DTCMarginalLogLikelihood for a BKBModel, got "
+            f"{getattr(mll_class, '__name__', mll_class)}"
         )
     if mll_options:
-        raise InputDataError(f"mll_options: expected none (DTCMarginalLogLikelihood takes no options), got {mll_options!r}")
+        raise InputDataError(f"mll_options: expected none (DTCMarginalLogLikelihood takes no options), got "
+                             f"{mll_options!r}")
     fit_gpytorch_mll(DTCMarginalLogLikelihood(model.likelihood, model))
 
 

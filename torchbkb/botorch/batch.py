@@ -150,8 +150,8 @@ class BBKBBatch(tuple):
 
 
 class CandidateFeatures:
-    """The Nyström features `(A, r)` of the candidates as :func:`~torchbkb.bandits.batch_selection.select_batch` reads them
-    (``shape``, ``dtype``, ``device``, ``rows[idx]``), computed on demand: never all ``A`` rows at once.
+    """The Nyström features `(A, r)` of the candidates as :func:`~torchbkb.bandits.batch_selection.select_batch` reads
+    them (``shape``, ``dtype``, ``device``, ``rows[idx]``), computed on demand: never all ``A`` rows at once.
 
     Args:
         model: the :class:`~torchbkb.botorch.BKBModel` (its input transform and DTC embedding are used).

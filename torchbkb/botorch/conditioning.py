@@ -38,7 +38,8 @@ def dtc_condition(post: DTCPosterior, X_tf: Tensor, y: Tensor, counts: Tensor | 
     d = X_tf.shape[-1]
 
     def grow(old: Tensor, new: Tensor, tail: tuple) -> Tensor:
-        return torch.cat([old.expand(*batch, *old.shape[-len(tail):]), new.expand(*batch, *new.shape[-len(tail):])], dim=-len(tail))
+        return torch.cat([old.expand(*batch, *old.shape[-len(tail):]), new.expand(*batch, *new.shape[-len(tail):])],
+                         dim=-len(tail))
 
     post.train_X = grow(post.train_X, X_tf, (None, d))  # (*batch, n + k, d)
     post.train_y = grow(post.train_y, y, (None,))

@@ -13,14 +13,17 @@ from __future__ import annotations
 import math
 
 import torch
-from botorch.models.utils.gpytorch_modules import get_covar_module_with_dim_scaled_prior, get_gaussian_likelihood_with_lognormal_prior
+from botorch.models.utils.gpytorch_modules import (
+    get_covar_module_with_dim_scaled_prior, get_gaussian_likelihood_with_lognormal_prior
+)
 from gpytorch.constraints import GreaterThan
 from gpytorch.kernels import MaternKernel, ScaleKernel
 from gpytorch.likelihoods import FixedNoiseGaussianLikelihood, GaussianLikelihood
 from gpytorch.means import ConstantMean
 from torch import Tensor, nn
 
-__all__ = ["hyperparameter_modules", "hyperparameter_values", "same_values", "default_kernel", "DEFAULT_LENGTHSCALE", "DEFAULT_OUTPUTSCALE", "DEFAULT_NOISE", "EXACT_FRACTION", "EXACT_BELOW", "EXACT_FIT", "MIN_YVAR"]
+__all__ = ["hyperparameter_modules", "hyperparameter_values", "same_values", "default_kernel", "DEFAULT_LENGTHSCALE",
+           "DEFAULT_OUTPUTSCALE", "DEFAULT_NOISE", "EXACT_FRACTION", "EXACT_BELOW", "EXACT_FIT", "MIN_YVAR"]
 
 #: Matérn-5/2 lengthscale per input dimension is ``DEFAULT_LENGTHSCALE · √d`` (inputs in ``[0, 1]^d``):
 #: the typical distance between two uniform points of the unit cube grows like ``√(d/6)``.
@@ -44,7 +47,8 @@ EXACT_FIT = 1000
 MIN_YVAR = 1e-6
 
 
-def default_kernel(d: int, *, dtype: torch.dtype = torch.float64, device: torch.device | str | None = None) -> ScaleKernel:
+def default_kernel(d: int, *, dtype: torch.dtype = torch.float64,
+                   device: torch.device | str | None = None) -> ScaleKernel:
     """BoTorch's classic default kernel ``ScaleKernel(MaternKernel(nu=2.5, ard_num_dims=d))`` with fixed
     hyperparameters: lengthscale ``DEFAULT_LENGTHSCALE · √d`` in every dimension, outputscale
     ``DEFAULT_OUTPUTSCALE``.

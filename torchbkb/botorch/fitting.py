@@ -5,8 +5,8 @@ The bound depends on the dictionary, and the dictionary (drawn with probabilitie
 hyperparameters, so neither can be fixed first. Past :data:`WARM_START` points the rounds start from the exact
 GP fitted on :data:`WARM_START` random points. Past :data:`FIT_POINTS` points the rounds run on one uniform random
 subset of that many training points (the subset-of-data estimate of the hyperparameters: a fit's cost no longer
-grows with ``n``); the posterior always uses every point. Round ``r`` draws inducing points by BKB's variance sampling at
-the current hyperparameters, thinned to at most :data:`FIT_INDUCING` (:func:`fit_inducing_points`: the bound
+grows with ``n``); the posterior always uses every point. Round ``r`` draws inducing points by BKB's variance sampling
+at the current hyperparameters, thinned to at most :data:`FIT_INDUCING` (:func:`fit_inducing_points`: the bound
 is valid on any inducing set, and its cost is ``O(n·FIT_INDUCING²)`` whatever ``m``), and runs L-BFGS-B
 (BoTorch's ``fit_gpytorch_mll_scipy``) on the bound over them. It stops when a round moves no hyperparameter
 by more than :data:`HYPER_TOL` (relative; the constant mean absolute below 1, in standardized units), or after
@@ -41,7 +41,8 @@ from torchbkb.botorch.marginal_likelihood import DTCMarginalLogLikelihood, train
 from torchbkb.errors import InputDataError
 from torchbkb.gp.evidence_bound import FIT_CHUNK
 
-__all__ = ["fit_rounds", "fit_inducing_points", "hyperparameters", "hyperparameter_change", "MAX_ROUNDS", "HYPER_TOL", "WARM_START", "FIT_INDUCING",
+__all__ = ["fit_rounds", "fit_inducing_points", "hyperparameters", "hyperparameter_change", "MAX_ROUNDS", "HYPER_TOL",
+           "WARM_START", "FIT_INDUCING",
            "EXACT_FIT", "FIT_POINTS", "ROUND_NATS", "DENSE_FIT"]
 
 #: At most this many rounds of (draw the dictionary, fit).
@@ -58,7 +59,8 @@ FIT_INDUCING = 256
 #: Past this many training points the rounds maximize the bound of a uniform random subset of this many of them
 #: (drawn once per fit): one chunk of the bound's sums, so its backward pass recomputes nothing. The
 #: hyperparameters' statistical error shrinks as ``1/√FIT_POINTS``; an evaluation over all ``n`` points costs
-#: ``n / FIT_POINTS`` times more, plus the recomputed chunks. ``fit_gpytorch_mll(mll, fit_points=None)`` uses every point.
+#: ``n / FIT_POINTS`` times more, plus the recomputed chunks. ``fit_gpytorch_mll(mll, fit_points=None)`` uses every
+#: point.
 FIT_POINTS = FIT_CHUNK
 #: A bound round's L-BFGS-B (the default optimizer) stops once a step gains less than about this many nats of
 #: the bound in all (``ftol = ROUND_NATS / points``: the loss is per point). One standard error of a
@@ -104,7 +106,8 @@ def fit_rounds(model, mll, closure=None, optimizer=None, closure_kwargs=None, op
     """
     if not isinstance(mll, DTCMarginalLogLikelihood) or mll.model is not model:
         raise InputDataError(
-            f"mll: expected DTCMarginalLogLikelihood(model.likelihood, model) for this BKBModel, got {type(mll).__name__}"
+            f"mll: expected DTCMarginalLogLikelihood(model.likelihood, model) for this BKBModel, got "
+            f"{type(mll).__name__}"
         )
     if isinstance(inducing_limit, bool) or not isinstance(inducing_limit, int) or inducing_limit < 1:
         raise InputDataError(f"inducing_limit: expected an integer >= 1, got {inducing_limit!r}")
@@ -153,7 +156,8 @@ def fit_rounds(model, mll, closure=None, optimizer=None, closure_kwargs=None, op
                     pool = torch.arange(n, device=device) if subset is None else subset
                     pick = torch.randperm(pool.numel(), generator=gen)[:EXACT_FIT].sort().values.to(device)
                     exact_kwargs = {**(closure_kwargs or {}), "indices": pool[pick]}
-                    optimize_with_retries(mll, optimizer, closure_kwargs=exact_kwargs, optimizer_kwargs=optimizer_kwargs,
+                    optimize_with_retries(mll, optimizer, closure_kwargs=exact_kwargs,
+                                          optimizer_kwargs=optimizer_kwargs,
                                           **policy)
                     model.fit_objective = "exact subset"
                     break
@@ -192,7 +196,8 @@ def hyperparameters(model) -> dict[str, tuple[bool, Tensor]]:
             continue
         for name, raw, constraint in module.named_parameters_and_constraints():
             value = raw.detach() if constraint is None else constraint.transform(raw.detach())
-            positive = constraint is not None and float(getattr(constraint, "lower_bound", torch.tensor(-1.0)).min()) >= 0
+            positive = (constraint is not None and float(getattr(constraint, "lower_bound", torch.tensor(-1.0)).min())
+                        >= 0)
             out[f"{prefix}.{name}"] = (positive, value.clone())
     return out
 
@@ -207,6 +212,7 @@ def hyperparameter_change(a: dict, b: dict) -> float:
         vb = b[key][1]
         if va.shape != vb.shape:
             return math.inf
-        diff = (va.clamp_min(1e-12).log() - vb.clamp_min(1e-12).log()) if positive else (va - vb) / torch.maximum(va.abs(), vb.abs()).clamp_min(1.0)
+        diff = (va.clamp_min(1e-12).log() - vb.clamp_min(1e-12).log()) if positive else (va
+                - vb) / torch.maximum(va.abs(), vb.abs()).clamp_min(1.0)
         worst = max(worst, float(diff.abs().max())) if diff.numel() else worst
     return worst

@@ -41,7 +41,8 @@ def gp_parts(gp: Model, inducing_points: Tensor | None) -> dict:
         raise InputDataError(f"gp: expected a single-output model, got num_outputs={gp.num_outputs}")
     if gp.batch_shape != torch.Size():
         raise InputDataError(
-            f"gp: expected a model without batch dimensions (one shared dictionary), got batch_shape {tuple(gp.batch_shape)}"
+            f"gp: expected a model without batch dimensions (one shared dictionary), got batch_shape "
+            f"{tuple(gp.batch_shape)}"
         )
     lik = gp.likelihood
     if type(lik) is not GaussianLikelihood:
@@ -82,7 +83,8 @@ def gp_parts(gp: Model, inducing_points: Tensor | None) -> dict:
 
 def transform_inducing_points(inducing_points: Tensor, train_X: Tensor, input_transform: nn.Module | None) -> Tensor:
     """`(m, d)` inducing points checked and mapped through the input transform (in eval mode), detached."""
-    if not isinstance(inducing_points, Tensor) or inducing_points.dim() != 2 or inducing_points.shape[-1] != train_X.shape[-1]:
+    if (not isinstance(inducing_points, Tensor) or inducing_points.dim() != 2 or inducing_points.shape[-1]
+        != train_X.shape[-1]):
         got = tuple(inducing_points.shape) if isinstance(inducing_points, Tensor) else type(inducing_points).__name__
         raise InputDataError(f"inducing_points: expected shape (m, {train_X.shape[-1]}), got {got}")
     if inducing_points.dtype != train_X.dtype or inducing_points.device != train_X.device:

@@ -51,7 +51,8 @@ class BKBSamplePath(SamplePath):
     Calling it on `(*batch, q, d)` original-space inputs returns `(*sample_shape, *batch', q)` values.
     """
 
-    def __init__(self, prior_paths: SamplePath, update: nn.Module, mean_constant: Tensor, input_transform=None, output_transform=None):
+    def __init__(self, prior_paths: SamplePath, update: nn.Module, mean_constant: Tensor, input_transform=None,
+                 output_transform=None):
         super().__init__()
         self.prior_paths = prior_paths
         self.update = update
@@ -92,7 +93,8 @@ class _ExactUpdate(nn.Module):
         return sum((u @ w.to(u).unsqueeze(-1)).squeeze(-1) for u, w in zip(U, self.weights)).to(x.dtype)
 
 
-def draw_bkb_paths(model: BKBModel, sample_shape: Size, prior_sampler=draw_kernel_feature_paths, num_features: int = 1024, **kwargs: Any) -> BKBSamplePath:
+def draw_bkb_paths(model: BKBModel, sample_shape: Size, prior_sampler=draw_kernel_feature_paths,
+                   num_features: int = 1024, **kwargs: Any) -> BKBSamplePath:
     """Draw ``sample_shape`` posterior functions of ``model`` (see the module docstring).
 
     Args:
@@ -137,20 +139,25 @@ def draw_bkb_paths(model: BKBModel, sample_shape: Size, prior_sampler=draw_kerne
             noise = state.train_noise.detach()
             eps = noise.sqrt() * torch.randn(f0_X.shape, dtype=f0_X.dtype, device=f0_X.device)
             update = _ExactUpdate(state, state.whiten(state.train_y.detach() - f0_X - eps))
-    return BKBSamplePath(prior, update, model.mean_constant.detach().clone(), get_input_transform(model), get_output_transform(model))
+    return BKBSamplePath(prior, update, model.mean_constant.detach().clone(), get_input_transform(model),
+                         get_output_transform(model))
 
 
 @DrawMatheronPaths.register(BKBModel)
-def _draw_matheron_paths_bkb(model: BKBModel, *, sample_shape: Size, prior_sampler=draw_kernel_feature_paths, update_strategy=None) -> BKBSamplePath:
+def _draw_matheron_paths_bkb(model: BKBModel, *, sample_shape: Size, prior_sampler=draw_kernel_feature_paths,
+                             update_strategy=None) -> BKBSamplePath:
     return draw_bkb_paths(model, sample_shape, prior_sampler=prior_sampler)
 
 
 @DrawKernelFeaturePaths.register(BKBModel)
-def _draw_kernel_feature_paths_bkb(model: BKBModel, sample_shape: Size, num_features: int = 1024, **kwargs: Any) -> GeneralizedLinearPath:
+def _draw_kernel_feature_paths_bkb(model: BKBModel, sample_shape: Size, num_features: int = 1024,
+                                   **kwargs: Any) -> GeneralizedLinearPath:
     """The prior of ``model`` in its transformed input space (zero mean, no transforms): random features of
     the kernel with Sobol normal weights, as BoTorch draws it for its own GPs."""
     kernel = model.covar_module
-    features = gen_kernel_features(kernel=kernel, num_inputs=model.inducing_points.shape[-1], num_outputs=int(num_features))
+    features = gen_kernel_features(kernel=kernel, num_inputs=model.inducing_points.shape[-1],
+                                   num_outputs=int(num_features))
     n = Size(sample_shape).numel() * kernel.batch_shape.numel()
     weight = draw_sobol_normal_samples(n=n, d=features.num_outputs, device=kernel.device, dtype=kernel.dtype)
-    return GeneralizedLinearPath(feature_map=features, weight=weight.reshape(*Size(sample_shape), *kernel.batch_shape, features.num_outputs))
+    return GeneralizedLinearPath(feature_map=features,
+                                 weight=weight.reshape(*Size(sample_shape), *kernel.batch_shape, features.num_outputs))

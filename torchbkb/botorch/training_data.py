@@ -44,10 +44,12 @@ def check_train_data(train_X, train_Y) -> None:
         )
     if train_Y.dtype != train_X.dtype or train_Y.device != train_X.device:
         raise InputDataError(
-            f"train_Y: expected dtype {train_X.dtype} on {train_X.device} (like train_X), got {train_Y.dtype} on {train_Y.device}"
+            f"train_Y: expected dtype {train_X.dtype} on {train_X.device} (like train_X), got {train_Y.dtype} on "
+            f"{train_Y.device}"
         )
     if train_X.shape[-2] < 1 or train_X.shape[-1] < 1:
-        raise InputDataError(f"train_X: expected at least one training point of d >= 1 inputs, got shape {tuple(train_X.shape)}")
+        raise InputDataError(f"train_X: expected at least one training point of d >= 1 inputs, got shape "
+                             f"{tuple(train_X.shape)}")
     check_finite(train_X, "train_X")
     check_finite(train_Y, "train_Y")
 
@@ -62,7 +64,8 @@ def check_train_Yvar(Yvar, X: Tensor, name: str) -> None:
     try:
         torch.broadcast_shapes(Yvar.shape[:-2], X.shape[:-2])
     except RuntimeError:
-        raise InputDataError(f"{name}: expected shape {(*X.shape[:-1], 1)} like the outcomes, got {tuple(Yvar.shape)}") from None
+        raise InputDataError(f"{name}: expected shape {(*X.shape[:-1], 1)} like the outcomes, got "
+                             f"{tuple(Yvar.shape)}") from None
     if Yvar.dtype != X.dtype or Yvar.device != X.device:
         raise InputDataError(f"{name}: expected dtype {X.dtype} on {X.device}, got {Yvar.dtype} on {Yvar.device}")
     check_finite(Yvar, name)
@@ -101,16 +104,20 @@ def check_model_inputs(train_X, train_Y, train_Yvar, noise, kernel, covar_module
     if train_Yvar is not None:
         check_train_Yvar(train_Yvar, train_X, "train_Yvar")
         if train_Yvar.shape != train_Y.shape:
-            raise InputDataError(f"train_Yvar: expected shape {tuple(train_Y.shape)} like train_Y, got {tuple(train_Yvar.shape)}")
+            raise InputDataError(f"train_Yvar: expected shape {tuple(train_Y.shape)} like train_Y, got "
+                                 f"{tuple(train_Yvar.shape)}")
         if noise is not None:
             raise InputDataError(f"noise: expected None when train_Yvar gives the noise, got {noise!r}")
     if likelihood is not None:
         if not isinstance(likelihood, GaussianLikelihood):
-            raise InputDataError(f"likelihood: expected a gpytorch GaussianLikelihood (homoskedastic noise), got {type(likelihood).__name__}")
+            raise InputDataError(f"likelihood: expected a gpytorch GaussianLikelihood (homoskedastic noise), got "
+                                 f"{type(likelihood).__name__}")
         if noise is not None or train_Yvar is not None:
-            raise InputDataError("likelihood: expected the noise from one source, got a likelihood with noise= or train_Yvar=")
+            raise InputDataError("likelihood: expected the noise from one source, got a likelihood with noise= or "
+                                 "train_Yvar=")
     if mean_module is not None and not isinstance(mean_module, (ConstantMean, ZeroMean)):
-        raise InputDataError(f"mean_module: expected a ConstantMean or ZeroMean (a constant prior mean), got {type(mean_module).__name__}")
+        raise InputDataError(f"mean_module: expected a ConstantMean or ZeroMean (a constant prior mean), got "
+                             f"{type(mean_module).__name__}")
     if kernel is not None and covar_module is not None:
         raise InputDataError("kernel, covar_module: expected one of the two (they name the same argument), got both")
     return kernel if kernel is not None else covar_module
@@ -131,15 +138,18 @@ def check_observation_noise(observation_noise, X: Tensor) -> None:
         return
     if not isinstance(observation_noise, Tensor):
         raise InputDataError(
-            f"observation_noise: expected a bool or a tensor of noise variances, got {type(observation_noise).__name__} {observation_noise!r}"
+            f"observation_noise: expected a bool or a tensor of noise variances, got "
+            f"{type(observation_noise).__name__} {observation_noise!r}"
         )
     noise = observation_noise.detach()
     q = X.shape[-2]
     ok_shape = noise.dim() >= 1 and (noise.shape[-1] == q or (noise.dim() >= 2 and noise.shape[-2:] == (q, 1)))
     if not ok_shape:
-        raise InputDataError(f"observation_noise: expected shape (*batch, {q}, 1) like the query, got {tuple(noise.shape)}")
+        raise InputDataError(f"observation_noise: expected shape (*batch, {q}, 1) like the query, got "
+                             f"{tuple(noise.shape)}")
     if not noise.is_floating_point() or noise.device != X.device:
-        raise InputDataError(f"observation_noise: expected a floating tensor on {X.device}, got {noise.dtype} on {noise.device}")
+        raise InputDataError(f"observation_noise: expected a floating tensor on {X.device}, got {noise.dtype} on "
+                             f"{noise.device}")
     check_finite(noise, "observation_noise")
     if bool((noise < 0).any()):
         raise InputDataError(f"observation_noise: expected non-negative variances, got min {float(noise.min()):.3e}")
@@ -157,7 +167,8 @@ def check_observations(X: Tensor, Y, noise, batch_shape: torch.Size) -> torch.Si
         if bool((noise <= 0).any()):
             raise InputDataError(f"noise: expected positive variances, got min {float(noise.min()):.3e}")
     try:
-        return torch.broadcast_shapes(X.shape[:-2], Y.shape[:-2], batch_shape, *(() if noise is None else (noise.shape[:-2],)))
+        return torch.broadcast_shapes(X.shape[:-2], Y.shape[:-2], batch_shape,
+                                      *(() if noise is None else (noise.shape[:-2],)))
     except RuntimeError:
         raise InputDataError(
             f"X, Y: expected batch shapes broadcastable with the model's {tuple(batch_shape)}, got "
@@ -168,7 +179,8 @@ def check_observations(X: Tensor, Y, noise, batch_shape: torch.Size) -> torch.Si
 def check_candidates(model, choices) -> None:
     """A model without batch dimensions and `(A >= 1, d)` candidates like its inputs (discrete selections)."""
     if model.batch_shape != torch.Size():
-        raise InputDataError(f"model: expected a model without batch dimensions, got batch_shape {tuple(model.batch_shape)}")
+        raise InputDataError(f"model: expected a model without batch dimensions, got batch_shape "
+                             f"{tuple(model.batch_shape)}")
     if not isinstance(choices, Tensor) or choices.dim() != 2 or choices.shape[0] < 1:
         got = tuple(choices.shape) if isinstance(choices, Tensor) else type(choices).__name__
         raise InputDataError(f"choices: expected shape (A >= 1, {model.input_dim}), got {got}")

@@ -109,7 +109,8 @@ def gp_sample(
     return f.to(arms.dtype)
 
 
-def rff_features(arms: torch.Tensor, kernel: str = "rbf", lengthscale: float = 0.2, num_features: int = 4096, seed: int = 0) -> torch.Tensor:
+def rff_features(arms: torch.Tensor, kernel: str = "rbf", lengthscale: float = 0.2, num_features: int = 4096,
+                 seed: int = 0) -> torch.Tensor:
     """Random Fourier features ``φ(X)`` with ``E[φ(X) φ(X)ᵀ] = k(X, X)`` (unit outputscale).
 
     Args:
@@ -132,7 +133,8 @@ def rff_features(arms: torch.Tensor, kernel: str = "rbf", lengthscale: float = 0
     check_matrix(arms, "arms", min_rows=1)
     _check_kernel(kernel)
     gen = torch.Generator().manual_seed(int(seed))
-    omega, phase = _spectral_draw(kernel, arms.shape[-1], check_positive(lengthscale, "lengthscale"), int(num_features), gen)
+    omega, phase = _spectral_draw(kernel, arms.shape[-1], check_positive(lengthscale, "lengthscale"), int(num_features),
+                                  gen)
     X = arms.detach().to(torch.float64)
     return _features(X, omega.to(X.device), phase.to(X.device))
 
@@ -174,7 +176,8 @@ def _check_kernel(kernel: str) -> float:
     return KERNELS[kernel]
 
 
-def _spectral_draw(kernel: str, d: int, lengthscale: float, D: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+def _spectral_draw(kernel: str, d: int, lengthscale: float, D: int, gen: torch.Generator) -> tuple[torch.Tensor,
+                                                                                                   torch.Tensor]:
     """Frequencies `(D, d)` from the spectral density and phases `(D,)` uniform in ``[0, 2π)``."""
     nu = KERNELS[kernel]
     z = torch.randn(D, d, generator=gen, dtype=torch.float64)  # (D, d)

@@ -62,7 +62,8 @@ def anchor_problem(*, dtype: torch.dtype = torch.float64, device: torch.device |
     L = np.linalg.cholesky(K + 1e-8 * np.eye(len(arms)))
     f = L @ rng.standard_normal(len(arms))
     f = (f - f.mean()) / f.std()
-    return Problem(torch.as_tensor(arms, dtype=dtype, device=device), torch.as_tensor(f, dtype=dtype, device=device), 0.1, "anchor")
+    return Problem(torch.as_tensor(arms, dtype=dtype, device=device), torch.as_tensor(f, dtype=dtype, device=device),
+                   0.1, "anchor")
 
 
 def botorch_problem(

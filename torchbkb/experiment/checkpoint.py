@@ -48,7 +48,8 @@ def check_checkpoint_path(path: str | os.PathLike) -> Path:
         raise CheckpointError(f"checkpoint: expected a file path, got the directory {str(p)!r}")
     parent = p.parent if str(p.parent) else Path(".")
     if not parent.is_dir():
-        raise CheckpointError(f"checkpoint: expected a path in an existing directory, got {str(p)!r} (no directory {str(parent)!r})")
+        raise CheckpointError(f"checkpoint: expected a path in an existing directory, got {str(p)!r} (no directory "
+                              f"{str(parent)!r})")
     try:
         fd, probe = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".probe", dir=parent)
         os.close(fd)
@@ -65,7 +66,8 @@ def save_checkpoint(path: str | os.PathLike, payload: dict[str, Any]) -> None:
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=parent)  # unique per writer
     except OSError as e:  # the directory went away or became read-only during the run
-        raise CheckpointError(f"checkpoint: expected a writable directory, got {str(parent)!r} ({e}); the previous checkpoint, if any, is intact") from e
+        raise CheckpointError(f"checkpoint: expected a writable directory, got {str(parent)!r} ({e}); the previous "
+                              f"checkpoint, if any, is intact") from e
     try:
         with os.fdopen(fd, "wb") as f:
             torch.save({"format": FORMAT, "version": FORMAT_VERSION, **payload}, f)
@@ -94,8 +96,10 @@ def read_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
         raise CheckpointError(f"checkpoint: expected a torchbkb checkpoint, got an empty file {str(p)!r}")
     try:
         state = torch.load(p, map_location="cpu", weights_only=True)
-    except (EOFError, RuntimeError, zipfile.BadZipFile, pickle.UnpicklingError, OSError, ValueError, TypeError, AttributeError) as e:
-        raise CheckpointError(f"checkpoint: expected a torchbkb checkpoint, got a file that cannot be read ({type(e).__name__}: {str(e)[:200]})") from e
+    except (EOFError, RuntimeError, zipfile.BadZipFile, pickle.UnpicklingError, OSError, ValueError, TypeError,
+            AttributeError) as e:
+        raise CheckpointError(f"checkpoint: expected a torchbkb checkpoint, got a file that cannot be read "
+                              f"({type(e).__name__}: {str(e)[:200]})") from e
     if not isinstance(state, dict):
         raise CheckpointError(f"checkpoint: expected a torchbkb checkpoint (a dict), got {type(state).__name__}")
     if "format" not in state and {"bandit", "history"} <= state.keys():
@@ -103,7 +107,8 @@ def read_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
     if state.get("format") != FORMAT:
         raise CheckpointError(f"checkpoint: expected format {FORMAT!r}, got {state.get('format')!r}")
     if state.get("version") not in (1, FORMAT_VERSION):
-        raise CheckpointError(f"checkpoint: expected format version <= {FORMAT_VERSION}, got {state.get('version')!r} (written by a newer torchbkb?)")
+        raise CheckpointError(f"checkpoint: expected format version <= {FORMAT_VERSION}, got {state.get('version')!r} "
+                              f"(written by a newer torchbkb?)")
     for key in ("bandit", "history"):
         if not isinstance(state.get(key), dict):
             raise CheckpointError(f"checkpoint: expected a field {key!r} (a dict), got {type(state.get(key)).__name__}")

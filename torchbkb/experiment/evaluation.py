@@ -52,7 +52,8 @@ __all__ = ["BatchEvaluator", "BatchOutcome", "INFRASTRUCTURE_ERRORS", "MAX_DELAY
 
 #: exception types that are the infrastructure's failures, never an arm's.
 INFRASTRUCTURE_ERRORS: tuple[type[BaseException], ...] = (
-    OSError, EOFError, TimeoutError, FuturesTimeoutError, asyncio.TimeoutError, CancelledError, BrokenExecutor, InfrastructureError,
+    OSError, EOFError, TimeoutError, FuturesTimeoutError, asyncio.TimeoutError, CancelledError, BrokenExecutor,
+    InfrastructureError,
 )  # fmt: skip
 #: the same, for Dask/Tornado types known by name (no import of distributed needed).
 INFRASTRUCTURE_NAMES = frozenset({"KilledWorker", "CommClosedError", "StreamClosedError", "FutureCancelledError"})
@@ -288,12 +289,14 @@ def _pool_factory(executor: Any, workers: int | None) -> Callable[[], Any] | Non
     if executor == "process":
         return lambda: ProcessPoolExecutor(max_workers=workers)
     if isinstance(executor, str):
-        raise InputDataError(f"executor: expected None, 'thread', 'process', an Executor, a Dask Client or a factory, got {executor!r}")
+        raise InputDataError(f"executor: expected None, 'thread', 'process', an Executor, a Dask Client or a factory, "
+                             f"got {executor!r}")
     if executor is None or isinstance(executor, Executor) or hasattr(executor, "submit"):
         return None
     if callable(executor):
         return executor
-    raise InputDataError(f"executor: expected None, 'thread', 'process', an Executor, a Dask Client or a factory, got {type(executor).__name__}")
+    raise InputDataError(f"executor: expected None, 'thread', 'process', an Executor, a Dask Client or a factory, got "
+                         f"{type(executor).__name__}")
 
 
 def _finite(v: float) -> tuple[str, Any]:

@@ -112,7 +112,8 @@ class History:
         n = len(lists["index"])
         attempts = list(d.get("attempts") or [1] * n)  # absent before attempts were recorded
         if any(len(v) != n for v in lists.values()) or len(attempts) != n:
-            raise InputDataError(f"history: expected per-evaluation lists of one length, got lengths {[len(v) for v in lists.values()] + [len(attempts)]}")
+            raise InputDataError(f"history: expected per-evaluation lists of one length, got lengths "
+                                 f"{[len(v) for v in lists.values()] + [len(attempts)]}")
         for key in ("regret", "reward", "time", "algo_time"):
             lists[key] = [float("nan") if v is None else float(v) for v in lists[key]]
         h = cls(**lists, attempts=[int(a) for a in attempts])
@@ -120,7 +121,8 @@ class History:
             h.failures = [(int(b), int(a), str(m)) for b, a, m in d.get("failures", [])]
             h.errors = [(int(b), int(a), str(k), str(m)) for b, a, k, m in d.get("errors", [])]
         except (TypeError, ValueError):
-            raise InputDataError("history: expected failures as (batch, arm, message) and errors as (batch, arm, kind, message), got something else") from None
+            raise InputDataError("history: expected failures as (batch, arm, message) and errors as (batch, arm, kind, "
+                                 "message), got something else") from None
         rate = d.get("uniform_regret_rate")
         h.uniform_regret_rate = float("nan") if rate is None else float(rate)
         h.meta = dict(d.get("meta", {}))

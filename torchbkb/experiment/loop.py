@@ -105,7 +105,8 @@ def run(
         time_limit: stop (after the current batch) once this many seconds of wall time have passed
             (for capping slow peers in benchmarks); the history says so in ``meta["stopped"]``.
         workers: ``max_workers`` of an owned ``"thread"``/``"process"`` pool.
-        retry_delay: first wait after infrastructure failures, seconds (doubled each round, at most 2: a service that comes back is noticed within 2 s).
+        retry_delay: first wait after infrastructure failures, seconds (doubled each round, at most 2: a service that
+            comes back is noticed within 2 s).
         deadline: seconds of continued infrastructure failures before the run checkpoints and raises.
         timeout: seconds to wait for a batch's results on an executor (late points are infrastructure failures).
         transient: more exception types to treat as infrastructure failures.
@@ -155,7 +156,9 @@ def run(
     def save() -> None:
         if checkpoint is not None:
             state = getattr(objective, "state_dict", None) if not isinstance(objective, torch.Tensor) else None
-            save_checkpoint(checkpoint, {"bandit": bandit.state_dict(), "history": hist.to_dict(), "objective": state() if state else None, "batches": batches_done})
+            save_checkpoint(checkpoint,
+                            {"bandit": bandit.state_dict(), "history": hist.to_dict(),
+                             "objective": state() if state else None, "batches": batches_done})
 
     cum_regret = sum(hist.regret) if f is not None else float("nan")  # running R_t, for the postfix
     bar = None
@@ -182,7 +185,8 @@ def run(
             a0 = time.perf_counter()
             told = [todo[j] for j in ok]
             if ok:
-                bandit.tell(torch.tensor(told, dtype=torch.long), torch.tensor([out.rewards[j] for j in ok], dtype=torch.float64))
+                bandit.tell(torch.tensor(told, dtype=torch.long),
+                            torch.tensor([out.rewards[j] for j in ok], dtype=torch.float64))
             algo += time.perf_counter() - a0
             now, a_now = t_offset + time.perf_counter() - start, a_offset + algo
             dsize = bandit.dictionary_size
@@ -200,21 +204,27 @@ def run(
             if out.outstanding:  # the infrastructure gave up: keep what arrived, blame no arm
                 save()
                 arms = [todo[j] for j in out.outstanding]
+                resume = "pass checkpoint= to be able to resume"
+                if checkpoint is not None:
+                    resume = "the checkpoint holds every reward received, run again to resume"
                 raise InfrastructureError(
-                    f"run: evaluations of arms {arms} (batch {batch}) could not be run for {deadline:g}s or on a broken executor "
-                    f"({out.infrastructure}); {'the checkpoint holds every reward received, run again to resume' if checkpoint is not None else 'pass checkpoint= to be able to resume'}",
+                    f"run: evaluations of arms {arms} (batch {batch}) could not be run for {deadline:g}s or on a "
+                    f"broken executor ({out.infrastructure}); {resume}",
                     arms,
                 )
             failed = sorted(out.failed)
             if failed and on_failure == "raise":
                 save()
                 j = failed[0]
-                raise ObjectiveError(f"objective failed at arm index {todo[j]} (batch {batch}) after {out.attempts[j]} attempt(s): {out.failed[j]}" + (f"; also arms {[todo[k] for k in failed[1:]]}" if len(failed) > 1 else ""))
+                raise ObjectiveError(f"objective failed at arm index {todo[j]} (batch {batch}) after {out.attempts[j]} "
+                                     f"attempt(s): {out.failed[j]}"
+                                     + (f"; also arms {[todo[k] for k in failed[1:]]}" if len(failed) > 1 else ""))
             a0 = time.perf_counter()
             if extra.numel() and len(bandit.pending):  # past the budget: simply not evaluated
                 bandit.discard(extra)
             for j in failed:  # the objective failed every retry: left out and excluded, with its error
-                warnings.warn(f"torchbkb.run: arm {todo[j]} failed {out.attempts[j]} time(s) and is left out: {out.failed[j]}", RuntimeWarning, stacklevel=2)
+                warnings.warn(f"torchbkb.run: arm {todo[j]} failed {out.attempts[j]} time(s) and is left out: "
+                              f"{out.failed[j]}", RuntimeWarning, stacklevel=2)
                 hist.failures.append((batch, todo[j], out.failed[j]))
                 if len(bandit.pending):
                     bandit.discard(torch.tensor([todo[j]]), exclude=True, reason=out.failed[j])
@@ -255,9 +265,11 @@ def _resume(path, bandit: Bandit, objective: Any) -> tuple[History, int]:
     except InputDataError as e:
         raise CheckpointError(f"checkpoint: expected a valid history, got {e}") from e
     if state["version"] < 2:
-        warnings.warn(f"checkpoint {os.fspath(path)!r} predates format version 2: its arms, kernel and settings cannot be verified", RuntimeWarning, stacklevel=3)
+        warnings.warn(f"checkpoint {os.fspath(path)!r} predates format version 2: its arms, kernel and settings cannot "
+                      f"be verified", RuntimeWarning, stacklevel=3)
     obj_state = state.get("objective")
-    restorable = obj_state is not None and hasattr(objective, "load_state_dict") and not isinstance(objective, torch.Tensor)
+    restorable = (obj_state is not None and hasattr(objective, "load_state_dict")
+                  and not isinstance(objective, torch.Tensor))
     obj_backup = objective.state_dict() if restorable and hasattr(objective, "state_dict") else None
     bandit_backup = bandit.state_dict() if restorable else None  # to undo the bandit's load if the objective's fails
     bandit.load_state_dict(state["bandit"])  # validated, all or nothing
@@ -268,5 +280,6 @@ def _resume(path, bandit: Bandit, objective: Any) -> tuple[History, int]:
             bandit.load_state_dict(bandit_backup)
             if obj_backup is not None:
                 objective.load_state_dict(obj_backup)
-            raise CheckpointError(f"checkpoint: expected an objective state that {type(objective).__name__} accepts, got one that failed with {type(e).__name__}: {e}") from e
+            raise CheckpointError(f"checkpoint: expected an objective state that {type(objective).__name__} accepts, "
+                                  f"got one that failed with {type(e).__name__}: {e}") from e
     return hist, int(state.get("batches", 0))

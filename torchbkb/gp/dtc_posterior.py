@@ -32,17 +32,20 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from torchbkb.gp.functional import RankOneDowndate, add_diagonal, chunked, downdate, fit_features, score_features, score_kernel_rows, scoring_operator, sherman_morrison
+from torchbkb.gp.functional import (
+    RankOneDowndate, add_diagonal, chunked, downdate, fit_features, score_features, score_kernel_rows, sherman_morrison
+)
 from torchbkb.errors import InputDataError, TorchBKBError, check_positive
 from torchbkb.gp.nystrom import NystromEmbedding
 from torchbkb.gp.observations import check_features, check_weighted_data
-from torchbkb.gp.stable_scoring import AccuracyMonitor, feature_rls, stable_factor, whiten_rows
+from torchbkb.gp.dtc_scoring import DTCScoring
+from torchbkb.gp.stable_scoring import AccuracyMonitor, whiten_rows
 from torchbkb.gp.linalg import check_units, compute_dtype, keep_dtype_on_apply, safe_cholesky, spd_inverse
 
 __all__ = ["DTCPosterior", "RankOneDowndate"]
 
 
-class DTCPosterior(nn.Module):
+class DTCPosterior(DTCScoring, nn.Module):
     """DTC posterior of a zero-mean GP with Gaussian noise ``λ`` on a :class:`NystromEmbedding`.
 
     The training set may carry leading batch dimensions (`(*b, n, d)`, independent posteriors, as
@@ -66,7 +69,8 @@ class DTCPosterior(nn.Module):
         True
     """
 
-    def __init__(self, embedding: NystromEmbedding, noise: float, *, refactor_every: int = 64, chunk_size: int | None = None):
+    def __init__(self, embedding: NystromEmbedding, noise: float, *, refactor_every: int = 64,
+                 chunk_size: int | None = None):
         super().__init__()
         if not isinstance(embedding, NystromEmbedding):
             raise InputDataError(f"embedding: expected a NystromEmbedding, got {type(embedding).__name__}")
@@ -81,7 +85,8 @@ class DTCPosterior(nn.Module):
         with torch.no_grad():
             check_units(float(embedding.kernel_diag(S).max()), self.lam, S.dtype, "DTCPosterior")
         empty_X = S.new_empty((0, embedding.dim))
-        self._set_state(self._build(empty_X, S.new_empty((0,)), S.new_empty((0,))), empty_X, S.new_empty((0,)), S.new_empty((0,)), empty_X, S.new_empty((0,)))
+        self._set_state(self._build(empty_X, S.new_empty((0,)), S.new_empty((0,))), empty_X, S.new_empty((0,)),
+                        S.new_empty((0,)), empty_X, S.new_empty((0,)))
 
     @property
     def lam(self) -> float:
@@ -107,7 +112,8 @@ class DTCPosterior(nn.Module):
         return out  # BoTorch's analytic acquisitions call .to(X) on every forward)
 
     # ------------------------------------------------------------------ fitting
-    def fit(self, X: torch.Tensor, y: torch.Tensor, counts: torch.Tensor | None = None, *, features: torch.Tensor | None = None) -> DTCPosterior:
+    def fit(self, X: torch.Tensor, y: torch.Tensor, counts: torch.Tensor | None = None, *,
+            features: torch.Tensor | None = None) -> DTCPosterior:
         """Condition on observed data (replacing any previous data and pending points).
 
         Args:
@@ -121,7 +127,8 @@ class DTCPosterior(nn.Module):
             ``self``.
         """
         X, y, counts = check_weighted_data(self.embedding, X, y, counts, "X", "y")
-        if features is not None and (not isinstance(features, torch.Tensor) or features.shape != (*X.shape[:-1], self.embedding.rank)):
+        if (features is not None
+            and (not isinstance(features, torch.Tensor) or features.shape != (*X.shape[:-1], self.embedding.rank))):
             got = tuple(features.shape) if isinstance(features, torch.Tensor) else type(features).__name__
             raise InputDataError(f"features: expected shape {(*X.shape[:-1], self.embedding.rank)}, got {got}")
         return self._fit_validated(X, y, counts, features)
@@ -129,7 +136,8 @@ class DTCPosterior(nn.Module):
     def _fit_validated(self, X, y, counts, features=None) -> DTCPosterior:
         """:meth:`fit` without input checks, for callers that validated their data once (the bandits)."""
         state = self._build(X, y, counts, features=features)
-        self._set_state(state, X, y, counts, X.new_empty((*X.shape[:-2], 0, X.shape[-1])), X.new_empty((*X.shape[:-2], 0)))
+        self._set_state(state, X, y, counts, X.new_empty((*X.shape[:-2], 0, X.shape[-1])),
+                        X.new_empty((*X.shape[:-2], 0)))
         return self
 
     def refit(self) -> DTCPosterior:
@@ -154,7 +162,8 @@ class DTCPosterior(nn.Module):
             raise
 
     # ------------------------------------------------------------------ updates
-    def update(self, x: torch.Tensor, y: torch.Tensor | None = None, counts: torch.Tensor | None = None) -> RankOneDowndate | None:
+    def update(self, x: torch.Tensor, y: torch.Tensor | None = None,
+               counts: torch.Tensor | None = None) -> RankOneDowndate | None:
         """Add points by rank-one updates of ``V⁻¹`` (periodically refactorized exactly).
 
         With ``y=None`` the points are *hallucinated* (BBKB/GP-BUCB): they are conditioned on with a
@@ -174,19 +183,22 @@ class DTCPosterior(nn.Module):
             x = x.unsqueeze(0)
             y, counts = (t.reshape(1) if isinstance(t, torch.Tensor) and t.dim() == 0 else t for t in (y, counts))
         self._check_fresh()
-        x, y_chk, counts = check_weighted_data(self.embedding, x, y, counts, "x", "y", allow_none_y=True, batch=self.train_X.shape[:-2])
+        x, y_chk, counts = check_weighted_data(self.embedding, x, y, counts, "x", "y", allow_none_y=True,
+                                               batch=self.train_X.shape[:-2])
         with torch.no_grad():
             Z = self.embedding(x)  # (*b, k, r)
         result = self.update_features(Z, y_chk, counts)
         b = x.shape[:-2]
         if y_chk is None:
-            self.pending_X, self.pending_counts = _grow(self.pending_X, x, b, 2), _grow(self.pending_counts, counts, b, 1)
+            self.pending_X, self.pending_counts = _grow(self.pending_X, x, b, 2), _grow(self.pending_counts, counts, b,
+                                                                                        1)
         else:
             self.train_X, self.train_y = _grow(self.train_X, x, b, 2), _grow(self.train_y, y_chk, b, 1)
             self.train_counts = _grow(self.train_counts, counts, b, 1)
         return result
 
-    def update_features(self, Z: torch.Tensor, y: torch.Tensor | None = None, counts: torch.Tensor | None = None) -> RankOneDowndate | None:
+    def update_features(self, Z: torch.Tensor, y: torch.Tensor | None = None,
+                        counts: torch.Tensor | None = None) -> RankOneDowndate | None:
         """:meth:`update` on already-embedded points (no stored data is appended; used by bandits that
         keep their own record and embed their arms once).
 
@@ -249,7 +261,8 @@ class DTCPosterior(nn.Module):
         Returns:
             ``(mean, rls)``, each `(*b, n)` in ``Z``'s dtype.
         """
-        return chunked(lambda i, j: score_features(Z[..., i:j, :], kdiag[..., i:j], self.V_inv, self.weights, self.lam), Z.shape[-2], self.chunk_size)
+        return chunked(lambda i, j: score_features(Z[..., i:j, :], kdiag[..., i:j], self.V_inv, self.weights, self.lam),
+                       Z.shape[-2], self.chunk_size)
 
     def score_cross(self, K: torch.Tensor, kdiag: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Mean and **RLS-scale** variance from cross-covariances with the dictionary, without embedding.
@@ -313,64 +326,15 @@ class DTCPosterior(nn.Module):
         self.embedding.check_input(Xq, "Xq")
         return chunked(lambda i, j: self._score_points(Xq[..., i:j, :]), Xq.shape[-2], self.chunk_size)
 
-    def _score_points(self, Xq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Score raw points with one `(c × m)·(m × m)` product (:meth:`score_cross`), or in the feature form
-        when that one is inaccurate for this posterior (:mod:`torchbkb.gp.stable_scoring`)."""
-        K = self.embedding.kernel(Xq, self.embedding.inducing_points)  # (*b, c, m)
-        kdiag = self.embedding.kernel_diag(Xq)
-        stable = self._stable_form()
-        if stable is None:
-            return self.score_cross(K, kdiag)
-        L, w = stable
-        Z = K.to(L.dtype) @ self.embedding.projection.transpose(-1, -2)  # (*b, c, r) features
-        return (Z @ w).squeeze(-1).to(Xq.dtype), feature_rls(Z, kdiag, L, self.lam).to(Xq.dtype)
-
-    def _stable_form(self) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """``(L, w)`` -- the Cholesky factor of ``V`` and ``w = V⁻¹ Zᵀ C y`` `(*b, r, 1)` -- when the one-product form
-        cancels at the dictionary points, else ``None``; decided again after every change of the posterior (with
-        the scoring operator). On float32 inputs it also checks the kernel values' precision (:attr:`_precision`)."""
-        self._check_fresh()
-        M, _ = self._scoring_operator(self.embedding.inducing_points.dtype)
-        cached = self._stable  # read once: another thread may reset the attribute meanwhile
-        if cached is None:
-            S = self.embedding.inducing_points
-            with torch.no_grad():
-                K_SS = self.embedding.kernel(S, S)  # (m, m)
-                L = stable_factor(K_SS, K_SS.diagonal(), self.embedding.projection, M, self.ZtZ, self.lam, S.dtype)
-                cached = (None if L is None else (L, torch.cholesky_solve(self.Zty.unsqueeze(-1), L)),)
-                self._stable = cached
-                n = self.num_train + self.pending_X.shape[-2]
-                if S.dtype != torch.float64 and self.batch_shape == torch.Size() and n and self._precision.due(n):
-                    X = torch.cat([self.train_X, self.pending_X], dim=-2)
-                    counts = torch.cat([self.train_counts, self.pending_counts], dim=-1)
-                    self._precision.check(self.embedding.kernel, self.rls(S), S, X, counts, self.lam, S.dtype, stacklevel=5)
-        stable = cached[0]
-        if stable is not None and torch.is_grad_enabled() and (self.ZtZ.requires_grad or self.Zty.requires_grad):
-            L = safe_cholesky(add_diagonal(self.ZtZ, self.lam), name="V")  # conditioned on differentiable data
-            return L, torch.cholesky_solve(self.Zty.unsqueeze(-1), L)
-        return stable
-
-    def _scoring_operator(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """``M = Wᵀ (I/λ - V⁻¹) W`` `(*b, m, m)` and ``a = Wᵀ w`` `(*b, m)` in ``dtype``.
-
-        ``(k(x,x) - ‖z‖²)/λ + zᵀV⁻¹z = k(x,x)/λ - k_S(x)ᵀ M k_S(x)`` for ``z = W k_S(x)``, so raw points are
-        scored without forming ``z``. Derived from the state on first use after each change (every state
-        change goes through :meth:`_set_state`, :meth:`update_features` or ``_apply``, which drop it).
-        """
-        op = self._op  # read once (threads share a built posterior)
-        if op is None:
-            op = scoring_operator(self.embedding.projection, self.V_inv, self.weights, self.lam)
-            self._op, self._stable = op, None  # the choice of the scoring form follows the operator
-        M, a = op
-        return M.to(dtype), a.to(dtype)
-
     def _build(self, X, y, counts, n_observed: int | None = None, features: torch.Tensor | None = None) -> dict:
         """The state from scratch (:func:`~torchbkb.gp.functional.fit_features`), embedding ``X`` in chunks of
         :attr:`chunk_size` rows: never an `(n, r)` feature matrix beyond a chunk."""
         r, dtype = self.embedding.rank, compute_dtype(self.embedding.inducing_points.dtype, self.embedding.rank)
         step = max(X.shape[-2], 1) if features is not None else self.chunk_size  # given features: one pass
-        rows = (lambda a, b: features[..., a:b, :].to(dtype)) if features is not None else (lambda a, b: self._embed(X[..., a:b, :], dtype))
-        return fit_features(rows, X.shape[-2], counts, y, self.lam, rank=r, dtype=dtype, batch=X.shape[:-2], device=X.device, step=step, n_observed=n_observed)
+        rows = (lambda a, b: features[..., a:b, :].to(dtype)) if features is not None else (
+                lambda a, b: self._embed(X[..., a:b, :], dtype))
+        return fit_features(rows, X.shape[-2], counts, y, self.lam, rank=r, dtype=dtype, batch=X.shape[:-2],
+                            device=X.device, step=step, n_observed=n_observed)
 
     def _embed(self, X: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         with torch.no_grad():
@@ -378,7 +342,8 @@ class DTCPosterior(nn.Module):
 
     def _set_state(self, state, X, y, counts, pending_X, pending_counts) -> None:
         buffers = self._buffers  # every name is a tensor buffer after __init__: plain dict stores
-        for name, value in (*state.items(), ("train_X", X), ("train_y", y), ("train_counts", counts), ("pending_X", pending_X), ("pending_counts", pending_counts)):
+        for name, value in (*state.items(), ("train_X", X), ("train_y", y), ("train_counts", counts),
+                            ("pending_X", pending_X), ("pending_counts", pending_counts)):
             if name in buffers:
                 buffers[name] = value
             else:

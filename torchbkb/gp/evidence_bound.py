@@ -38,7 +38,8 @@ __all__ = ["dtc_evidence_bound", "exact_evidence", "FIT_CHUNK"]
 FIT_CHUNK = 8192
 
 
-def dtc_evidence_bound(kernel, X: Tensor, y: Tensor, noise: Tensor, dictionary: Tensor, chunk_size: int = FIT_CHUNK) -> Tensor:
+def dtc_evidence_bound(kernel, X: Tensor, y: Tensor, noise: Tensor, dictionary: Tensor,
+                       chunk_size: int = FIT_CHUNK) -> Tensor:
     """Titsias' collapsed bound ``log N(y | 0, Q + D) - ½ tr(D⁻¹(K - Q))`` (a sum over the points, not a mean).
 
     Args:
@@ -76,7 +77,8 @@ def dtc_evidence_bound(kernel, X: Tensor, y: Tensor, noise: Tensor, dictionary: 
     grad = torch.is_grad_enabled() and n > chunk_size  # one chunk: nothing to save by recomputing it
     for i in range(0, n, chunk_size):
         args = (X[i : i + chunk_size], y[i : i + chunk_size], noise[i : i + chunk_size], dictionary, L_inv)
-        A_c, b_c, t_c = checkpoint(_chunk_sums, kernel, *args, use_reentrant=False) if grad else _chunk_sums(kernel, *args)
+        A_c, b_c, t_c = (checkpoint(_chunk_sums, kernel, *args, use_reentrant=False) if grad
+                         else _chunk_sums(kernel, *args))
         A, b, trace = A + A_c, b + b_c, trace + t_c
     LB = safe_cholesky(A + torch.eye(m, dtype=A.dtype, device=A.device), name="I + V D⁻¹ Vᵀ")
     c = torch.linalg.solve_triangular(LB, b.unsqueeze(-1), upper=False).squeeze(-1)
@@ -122,13 +124,16 @@ def _chunk_sums(kernel, X: Tensor, y: Tensor, noise: Tensor, S: Tensor, L_inv: T
 def _check(X, y, noise, S, batched: bool = False) -> None:
     if not isinstance(X, Tensor) or X.dim() < 2 or (X.dim() != 2 and not batched) or X.shape[-2] < 1:
         want = "(*b, n >= 1, d)" if batched else "(n >= 1, d)"
-        raise InputDataError(f"X: expected shape {want}, got {tuple(X.shape) if isinstance(X, Tensor) else type(X).__name__}")
+        raise InputDataError(f"X: expected shape {want}, got "
+                             f"{tuple(X.shape) if isinstance(X, Tensor) else type(X).__name__}")
     n, d = X.shape[-2:]
     for name, t in (("y", y), ("noise", noise)):
         if not isinstance(t, Tensor) or t.dim() < 1 or t.shape[-1] != n or (not batched and t.dim() != 1):
-            raise InputDataError(f"{name}: expected shape {(*X.shape[:-2], n)}, got {tuple(t.shape) if isinstance(t, Tensor) else type(t).__name__}")
+            raise InputDataError(f"{name}: expected shape {(*X.shape[:-2], n)}, got "
+                                 f"{tuple(t.shape) if isinstance(t, Tensor) else type(t).__name__}")
     if not isinstance(S, Tensor) or S.dim() < 2 or S.shape[-2] < 1 or S.shape[-1] != d:
-        raise InputDataError(f"dictionary: expected shape (m >= 1, {d}), got {tuple(S.shape) if isinstance(S, Tensor) else type(S).__name__}")
+        raise InputDataError(f"dictionary: expected shape (m >= 1, {d}), got "
+                             f"{tuple(S.shape) if isinstance(S, Tensor) else type(S).__name__}")
     for name, t in (("X", X), ("y", y), ("noise", noise), ("dictionary", S)):
         check_finite(t.detach(), name)
     if bool((noise.detach() <= 0).any()):

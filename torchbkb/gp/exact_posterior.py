@@ -28,7 +28,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from torchbkb.errors import InputDataError, NumericsError, check_finite, check_matrix, check_positive, check_same_device_dtype
+from torchbkb.errors import (
+    InputDataError, NumericsError, check_finite, check_matrix, check_positive, check_same_device_dtype
+)
 from torchbkb.gp.kernels import as_kernel
 from torchbkb.gp.observations import check_targets
 from torchbkb.gp.linalg import compute_dtype, safe_cholesky
@@ -195,7 +197,8 @@ class ExactPosterior(nn.Module):
         kxx = self.kernel.diag(self._X[n - 1 : n]).to(dtype)[0]
         d2 = kxx + self.lam / (c_old + 1) - (l * l).sum()
         if not bool(d2 > 0):
-            raise NumericsError(f"ExactPosterior.repeat_last: expected a positive Schur complement, got {float(d2):.3e}")
+            raise NumericsError(f"ExactPosterior.repeat_last: expected a positive Schur complement, got "
+                                f"{float(d2):.3e}")
         d_new = d2.sqrt()
         if self._watch is not None:  # q = (k_A - l Q) / d: only its scale changes
             w = self._watch

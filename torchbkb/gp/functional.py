@@ -73,7 +73,8 @@ def add_diagonal(A: torch.Tensor, value: float) -> torch.Tensor:
 
 
 def downdate(V_inv: torch.Tensor, z: torch.Tensor, c: torch.Tensor) -> RankOneDowndate:
-    """The :class:`RankOneDowndate` of adding ``c·z zᵀ`` to ``V`` (``V_inv`` `(*b, r, r)`, ``z`` `(*b, r)`, ``c`` `(*b,)`)."""
+    """The :class:`RankOneDowndate` of adding ``c·z zᵀ`` to ``V`` (``V_inv`` `(*b, r, r)`, ``z`` `(*b, r)`, ``c``
+    `(*b,)`)."""
     u = (V_inv @ z.unsqueeze(-1)).squeeze(-1)  # (*b, r)
     return RankOneDowndate(u, c / (1.0 + c * (z * u).sum(-1)))
 
@@ -105,7 +106,8 @@ def sherman_morrison(V_inv: torch.Tensor, Z: torch.Tensor, c: torch.Tensor) -> t
     return V_inv, result
 
 
-def score_features(Z: torch.Tensor, kdiag: torch.Tensor, V_inv: torch.Tensor, weights: torch.Tensor, lam: float) -> tuple[torch.Tensor, torch.Tensor]:
+def score_features(Z: torch.Tensor, kdiag: torch.Tensor, V_inv: torch.Tensor, weights: torch.Tensor,
+                   lam: float) -> tuple[torch.Tensor, torch.Tensor]:
     """Mean ``zᵀ w`` and RLS variance ``(k - ‖z‖²)/λ + zᵀ V⁻¹ z`` of embedded points (each term clamped at 0).
 
     Args:
@@ -124,7 +126,8 @@ def score_features(Z: torch.Tensor, kdiag: torch.Tensor, V_inv: torch.Tensor, we
     return mean, (kdiag - sq).clamp_min(0.0) / lam + quad.clamp_min(0.0)
 
 
-def feature_sums(rows, start: int, end: int, c: torch.Tensor, y: torch.Tensor | None, weights: torch.Tensor | None, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+def feature_sums(rows, start: int, end: int, c: torch.Tensor, y: torch.Tensor | None, weights: torch.Tensor | None,
+                 step: int) -> tuple[torch.Tensor, torch.Tensor]:
     """``Σ c z zᵀ`` `(*b, r, r)` and ``Σ c y z`` `(*b, r)` over rows ``start:end``, ``step`` rows at a time.
 
     ``rows(i, j)`` returns the features `(*b, j - i, r)` of rows ``i:j``; with ``y=None`` the rewards are the
@@ -140,8 +143,10 @@ def feature_sums(rows, start: int, end: int, c: torch.Tensor, y: torch.Tensor | 
     return ZtZ, Zty
 
 
-def fit_features(rows, n: int, counts: torch.Tensor, y: torch.Tensor, lam: float, *, rank: int, dtype: torch.dtype, batch: torch.Size, device, step: int, n_observed: int | None = None) -> dict[str, torch.Tensor]:
-    """``ZtZ = Zᵀ C Z``, ``Zty = Zᵀ C y``, ``V_inv = (ZtZ + λI)⁻¹`` and ``weights`` of ``n`` weighted rows, from scratch.
+def fit_features(rows, n: int, counts: torch.Tensor, y: torch.Tensor, lam: float, *, rank: int, dtype: torch.dtype,
+                 batch: torch.Size, device, step: int, n_observed: int | None = None) -> dict[str, torch.Tensor]:
+    """``ZtZ = Zᵀ C Z``, ``Zty = Zᵀ C y``, ``V_inv = (ZtZ + λI)⁻¹`` and ``weights`` of ``n`` weighted rows, from
+    scratch.
 
     ``rows(i, j)`` gives the features `(*b, j - i, r)` (see :func:`feature_sums`). Rows past ``n_observed`` are
     hallucinated: they enter ``V`` with the mean of the observed rows' posterior as their reward (the weights stay
@@ -150,7 +155,8 @@ def fit_features(rows, n: int, counts: torch.Tensor, y: torch.Tensor, lam: float
     if n == 0:
         V_inv = torch.eye(rank, dtype=dtype, device=device).expand(*batch, rank, rank) / lam
         zeros = torch.zeros((*batch, rank), dtype=dtype, device=device)
-        return {"ZtZ": torch.zeros((*batch, rank, rank), dtype=dtype, device=device), "Zty": zeros, "V_inv": V_inv.clone(), "weights": zeros.clone()}
+        return {"ZtZ": torch.zeros((*batch, rank, rank), dtype=dtype, device=device), "Zty": zeros,
+                "V_inv": V_inv.clone(), "weights": zeros.clone()}
     c = counts.to(dtype)
     n_obs = n if n_observed is None else n_observed
     ZtZ_obs, Zty = feature_sums(rows, 0, n_obs, c, y.to(dtype), None, step)
@@ -185,7 +191,8 @@ def ridge_solve(ZtZ: torch.Tensor, Zty: torch.Tensor, lam: float) -> tuple[torch
     return V_inv, (V_inv @ Zty.to(V_inv.dtype).unsqueeze(-1)).squeeze(-1)
 
 
-def scoring_operator(W: torch.Tensor, V_inv: torch.Tensor, weights: torch.Tensor, lam: float) -> tuple[torch.Tensor, torch.Tensor]:
+def scoring_operator(W: torch.Tensor, V_inv: torch.Tensor, weights: torch.Tensor, lam: float) -> tuple[torch.Tensor,
+                                                                                                       torch.Tensor]:
     """``M = Wᵀ (I/λ - V⁻¹) W`` and ``a = Wᵀ w``: the DTC posterior as operators on kernel rows ``k_S(x)``.
 
     ``(k(x,x) - ‖z‖²)/λ + zᵀV⁻¹z = k(x,x)/λ - k_S(x)ᵀ M k_S(x)`` and ``μ̃(x) = k_S(x)ᵀ a`` for ``z = W k_S(x)``.
@@ -214,9 +221,9 @@ def fit_kernel_row_operator(
 
     With ``V = Zᵀ N Z + λ I``: ``M = Wᵀ (I/λ - V⁻¹) W`` and ``a = Wᵀ V⁻¹ Zᵀ (N y)`` -- the same
     quantities as :func:`ridge_solve` followed by :func:`scoring_operator`, stacked as ``[M; aᵀ]`` for
-    :func:`score_kernel_columns` (or ``M`` for :func:`rls_kernel_columns` and ``a`` in one product) and computed with as few `(r, r)` passes as possible (this is a
-    bandit's per-step refit). The difference ``I/λ - V⁻¹`` is taken in the `(r, r)` feature
-    space, where both terms are ``O(1/λ)``, before ``W`` (whose entries grow like ``1/√(smallest
+    :func:`score_kernel_columns` (or ``M`` for :func:`rls_kernel_columns` and ``a`` in one product) and computed with as
+    few `(r, r)` passes as possible (this is a bandit's per-step refit). The difference ``I/λ - V⁻¹`` is taken in the
+    `(r, r)` feature space, where both terms are ``O(1/λ)``, before ``W`` (whose entries grow like ``1/√(smallest
     eigenvalue of K_S)``) is applied: subtracting ``Wᵀ W/λ - Wᵀ V⁻¹ W`` after it loses the small
     variances of well-sampled points to rounding.
 
@@ -235,8 +242,9 @@ def fit_kernel_row_operator(
         >>> K_S = torch.tensor([[1.0, 0.5], [0.5, 1.0]], dtype=torch.float64)
         >>> W = torch.linalg.inv(torch.linalg.cholesky(K_S))
         >>> Zt = W @ K_S                       # the two dictionary points observed once each
-        >>> Ma, V_inv = fit_kernel_row_operator(W, Zt, torch.ones(2, dtype=torch.float64), torch.tensor([1.0, -1.0], dtype=torch.float64), 0.1)
-        >>> M, a = scoring_operator(W, *ridge_solve(Zt @ Zt.T, Zt @ torch.tensor([1.0, -1.0], dtype=torch.float64), 0.1), 0.1)
+        >>> y = torch.tensor([1.0, -1.0], dtype=torch.float64)
+        >>> Ma, V_inv = fit_kernel_row_operator(W, Zt, torch.ones(2, dtype=torch.float64), y, 0.1)
+        >>> M, a = scoring_operator(W, *ridge_solve(Zt @ Zt.T, Zt @ y, 0.1), 0.1)
         >>> bool(torch.allclose(Ma[:-1], M) and torch.allclose(Ma[-1], a))
         True
     """
@@ -276,7 +284,8 @@ def score_kernel_rows(
     return _join(parts)
 
 
-def score_kernel_columns(K: torch.Tensor, kdiag: torch.Tensor, Ma: torch.Tensor, lam: float, chunk_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+def score_kernel_columns(K: torch.Tensor, kdiag: torch.Tensor, Ma: torch.Tensor, lam: float,
+                         chunk_size: int) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`score_kernel_rows` for kernel rows stored as columns -- a cache `(m, n)` holding one
     contiguous row ``k(s_j, ·)`` per inducing point -- with the operator stacked as ``[M; aᵀ]``
     (:func:`fit_kernel_row_operator`): one `(m + 1, m)·(m, c)` product per chunk gives ``M k_S`` and
@@ -311,7 +320,8 @@ def score_kernel_columns(K: torch.Tensor, kdiag: torch.Tensor, Ma: torch.Tensor,
     return _join(parts)
 
 
-def rls_kernel_columns(K: torch.Tensor, kdiag: torch.Tensor, M: torch.Tensor, lam: float, chunk_size: int) -> torch.Tensor:
+def rls_kernel_columns(K: torch.Tensor, kdiag: torch.Tensor, M: torch.Tensor, lam: float,
+                       chunk_size: int) -> torch.Tensor:
     """RLS variances ``k(x,x)/λ - k_S(x)ᵀ M k_S(x)`` of points given by their kernel rows stored as columns --
     a cache `(m, n)` holding one contiguous row ``k(s_j, ·)`` per inducing point, as the bandits keep it --
     one `(m, m)·(m, c)` product per chunk, clamped to ``[0, k(x,x)/λ]``: ``M`` is PSD, so a DTC variance never

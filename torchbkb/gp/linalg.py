@@ -144,7 +144,8 @@ def psd_inv_sqrt(K: torch.Tensor, rtol: float | None = None, *, name: str = "K_S
     s, U = torch.linalg.eigh(Kd)
     smax = s.max()
     if not bool(smax > 0):
-        raise NumericsError(f"{name}: expected a PSD matrix with a positive eigenvalue, got max eigenvalue {float(smax):.3e}")
+        raise NumericsError(f"{name}: expected a PSD matrix with a positive eigenvalue, got max eigenvalue "
+                            f"{float(smax):.3e}")
     keep = s > rtol * smax
     s, U = s[keep], U[:, keep]  # (r,), (m, r)
     return U.T / s.sqrt().unsqueeze(-1)  # (r, m)

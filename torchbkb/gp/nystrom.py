@@ -153,11 +153,15 @@ class NystromEmbedding(nn.Module):
             out = X.new_empty((*batch, self.rank))
         else:
             want = (*batch, self.rank)
-            if not isinstance(out, torch.Tensor) or tuple(out.shape) != want or out.dtype != X.dtype or out.device != X.device or not out.is_contiguous():
-                got = f"{tuple(out.shape)} {out.dtype} on {out.device}" if isinstance(out, torch.Tensor) else type(out).__name__
-                raise InputDataError(f"out: expected a contiguous tensor of shape {want}, {X.dtype} on {X.device}, got {got}")
+            if (not isinstance(out, torch.Tensor) or tuple(out.shape) != want or out.dtype != X.dtype or out.device
+                != X.device or not out.is_contiguous()):
+                got = (f"{tuple(out.shape)} {out.dtype} on {out.device}" if isinstance(out, torch.Tensor)
+                       else type(out).__name__)
+                raise InputDataError(f"out: expected a contiguous tensor of shape {want}, {X.dtype} on {X.device}, got "
+                                     f"{got}")
             if grad:
-                raise InputDataError("out: expected no autograd through the embedding when writing into out=, got inputs that require grad")
+                raise InputDataError("out: expected no autograd through the embedding when writing into out=, got "
+                                     "inputs that require grad")
         out_flat = out.view(-1, self.rank)  # (B*n, r)
         c = self.chunk_size
         for i in range(0, flat.shape[0], c):  # kernel block (c, m), projected straight into the output rows

@@ -23,7 +23,8 @@ from torchbkb.errors import InputDataError, check_finite
 __all__ = ["check_features", "check_targets", "check_weighted_data"]
 
 
-def check_weighted_data(emb, X, y, counts, xname: str = "X", yname: str = "y", *, allow_none_y: bool = False, batch: tuple = ()):
+def check_weighted_data(emb, X, y, counts, xname: str = "X", yname: str = "y", *, allow_none_y: bool = False,
+                        batch: tuple = ()):
     """Check ``X`` `(*b, n, d)` against the embedding ``emb``, ``y`` `(*b, n)` (finite, same dtype/device; ``None``
     only with ``allow_none_y``) and ``counts`` `(*b, n)` (positive, finite; default ones); with a training batch
     shape ``batch``, new points ``x`` must broadcast against it. Returns detached ``(X, y, counts)``, ``counts``

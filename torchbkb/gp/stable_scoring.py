@@ -37,7 +37,8 @@ from torchbkb.errors import NumericsWarning
 from torchbkb.gp.linalg import inv_sqrt_factor, safe_cholesky
 
 __all__ = [
-    "whiten_rows","FAST_RTOL", "UNRELIABLE_RTOL", "AccuracyMonitor", "feature_rls", "stable_factor", "reference_rls", "warn_if_unreliable"]
+    "whiten_rows","FAST_RTOL", "UNRELIABLE_RTOL", "AccuracyMonitor", "feature_rls", "stable_factor", "reference_rls",
+    "warn_if_unreliable"]
 
 #: largest relative disagreement at the dictionary points for which the fast form is kept: float64, other dtypes.
 FAST_RTOL = (1e-7, 1e-3)
@@ -76,7 +77,8 @@ def whiten_rows(L: torch.Tensor, Z: torch.Tensor) -> torch.Tensor:
     return torch.linalg.solve_triangular(L, Z.transpose(-1, -2), upper=False).transpose(-1, -2)
 
 
-def stable_factor(K_SS: torch.Tensor, kdiag_S: torch.Tensor, W: torch.Tensor, M: torch.Tensor, ZtZ: torch.Tensor, lam: float, dtype: torch.dtype) -> torch.Tensor | None:
+def stable_factor(K_SS: torch.Tensor, kdiag_S: torch.Tensor, W: torch.Tensor, M: torch.Tensor, ZtZ: torch.Tensor,
+                  lam: float, dtype: torch.dtype) -> torch.Tensor | None:
     """The Cholesky factor of ``V`` when the fast form's variances at the dictionary points disagree with the
     feature form's by more than :data:`FAST_RTOL` for ``dtype``, else ``None``.
 
@@ -110,7 +112,8 @@ def reference_rls(kernel: Callable, S: torch.Tensor, X: torch.Tensor, counts: to
         return feature_rls(Zs, K_SS.diagonal(), L, lam)
 
 
-def warn_if_unreliable(rls: torch.Tensor, reference: torch.Tensor, dtype: torch.dtype, lam: float, what: str, stacklevel: int = 3) -> bool:
+def warn_if_unreliable(rls: torch.Tensor, reference: torch.Tensor, dtype: torch.dtype, lam: float, what: str,
+                       stacklevel: int = 3) -> bool:
     """A :class:`~torchbkb.errors.NumericsWarning` (and ``True``) when ``rls`` is off ``reference`` by more than
     :data:`UNRELIABLE_RTOL` for ``dtype`` (relative, at the worst point)."""
     ref = reference.to(torch.float64)
@@ -150,10 +153,12 @@ class AccuracyMonitor:
         self.checked = size
         return True
 
-    def check(self, kernel: Callable, rls: torch.Tensor, S: torch.Tensor, X: torch.Tensor, counts: torch.Tensor, lam: float, dtype: torch.dtype, stacklevel: int) -> bool:
+    def check(self, kernel: Callable, rls: torch.Tensor, S: torch.Tensor, X: torch.Tensor, counts: torch.Tensor,
+              lam: float, dtype: torch.dtype, stacklevel: int) -> bool:
         """Compare ``rls`` `(m,)` at ``S`` with the float64 reference on the data ``X`` `(p, d)` weighted by
         ``counts``; warn (:func:`warn_if_unreliable`) and return ``True`` when it is off."""
         if self._kernel64 is None:
             self._kernel64 = copy.deepcopy(kernel).double()
-        self.warned = warn_if_unreliable(rls, reference_rls(self._kernel64, S, X, counts, lam), dtype, lam, self.what, stacklevel + 1)
+        self.warned = warn_if_unreliable(rls, reference_rls(self._kernel64, S, X, counts, lam), dtype, lam, self.what,
+                                         stacklevel + 1)
         return self.warned

@@ -7,7 +7,8 @@ The subpackage is named ``gpytorch`` but imports the real GPyTorch with absolute
 try:
     import gpytorch as _gpytorch  # noqa: F401
 except ImportError as err:  # an optional dependency: say which extra brings it
-    raise ImportError("torchbkb.gpytorch: expected GPyTorch installed (pip install 'torchbkb[gpytorch]'), got none") from err
+    raise ImportError("torchbkb.gpytorch: expected GPyTorch installed (pip install 'torchbkb[gpytorch]'), got "
+                      "none") from err
 
 from torchbkb.gpytorch.approximate_gp import DTCApproximateGP, DTCVariationalStrategy, TitsiasVariationalDistribution
 

@@ -110,7 +110,8 @@ class DTCApproximateGP(ApproximateGP):
         if Z.dim() != 2:
             raise InputDataError(f"inducing_points: expected shape (m, d), got {tuple(Z.shape)}")
         if Z.dtype != train_x.dtype or Z.device != train_x.device:
-            raise InputDataError(f"inducing_points: expected dtype {train_x.dtype} on {train_x.device}, got {Z.dtype} on {Z.device}")
+            raise InputDataError(f"inducing_points: expected dtype {train_x.dtype} on {train_x.device}, got {Z.dtype} "
+                                 f"on {Z.device}")
         noise = check_positive(noise, "noise")
         if noise <= MIN_NOISE:
             raise InputDataError(f"noise: expected a value > {MIN_NOISE}, got {noise!r}")
@@ -256,7 +257,8 @@ class DTCVariationalStrategy(_VariationalStrategy):
             root = safe_cholesky(post.lam * post.V_inv, name="σ² V⁻¹").to(dt)  # (r, r)
         mean = model.mean_module(x) + (Zx @ post.weights.to(dt).unsqueeze(-1)).squeeze(-1)
         Kxx = model.covar_module(x)  # lazy (*b, q, q)
-        covar = SumLinearOperator(Kxx, LowRankRootLinearOperator(Zx @ root), LowRankRootLinearOperator(Zx).mul(-1.0))  # no root decomposition of Kxx
+        # no root decomposition of Kxx
+        covar = SumLinearOperator(Kxx, LowRankRootLinearOperator(Zx @ root), LowRankRootLinearOperator(Zx).mul(-1.0))
         return MultivariateNormal(mean, covar)
 
     def kl_divergence(self) -> Tensor:
@@ -291,10 +293,12 @@ class DTCVariationalStrategy(_VariationalStrategy):
         dt = L.dtype
         Kzx = model.covar_module(Z, x).to_dense().to(dt)  # (*b, m, q)
         a = torch.linalg.solve_triangular(L, Kzx, upper=False)  # (*b, m, q)
-        root = torch.linalg.solve_triangular(LB.transpose(-1, -2), torch.eye(LB.shape[-1], dtype=dt, device=LB.device), upper=True)
+        root = torch.linalg.solve_triangular(LB.transpose(-1, -2), torch.eye(LB.shape[-1], dtype=dt, device=LB.device),
+                                             upper=True)
         at = a.transpose(-1, -2).to(x.dtype)  # (*b, q, m)
         mean = model.mean_module(x) + (at @ mu.to(x.dtype).unsqueeze(-1)).squeeze(-1)
-        covar = SumLinearOperator(model.covar_module(x), LowRankRootLinearOperator(at @ root.to(x.dtype)), LowRankRootLinearOperator(at).mul(-1.0))
+        covar = SumLinearOperator(model.covar_module(x), LowRankRootLinearOperator(at @ root.to(x.dtype)),
+                                  LowRankRootLinearOperator(at).mul(-1.0))
         return MultivariateNormal(mean, covar)
 
     # ------------------------------------------------------------------ closed-form pieces

@@ -152,7 +152,8 @@ class KORSDictionary(nn.Module):
     def probability_from_kernel(self, k_xI: torch.Tensor, k_xx: float) -> float:
         """``min(1, β τ̃)`` of one point from its `(m,)` float64 ``k(I, x)`` and ``k(x, x)``; sets
         :attr:`last_probability`."""
-        p = float(self._probability(k_xI.reshape(1, -1), torch.tensor([float(k_xx)], dtype=torch.float64, device=k_xI.device))[0])
+        p = float(self._probability(k_xI.reshape(1, -1),
+                                    torch.tensor([float(k_xx)], dtype=torch.float64, device=k_xI.device))[0])
         self.last_probability = p
         return p
 
@@ -222,10 +223,12 @@ class KORSDictionary(nn.Module):
         check_matrix(X, "x", d=None if self.points is None else self.points.shape[-1])
         if X.dim() != 2:
             raise InputDataError(f"x: expected shape (n, d), got shape {tuple(X.shape)}")
-        if (self._dtype is not None and X.dtype != self._dtype) or (self.points is not None and X.device != self.points.device):
+        if (self._dtype is not None and X.dtype != self._dtype) or (self.points is not None and X.device
+                                                                    != self.points.device):
             where = self.points.device if self.points is not None else X.device
             raise InputDataError(
-                f"x: expected dtype {self._dtype} on {where} (like the points offered before), got dtype {X.dtype} on {X.device}"
+                f"x: expected dtype {self._dtype} on {where} (like the points offered before), got dtype {X.dtype} on "
+                f"{X.device}"
             )
         if self.probabilities.device != X.device:
             self.probabilities = self.probabilities.to(X.device)

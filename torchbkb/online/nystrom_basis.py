@@ -115,12 +115,14 @@ class IncrementalNystromBasis(nn.Module):
             k_xI: optional precomputed `(m,)` float64 ``k(I, x)``.
             k_xx: optional precomputed ``k(x, x)``.
         """
-        kxx = float(self.kernel.diag(x.to(torch.float64)).to(torch.float64).reshape(())) if k_xx is None else float(k_xx)
+        kxx = (float(self.kernel.diag(x.to(torch.float64)).to(torch.float64).reshape(())) if k_xx is None
+               else float(k_xx))
         kI = self.kernel_to_dictionary(x)[0] if k_xI is None else k_xI
         l = self.features(x, kI.reshape(1, -1))[0]  # (m,)
         return l, max(kxx - float(l @ l), 0.0) ** 0.5
 
-    def new_direction_moments(self, x: torch.Tensor, l: torch.Tensor, delta: float) -> tuple[torch.Tensor, float, float]:
+    def new_direction_moments(self, x: torch.Tensor, l: torch.Tensor, delta: float) -> tuple[torch.Tensor, float,
+                                                                                             float]:
         """Moments of the new coordinate ``e`` (of candidate ``x``) over the recorded history.
 
         Args:
@@ -175,7 +177,8 @@ class IncrementalNystromBasis(nn.Module):
         self._y.append(y.to(torch.float64))
 
 
-def offer_to_kors(kors, basis: IncrementalNystromBasis, cols: torch.Tensor, x: torch.Tensor, index: int, rtol: float) -> tuple[torch.Tensor, bool, float | None]:
+def offer_to_kors(kors, basis: IncrementalNystromBasis, cols: torch.Tensor, x: torch.Tensor, index: int,
+                  rtol: float) -> tuple[torch.Tensor, bool, float | None]:
     """Offer `(1, d)` ``x`` to a KORS dictionary whose points ``cols`` span ``basis``: the step PKAWV and
     Pros-N-KONS share.
 

@@ -28,7 +28,7 @@ Example:
     >>> import torch
     >>> from torchbkb.online import PKAWV, TaylorEmbedding
     >>> from torchbkb.gp.kernels import GaussianKernel
-    >>> X = torch.rand(300, 2, dtype=torch.float64) * 2 - 1
+    >>> X = torch.rand(300, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(0)) * 2 - 1
     >>> y = torch.cos(2 * X[:, 0]) - X[:, 1] ** 2
     >>> taylor = PKAWV(embedding=TaylorEmbedding(2, degree=3), lam=1.0)
     >>> nys = PKAWV(kernel=GaussianKernel(1.0), lam=1.0, dictionary="kors", mu=1.0, beta=1.0, seed=0)
@@ -134,7 +134,8 @@ class PKAWV(OnlineLearner):
             self.dictionary = KORSDictionary(kernel, mu=mu, beta=beta, epsilon=epsilon, generator=generator, seed=seed)
             self.basis = IncrementalNystromBasis(self.dictionary.kernel, chunk_size=history_chunk)
         else:
-            raise InputDataError(f"dictionary: expected 'kors' or an (m, d) tensor of inducing points, got {dictionary!r}")
+            raise InputDataError(f"dictionary: expected 'kors' or an (m, d) tensor of inducing points, got "
+                                 f"{dictionary!r}")
         self.embedding = embedding
         rtol = float(new_direction_rtol)
         if not 0.0 <= rtol < 1.0:
@@ -239,9 +240,11 @@ class PKAWV(OnlineLearner):
         eye = torch.eye(B, dtype=K.dtype, device=K.device)
         L = safe_cholesky(K + eye, name="I + F A⁻¹ Fᵀ").to(K.dtype)  # (B, B)
         ar = torch.arange(B, device=K.device)
-        strict = ar.unsqueeze(1) < ar.unsqueeze(0)  # (B, B): [s, t] iff s < t (no triu: it is parallelized even when tiny)
+        # (B, B): [s, t] iff s < t (no triu: it is parallelized even when tiny)
+        strict = ar.unsqueeze(1) < ar.unsqueeze(0)
         csum = torch.cumsum(K * y.unsqueeze(0), dim=1)  # (B, B): [:, t] = Σ_{s<=t} K[:, s] y_s
-        W = torch.cat([torch.zeros_like(csum[:, :1]), csum[:, :-1]], dim=1) + (G @ b).unsqueeze(1)  # [:, t] = F P b_{t-1}
+        # [:, t] = F P b_{t-1}
+        W = torch.cat([torch.zeros_like(csum[:, :1]), csum[:, :-1]], dim=1) + (G @ b).unsqueeze(1)
         sol = torch.linalg.solve_triangular(L, torch.cat([K, W, G], dim=1), upper=False)  # (B, 2B + D)
         U, V, Z = sol[:, :B], sol[:, B : 2 * B], sol[:, 2 * B :]
         upper = (ar.unsqueeze(1) <= ar.unsqueeze(0)) if self.awv else strict  # i <= t (AWV) or i < t (KRR)

@@ -123,7 +123,8 @@ class TaylorEmbedding(nn.Module):
                 f"degree: expected at most {MAX_FEATURES} features C(d + M, M), got {D} for d={d}, M={degree}; "
                 "lower the degree (the paper's experiments use M = 2, 3, 4)"
             )
-        self.register_buffer("lengthscale", torch.tensor(check_positive(lengthscale, "lengthscale"), dtype=torch.float64))
+        self.register_buffer("lengthscale",
+                             torch.tensor(check_positive(lengthscale, "lengthscale"), dtype=torch.float64))
         parent, coord, inv_sqrt, indices, offsets = _monomial_tables(self.dim, self.degree)
         self.offsets = offsets  # feature j of degree k is column offsets[k] + j
         self.register_buffer("multi_indices", indices)
@@ -160,7 +161,8 @@ class TaylorEmbedding(nn.Module):
         return torch.cat(blocks, dim=-1)  # (*b, n, D)
 
     def extra_repr(self) -> str:
-        return f"d={self.dim}, degree={self.degree}, num_features={self.num_features}, lengthscale={float(self.lengthscale):g}"
+        return (f"d={self.dim}, degree={self.degree}, num_features={self.num_features}, "
+                f"lengthscale={float(self.lengthscale):g}")
 
 
 def _monomial_tables(d: int, M: int):

@@ -15,4 +15,5 @@ from torchbkb.sampling.dictionary_replay import draw_dictionary, sample_dictiona
 from torchbkb.sampling.recursive_rls import RecursiveRLSResult, nystrom_lambda_max, recursive_rls
 from torchbkb.sampling.rls_dictionary import RLSDictionary
 
-__all__ = ["RLSDictionary", "recursive_rls", "RecursiveRLSResult", "nystrom_lambda_max", "sample_dictionary", "draw_dictionary"]
+__all__ = ["RLSDictionary", "recursive_rls", "RecursiveRLSResult", "nystrom_lambda_max", "sample_dictionary",
+           "draw_dictionary"]

@@ -87,26 +87,33 @@ def sample_dictionary(
     """
     lam = check_positive(noise, "noise")
     if not isinstance(X, Tensor) or X.dim() < 2 or X.shape[-2] < 1:
-        raise InputDataError(f"X: expected shape (*batch, n >= 1, d), got {tuple(X.shape) if isinstance(X, Tensor) else type(X).__name__}")
-    dic = RLSDictionary(q_bar, generator=generator if generator is not None else _fresh_generator(X.device), inclusion=check_inclusion(inclusion))
+        raise InputDataError(f"X: expected shape (*batch, n >= 1, d), got "
+                             f"{tuple(X.shape) if isinstance(X, Tensor) else type(X).__name__}")
+    dic = RLSDictionary(q_bar, generator=generator if generator is not None else _fresh_generator(X.device),
+                        inclusion=check_inclusion(inclusion))
     flat = X.detach().reshape(-1, *X.shape[-2:])  # (B, n, d): one history per batch
     if counts is None:
         w = flat.new_ones(flat.shape[:-1])
     else:
         if not isinstance(counts, Tensor) or counts.shape != X.shape[:-1]:
-            raise InputDataError(f"counts: expected shape {tuple(X.shape[:-1])}, got {tuple(counts.shape) if isinstance(counts, Tensor) else type(counts).__name__}")
+            raise InputDataError(f"counts: expected shape {tuple(X.shape[:-1])}, got "
+                                 f"{tuple(counts.shape) if isinstance(counts, Tensor) else type(counts).__name__}")
         w = counts.detach().to(flat).reshape(flat.shape[:-1])
     if max_size is not None and (int(max_size) < 1 or flat.shape[0] != 1):
-        raise InputDataError(f"max_size: expected an integer >= 1 with unbatched X, got {max_size!r} with X of shape {tuple(X.shape)}")
+        raise InputDataError(f"max_size: expected an integer >= 1 with unbatched X, got {max_size!r} with X of shape "
+                             f"{tuple(X.shape)}")
     if (complete_above is not None or max_size is not None) and flat.shape[0] == 1:
-        return _sample_one(kernel, flat[0], w[0], lam, dic, None if complete_above is None else float(complete_above), max_size, drawn)
+        return _sample_one(kernel, flat[0], w[0], lam, dic, None if complete_above is None else float(complete_above),
+                           max_size, drawn)
     parts = [_sample_one(kernel, flat[i], w[i], lam, dic) for i in range(flat.shape[0])]
     return torch.cat(parts, dim=0)
 
 
-def draw_dictionary(X: Tensor, rls: Tensor, q_bar: float = 2.0, generator: torch.Generator | None = None, inclusion: str = DEFAULT_INCLUSION) -> Tensor:
+def draw_dictionary(X: Tensor, rls: Tensor, q_bar: float = 2.0, generator: torch.Generator | None = None,
+                    inclusion: str = DEFAULT_INCLUSION) -> Tensor:
     """Each point of `(n, d)` ``X`` enters with probability ``min(1, q̄·σ̃²)`` for its given RLS variance
-    ``rls`` `(n,)` (if none does, the one of largest ``σ̃²``); equal rows follow ``inclusion`` (:func:`sample_dictionary`).
+    ``rls`` `(n,)` (if none does, the one of largest ``σ̃²``); equal rows follow ``inclusion``
+    (:func:`sample_dictionary`).
 
     Example:
         >>> import torch
@@ -114,7 +121,9 @@ def draw_dictionary(X: Tensor, rls: Tensor, q_bar: float = 2.0, generator: torch
         >>> draw_dictionary(X, torch.tensor([1.0, 0.0, 0.9, 0.0]), q_bar=2.0).squeeze(-1).tolist()
         [0.0, 2.0]
     """
-    dic = RLSDictionary(check_positive(q_bar, "q_bar"), generator=generator if generator is not None else _fresh_generator(X.device), inclusion=check_inclusion(inclusion))
+    dic = RLSDictionary(check_positive(q_bar, "q_bar"),
+                        generator=generator if generator is not None else _fresh_generator(X.device),
+                        inclusion=check_inclusion(inclusion))
     return X[_resample(dic, rls.detach(), _row_groups(X, dic))]
 
 
@@ -164,7 +173,8 @@ def _sample_one(kernel, X: Tensor, w: Tensor, lam: float, dic: RLSDictionary, co
             if final and drawn is not None:
                 drawn.append(int(idx.numel()))
             if max_size is not None and idx.numel() > max_size:
-                pick = torch.randperm(idx.numel(), generator=dic.generator, device=dic.generator.device)[: int(max_size)]
+                pick = torch.randperm(idx.numel(), generator=dic.generator,
+                                      device=dic.generator.device)[: int(max_size)]
                 idx = idx[pick.to(idx.device)].sort().values
             if final:
                 return X[idx]
@@ -192,7 +202,8 @@ def _round_rls(emb: NystromEmbedding, X: Tensor, w: Tensor, lam: float, end: int
         Zi = rows(i, min(i + c, end)).to(dtype)
         V = V + (Zi.transpose(-1, -2) * w[i : min(i + c, end)].to(dtype)) @ Zi
     L = safe_cholesky(V, name="V")
-    parts = [feature_rls(rows(i, min(i + c, new_end)).to(dtype), emb.kernel_diag(X[i : min(i + c, new_end)]), L, lam) for i in range(0, new_end, c)]
+    parts = [feature_rls(rows(i, min(i + c, new_end)).to(dtype), emb.kernel_diag(X[i : min(i + c, new_end)]), L, lam)
+             for i in range(0, new_end, c)]
     return (parts[0] if len(parts) == 1 else torch.cat(parts)).to(X.dtype)
 
 

@@ -35,12 +35,15 @@ from collections.abc import Callable
 
 import torch
 
-from torchbkb.errors import InputDataError, check_generator, check_int, check_matrix, check_positive, check_same_device_dtype
+from torchbkb.errors import (
+    InputDataError, check_generator, check_int, check_matrix, check_positive, check_same_device_dtype
+)
 from torchbkb.gp.kernels import KernelAdapter, as_kernel
 from torchbkb.gp.nystrom import NystromEmbedding
 from torchbkb.gp.linalg import compute_dtype, safe_cholesky
 
-__all__ = ["recursive_rls", "RecursiveRLSResult", "nystrom_lambda_max", "ridge_scores", "check_oversample", "DEFAULT_OVERSAMPLE", "DEFAULT_BASE_SIZE"]
+__all__ = ["recursive_rls", "RecursiveRLSResult", "nystrom_lambda_max", "ridge_scores", "check_oversample",
+           "DEFAULT_OVERSAMPLE", "DEFAULT_BASE_SIZE"]
 
 #: Practical oversampling ``q`` of :func:`recursive_rls`: ``p_i = min(1, q · l̃_i)``.
 DEFAULT_OVERSAMPLE = 2.0
@@ -314,7 +317,8 @@ def check_oversample(oversample) -> bool:
     return False
 
 
-def ridge_scores(k: KernelAdapter, Xc: torch.Tensor, S: torch.Tensor, w: torch.Tensor, lam: float, chunk: int) -> torch.Tensor:
+def ridge_scores(k: KernelAdapter, Xc: torch.Tensor, S: torch.Tensor, w: torch.Tensor, lam: float,
+                 chunk: int) -> torch.Tensor:
     """``(k(x,x) - k_S(x)ᵀ (K_SS + λ W⁻²)⁻¹ k_S(x)) / λ`` for the rows of `(n, d)` ``Xc``; `(n,)` float64."""
     kd = k.diag(Xc).to(torch.float64)  # (n,)
     if S.shape[0] == 0:
@@ -331,7 +335,8 @@ def ridge_scores(k: KernelAdapter, Xc: torch.Tensor, S: torch.Tensor, w: torch.T
     return (kd - quad.to(torch.float64)).clamp_min(0.0) / lam
 
 
-def _lanczos_top(matvec: Callable[[torch.Tensor], torch.Tensor], v0: torch.Tensor, tol: float, atol: float, k: int) -> float:
+def _lanczos_top(matvec: Callable[[torch.Tensor], torch.Tensor], v0: torch.Tensor, tol: float, atol: float,
+                 k: int) -> float:
     """Top eigenvalue of a symmetric operator by Lanczos with full reorthogonalization."""
     n = v0.shape[0]
     Q = v0.new_zeros((n, k))  # (n, k) Lanczos basis

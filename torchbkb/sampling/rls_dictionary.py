@@ -21,7 +21,8 @@ Example:
     [True, False]
     >>> dic.inclusion_probability(torch.tensor([0.1]), counts=torch.tensor([3]))   # 1 - 0.8³
     tensor([0.4880])
-    >>> RLSDictionary(2.0, inclusion="count_scaled").inclusion_probability(torch.tensor([0.1]), counts=torch.tensor([3]))
+    >>> scaled = RLSDictionary(2.0, inclusion="count_scaled")
+    >>> scaled.inclusion_probability(torch.tensor([0.1]), counts=torch.tensor([3]))
     tensor([0.6000])
 """
 
@@ -65,7 +66,8 @@ class RLSDictionary(nn.Module):
         True
     """
 
-    def __init__(self, q_bar: float = 2.0, generator: torch.Generator | None = None, *, seed: int | None = None, inclusion: str = DEFAULT_INCLUSION):
+    def __init__(self, q_bar: float = 2.0, generator: torch.Generator | None = None, *, seed: int | None = None,
+                 inclusion: str = DEFAULT_INCLUSION):
         super().__init__()
         self.register_buffer("q_bar", torch.tensor(check_positive(q_bar, "q_bar"), dtype=torch.float64))
         self.inclusion = check_inclusion(inclusion)

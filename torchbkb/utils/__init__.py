@@ -1,1 +1,1 @@
-"""Internal helpers (numerics)."""
+"""Internal helpers: atomic ``load_state_dict`` (:mod:`torchbkb.utils.state_loading`)."""

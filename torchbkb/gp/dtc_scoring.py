@@ -1,0 +1,85 @@
+"""How a fitted DTC posterior scores raw points: one `(c × m)·(m × m)` product against the scoring operator
+``M = Wᵀ (I/λ - V⁻¹) W``, or the feature form when that product cancels for this posterior
+(:mod:`torchbkb.gp.stable_scoring`); the operator and the choice are derived once after each change of the state.
+
+:class:`DTCScoring` holds these methods for :class:`~torchbkb.gp.dtc_posterior.DTCPosterior`, which owns every
+attribute they read (the embedding, ``V⁻¹``, the weights, ``ZᵀCZ``, ``ZᵀCy``, the data) and drops the cached
+operator (``_op``) and choice (``_stable``) whenever the state changes.
+
+Example:
+    >>> import torch
+    >>> from torchbkb import DTCPosterior, NystromEmbedding
+    >>> from torchbkb.gp.kernels import GaussianKernel
+    >>> X = torch.rand(30, 2, dtype=torch.float64); y = X.sum(-1)
+    >>> post = DTCPosterior(NystromEmbedding(GaussianKernel(0.5), X[:8]), noise=0.01).fit(X, y)
+    >>> Xq = torch.rand(5, 2, dtype=torch.float64)
+    >>> mean, rls = post.score_embedded(post.embedding(Xq), post.embedding.kernel_diag(Xq))
+    >>> bool(torch.allclose(rls, post.rls(Xq)) and torch.allclose(mean, post.mean(Xq)))
+    True
+"""
+
+from __future__ import annotations
+
+import torch
+
+from torchbkb.gp.functional import add_diagonal, scoring_operator
+from torchbkb.gp.linalg import safe_cholesky
+from torchbkb.gp.stable_scoring import feature_rls, stable_factor
+
+__all__ = ["DTCScoring"]
+
+
+class DTCScoring:
+    """Scoring of raw points for :class:`~torchbkb.gp.dtc_posterior.DTCPosterior` (see the module docstring)."""
+
+    def _score_points(self, Xq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Score raw points with one `(c × m)·(m × m)` product (:meth:`score_cross`), or in the feature form
+        when that one is inaccurate for this posterior (:mod:`torchbkb.gp.stable_scoring`)."""
+        K = self.embedding.kernel(Xq, self.embedding.inducing_points)  # (*b, c, m)
+        kdiag = self.embedding.kernel_diag(Xq)
+        stable = self._stable_form()
+        if stable is None:
+            return self.score_cross(K, kdiag)
+        L, w = stable
+        Z = K.to(L.dtype) @ self.embedding.projection.transpose(-1, -2)  # (*b, c, r) features
+        return (Z @ w).squeeze(-1).to(Xq.dtype), feature_rls(Z, kdiag, L, self.lam).to(Xq.dtype)
+
+    def _stable_form(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """``(L, w)`` -- the Cholesky factor of ``V`` and ``w = V⁻¹ Zᵀ C y`` `(*b, r, 1)` -- when the one-product form
+        cancels at the dictionary points, else ``None``; decided again after every change of the posterior (with
+        the scoring operator). On float32 inputs it also checks the kernel values' precision (:attr:`_precision`)."""
+        self._check_fresh()
+        M, _ = self._scoring_operator(self.embedding.inducing_points.dtype)
+        cached = self._stable  # read once: another thread may reset the attribute meanwhile
+        if cached is None:
+            S = self.embedding.inducing_points
+            with torch.no_grad():
+                K_SS = self.embedding.kernel(S, S)  # (m, m)
+                L = stable_factor(K_SS, K_SS.diagonal(), self.embedding.projection, M, self.ZtZ, self.lam, S.dtype)
+                cached = (None if L is None else (L, torch.cholesky_solve(self.Zty.unsqueeze(-1), L)),)
+                self._stable = cached
+                n = self.num_train + self.pending_X.shape[-2]
+                if S.dtype != torch.float64 and self.batch_shape == torch.Size() and n and self._precision.due(n):
+                    X = torch.cat([self.train_X, self.pending_X], dim=-2)
+                    counts = torch.cat([self.train_counts, self.pending_counts], dim=-1)
+                    self._precision.check(self.embedding.kernel, self.rls(S), S, X, counts, self.lam, S.dtype,
+                                          stacklevel=5)
+        stable = cached[0]
+        if stable is not None and torch.is_grad_enabled() and (self.ZtZ.requires_grad or self.Zty.requires_grad):
+            L = safe_cholesky(add_diagonal(self.ZtZ, self.lam), name="V")  # conditioned on differentiable data
+            return L, torch.cholesky_solve(self.Zty.unsqueeze(-1), L)
+        return stable
+
+    def _scoring_operator(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """``M = Wᵀ (I/λ - V⁻¹) W`` `(*b, m, m)` and ``a = Wᵀ w`` `(*b, m)` in ``dtype``.
+
+        ``(k(x,x) - ‖z‖²)/λ + zᵀV⁻¹z = k(x,x)/λ - k_S(x)ᵀ M k_S(x)`` for ``z = W k_S(x)``, so raw points are
+        scored without forming ``z``. Derived from the state on first use after each change (every state
+        change goes through :meth:`_set_state`, :meth:`update_features` or ``_apply``, which drop it).
+        """
+        op = self._op  # read once (threads share a built posterior)
+        if op is None:
+            op = scoring_operator(self.embedding.projection, self.V_inv, self.weights, self.lam)
+            self._op, self._stable = op, None  # the choice of the scoring form follows the operator
+        M, a = op
+        return M.to(dtype), a.to(dtype)
