@@ -242,8 +242,8 @@ def summarize(results: list[dict], T: int) -> dict:
             "speedup_median": float(np.median([f["wall_s"] / r["wall_s"] for f, r in pairs])),
             "per_seed": {r["seed"]: {"all_arms_wall_s": f["wall_s"], "pruned_wall_s": r["wall_s"],
                                      "arms_scored_fraction": r.get("arms_scored_fraction")} for f, r in pairs},
-            "same_regret_and_batches": all(f["normalized_regret"] == r["normalized_regret"] and f["batches"]
-                                           == r["batches"] for f, r in pairs),
+            "same_regret_and_batches": all(f["normalized_regret"] == r["normalized_regret"]
+                                           and f["batches"] == r["batches"] for f, r in pairs),
         }
     return s
 

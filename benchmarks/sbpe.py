@@ -198,8 +198,8 @@ def plot(regret: dict, design: dict, cfg: dict, path: Path) -> None:
         ax = axes[0, col]
         for width, ls in (("theory", "-"), ("const", "--")):
             for algo in cfg["algorithms"]:
-                curves = [torch.tensor(r["curve"]) for r in regret[kname] if r["width"] == width and r["algorithm"]
-                          == algo]
+                curves = [torch.tensor(r["curve"]) for r in regret[kname]
+                          if r["width"] == width and r["algorithm"] == algo]
                 if not curves:
                     continue
                 c = torch.stack(curves)

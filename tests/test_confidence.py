@@ -9,8 +9,8 @@ from torchbkb.errors import InputDataError
 def test_bkb_theorem2_formula():
     xi, lam, F, delta, eps, t, s = 0.1, 0.01, 2.0, 0.05, 0.5, 300, 12.5
     alpha = (1 + eps) / (1 - eps)
-    ref = (2 * xi * math.sqrt(alpha * math.log(t) * s + math.log(1 / delta)) + (1 + 1 / math.sqrt(1 - eps))
-           * math.sqrt(lam) * F)
+    ref = (2 * xi * math.sqrt(alpha * math.log(t) * s + math.log(1 / delta))
+           + (1 + 1 / math.sqrt(1 - eps)) * math.sqrt(lam) * F)
     assert bkb_beta(s, t, noise_std=xi, lam=lam, F=F, delta=delta, epsilon=eps) == pytest.approx(ref, rel=1e-14)
     assert alpha_from_epsilon(eps) == pytest.approx(3.0)
 

@@ -94,8 +94,8 @@ def test_weighted_scores_follow_algorithm_2_line_5():
     Shat = torch.zeros(40, 5, dtype=torch.float64)
     Shat[sel, torch.arange(5)] = w
     K = rbf(X, X, 0.3)
-    ref = torch.diagonal(K - K @ Shat
-            @ torch.linalg.solve(Shat.T @ K @ Shat + lam * torch.eye(5, dtype=torch.float64), Shat.T @ K)) / lam
+    inner = torch.linalg.solve(Shat.T @ K @ Shat + lam * torch.eye(5, dtype=torch.float64), Shat.T @ K)
+    ref = torch.diagonal(K - K @ Shat @ inner) / lam
     got = ridge_scores(as_kernel(GaussianKernel(0.3)), X, X[sel], w, lam, 7)
     assert torch.allclose(got, ref, atol=1e-10)
 

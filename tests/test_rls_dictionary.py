@@ -80,8 +80,8 @@ def test_the_two_inclusion_rules_exactly():
     torch.testing.assert_close(scaled, (2.0 * counts.double() * rls).clamp(max=1.0), rtol=0, atol=1e-15)
     # n = 0, 1: the same
     assert scaled[0] == per_pull[0] == 0 and float(scaled[1]) == pytest.approx(float(per_pull[1])) == 0.2
-    assert (bool((scaled >= per_pull).all()) and float(scaled[2]) == pytest.approx(0.6) and float(per_pull[2])
-            == pytest.approx(0.488))
+    assert bool((scaled >= per_pull).all())
+    assert float(scaled[2]) == pytest.approx(0.6) and float(per_pull[2]) == pytest.approx(0.488)
     assert float(scaled[3]) == 1.0 and float(scaled[5]) == float(per_pull[5]) == 0.0  # clamped at 1; σ̃² = 0 never
 
 

@@ -302,8 +302,8 @@ def test_bad_tell_leaves_state_unchanged():
         b.tell(idx, torch.full((len(idx),), float("nan"), dtype=f.dtype))
     after = b.state_dict()
     assert before["history"] == after["history"] and before["pending"] == after["pending"]
-    assert (torch.equal(before["counts"], after["counts"]) and before["algorithm"]["log_sum"]
-            == after["algorithm"]["log_sum"])
+    assert torch.equal(before["counts"], after["counts"])
+    assert before["algorithm"]["log_sum"] == after["algorithm"]["log_sum"]
 
 
 def test_batches_read_features_on_demand_and_equal_selection_on_the_full_embedding():

@@ -161,8 +161,8 @@ def test_pulled_row_cache_same_choices_and_dropped_past_its_budget():
     assert runs["cache"][0] == runs["patched"][0] == runs["none"][0] == runs["dropped"][0]
     assert runs["cache"][1].rows.order == sorted(runs["cache"][1].rows.order)  # refilled in dictionary order
     assert runs["patched"][1].rows.order != sorted(runs["patched"][1].rows.order)  # entering rows put into freed slots
-    assert (runs["cache"][1].rows.caches_pulled_rows and runs["cache"][1].rows.num_pulled_rows
-            == int((runs["cache"][1].counts > 0).sum()))
+    cached = runs["cache"][1]
+    assert cached.rows.caches_pulled_rows and cached.rows.num_pulled_rows == int((cached.counts > 0).sum())
     assert not runs["none"][1].rows.caches_pulled_rows
     assert not runs["dropped"][1].rows.caches_pulled_rows and int((runs["dropped"][1].counts > 0).sum()) > 40
 

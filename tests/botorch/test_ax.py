@@ -22,8 +22,8 @@ from torchbkb.botorch import BKBModel  # noqa: E402
 
 
 def _branin(x1, x2):
-    return (x2 - 5.1 / (4 * math.pi**2) * x1**2 + 5 / math.pi * x1 - 6) ** 2 + 10 * (1
-            - 1 / (8 * math.pi)) * math.cos(x1) + 10
+    quadratic = (x2 - 5.1 / (4 * math.pi**2) * x1**2 + 5 / math.pi * x1 - 6) ** 2
+    return quadratic + 10 * (1 - 1 / (8 * math.pi)) * math.cos(x1) + 10
 
 
 def _walk(card):

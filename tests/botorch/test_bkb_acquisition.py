@@ -77,8 +77,8 @@ def test_theory_beta_is_000_theorem_2():
     rls_sum = float(cov_train.diagonal().sum()) / LAM
     t, xi, F, delta, eps = X.shape[0], math.sqrt(LAM), 2.0, 0.05, 0.5
     alpha = (1 + eps) / (1 - eps)
-    ref = (2 * xi * math.sqrt(alpha * math.log(OS * t) * rls_sum + math.log(1 / delta)) + (1 + 1 / math.sqrt(1 - eps))
-           * math.sqrt(LAM) * F)
+    ref = (2 * xi * math.sqrt(alpha * math.log(OS * t) * rls_sum + math.log(1 / delta))
+           + (1 + 1 / math.sqrt(1 - eps)) * math.sqrt(LAM) * F)
     assert float(theory_beta(model, F=F, delta=delta)) == pytest.approx(ref, rel=1e-8)
     acq = BKBUpperConfidenceBound(model, beta="theory", F=F, delta=delta)
     assert float(acq.beta_rls) == pytest.approx(ref, rel=1e-8)

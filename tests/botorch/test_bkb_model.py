@@ -176,8 +176,8 @@ def test_from_model_equals_single_task_gp_with_all_points(with_input_transform):
     Xt = Xq_raw if it else Xq
     bkb = BKBModel.from_model(gp, inducing_points=X_raw if it else X)
     for q_shape in [(7, 2), (3, 4, 2)]:
-        Xtest = (Xt[: q_shape[-2]].expand(*q_shape) if len(q_shape) == 2 else Xt[:4].expand(3, 4, 2) + 0.1
-                 * torch.rand(3, 4, 2, dtype=torch.float64))
+        Xtest = (Xt[: q_shape[-2]].expand(*q_shape) if len(q_shape) == 2
+                 else Xt[:4].expand(3, 4, 2) + 0.1 * torch.rand(3, 4, 2, dtype=torch.float64))
         p_gp, p_bkb = gp.posterior(Xtest), bkb.posterior(Xtest)
         assert close(p_bkb.mean, p_gp.mean, atol=1e-8)
         assert close(p_bkb.distribution.covariance_matrix, p_gp.distribution.covariance_matrix, atol=1e-8)

@@ -61,8 +61,8 @@ def test_a_pick_lowers_its_own_variance_as_an_exact_fantasy_and_may_repeat_witho
     assert acq[1] < acq[0] and acq[2] < acq[1]
     lam = model.noise
     var = float(rls) * lam
-    expected = (model.posterior(C[:1]).mean.squeeze() + 5.0 * (var * lam / (var + lam) / lam) ** 0.5
-                * model.outcome_transform.stdvs.squeeze())
+    expected = (model.posterior(C[:1]).mean.squeeze()
+                + 5.0 * (var * lam / (var + lam) / lam) ** 0.5 * model.outcome_transform.stdvs.squeeze())
     assert float(acq[1]) == pytest.approx(float(expected), rel=1e-6)
 
 

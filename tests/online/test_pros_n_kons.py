@@ -13,8 +13,8 @@ from ._refs import (  # noqa: F401 (single_thread: an autouse fixture)
 def _stream(n, d, seed=0):
     g = torch.Generator().manual_seed(seed)
     X = torch.rand(n, d, generator=g, dtype=torch.float64) * 2 - 1
-    y = (torch.sin(3 * X[:, 0]) + 0.5 * X[:, -1] ** 2 + 0.1
-         * torch.randn(n, generator=g, dtype=torch.float64)).clamp(-1, 1)
+    noise = 0.1 * torch.randn(n, generator=g, dtype=torch.float64)
+    y = (torch.sin(3 * X[:, 0]) + 0.5 * X[:, -1] ** 2 + noise).clamp(-1, 1)
     return X, y
 
 

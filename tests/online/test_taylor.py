@@ -22,8 +22,8 @@ def _eq6(X, k, sigma):
     """g_k(x) = Π_i x_i^{k_i} exp(-x_i²/2σ²) / (σ^{k_i} √(k_i!)), one multi-index at a time."""
     out = torch.ones(X.shape[0], dtype=torch.float64)
     for i, ki in enumerate(k):
-        out = (out * X[:, i] ** ki
-               * torch.exp(-X[:, i] ** 2 / (2 * sigma**2)) / (sigma**ki * math.sqrt(math.factorial(ki))))
+        scale = sigma**ki * math.sqrt(math.factorial(ki))
+        out = out * X[:, i] ** ki * torch.exp(-X[:, i] ** 2 / (2 * sigma**2)) / scale
     return out
 
 

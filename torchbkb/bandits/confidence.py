@@ -95,8 +95,8 @@ def bbkb_beta(log_sum: float, *, noise_std: float, lam: float, F: float, delta: 
         log_sum: ``Σ_s log(1 + 3 σ̃²_{fb[s-1]}(x_s))`` accumulated at each batch start over the batch's picks.
     """
     _check_common(noise_std, lam, F, delta)
-    return (2.0 * noise_std * math.sqrt(max(log_sum, 0.0) + math.log(1.0 / delta)) + (1.0 + math.sqrt(2.0))
-            * math.sqrt(lam) * F)
+    return (2.0 * noise_std * math.sqrt(max(log_sum, 0.0) + math.log(1.0 / delta))
+            + (1.0 + math.sqrt(2.0)) * math.sqrt(lam) * F)
 
 
 def gpucb_beta(log_det: float, *, noise_std: float, lam: float, F: float, delta: float) -> float:
@@ -214,8 +214,8 @@ def vakili_beta(
         0.54477
     """
     tau = _check_vakili(delta, rkhs_norm, subgaussian, noise, lambda_max)
-    beta = (2.0 + math.sqrt(float(lambda_max)) / tau) * float(rkhs_norm) + float(subgaussian) / tau * math.sqrt(2.0
-            * math.log(1.0 / float(delta)))
+    beta = ((2.0 + math.sqrt(float(lambda_max)) / tau) * float(rkhs_norm)
+            + float(subgaussian) / tau * math.sqrt(2.0 * math.log(1.0 / float(delta))))
     return _vakili_scale(beta, tau, scale)
 
 

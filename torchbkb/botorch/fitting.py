@@ -196,8 +196,8 @@ def hyperparameters(model) -> dict[str, tuple[bool, Tensor]]:
             continue
         for name, raw, constraint in module.named_parameters_and_constraints():
             value = raw.detach() if constraint is None else constraint.transform(raw.detach())
-            positive = (constraint is not None and float(getattr(constraint, "lower_bound", torch.tensor(-1.0)).min())
-                        >= 0)
+            lower = getattr(constraint, "lower_bound", torch.tensor(-1.0))
+            positive = constraint is not None and float(lower.min()) >= 0
             out[f"{prefix}.{name}"] = (positive, value.clone())
     return out
 
@@ -212,7 +212,9 @@ def hyperparameter_change(a: dict, b: dict) -> float:
         vb = b[key][1]
         if va.shape != vb.shape:
             return math.inf
-        diff = (va.clamp_min(1e-12).log() - vb.clamp_min(1e-12).log()) if positive else (va
-                - vb) / torch.maximum(va.abs(), vb.abs()).clamp_min(1.0)
+        if positive:
+            diff = va.clamp_min(1e-12).log() - vb.clamp_min(1e-12).log()
+        else:
+            diff = (va - vb) / torch.maximum(va.abs(), vb.abs()).clamp_min(1.0)
         worst = max(worst, float(diff.abs().max())) if diff.numel() else worst
     return worst

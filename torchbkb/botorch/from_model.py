@@ -83,8 +83,8 @@ def gp_parts(gp: Model, inducing_points: Tensor | None) -> dict:
 
 def transform_inducing_points(inducing_points: Tensor, train_X: Tensor, input_transform: nn.Module | None) -> Tensor:
     """`(m, d)` inducing points checked and mapped through the input transform (in eval mode), detached."""
-    if (not isinstance(inducing_points, Tensor) or inducing_points.dim() != 2 or inducing_points.shape[-1]
-        != train_X.shape[-1]):
+    if (not isinstance(inducing_points, Tensor) or inducing_points.dim() != 2
+            or inducing_points.shape[-1] != train_X.shape[-1]):
         got = tuple(inducing_points.shape) if isinstance(inducing_points, Tensor) else type(inducing_points).__name__
         raise InputDataError(f"inducing_points: expected shape (m, {train_X.shape[-1]}), got {got}")
     if inducing_points.dtype != train_X.dtype or inducing_points.device != train_X.device:

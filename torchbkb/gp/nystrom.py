@@ -153,8 +153,8 @@ class NystromEmbedding(nn.Module):
             out = X.new_empty((*batch, self.rank))
         else:
             want = (*batch, self.rank)
-            if (not isinstance(out, torch.Tensor) or tuple(out.shape) != want or out.dtype != X.dtype or out.device
-                != X.device or not out.is_contiguous()):
+            if (not isinstance(out, torch.Tensor) or tuple(out.shape) != want or out.dtype != X.dtype
+                    or out.device != X.device or not out.is_contiguous()):
                 got = (f"{tuple(out.shape)} {out.dtype} on {out.device}" if isinstance(out, torch.Tensor)
                        else type(out).__name__)
                 raise InputDataError(f"out: expected a contiguous tensor of shape {want}, {X.dtype} on {X.device}, got "

@@ -223,8 +223,8 @@ class KORSDictionary(nn.Module):
         check_matrix(X, "x", d=None if self.points is None else self.points.shape[-1])
         if X.dim() != 2:
             raise InputDataError(f"x: expected shape (n, d), got shape {tuple(X.shape)}")
-        if (self._dtype is not None and X.dtype != self._dtype) or (self.points is not None and X.device
-                                                                    != self.points.device):
+        if ((self._dtype is not None and X.dtype != self._dtype)
+                or (self.points is not None and X.device != self.points.device)):
             where = self.points.device if self.points is not None else X.device
             raise InputDataError(
                 f"x: expected dtype {self._dtype} on {where} (like the points offered before), got dtype {X.dtype} on "
