@@ -112,16 +112,12 @@ def select_batch(
     """
     if validate:
         _check(Z, mean, rls, V_inv, alpha, batch_bound, max_batch_size, stop_rule)
-    r = Z.shape[1]
     dt, work, dev = Z.dtype, V_inv.dtype, Z.device
     alpha = float(alpha)
-    V_t = V_inv.clone()
-    mean_c, rls0 = mean.to(dt), rls.to(dt)
+    state = _InBatch(Z, mean.to(dt), rls.to(dt), V_inv, alpha, chunk_size)
+    mean_c, rls0, V_t = state.mean, state.rls0, state.V_t
     ucb = mean_c + alpha * rls0.clamp_min(0.0).sqrt()  # stale upper bounds, exact now
     cur_rls = rls0.clone()
-    U_buf = torch.empty((r, r), dtype=dt, device=dev)  # downdate directions u_j as columns (first r), in Z's dtype
-    coef_buf = torch.empty((r,), dtype=dt, device=dev)
-    b = 0  # hallucinated runs so far (one rank-one term each)
     picks: list[int] = []
     in_batch: list[float] = []
     level = 1.0  # 1 + Σ σ̃²_fb   or   Π (1 + σ̃²_fb)
@@ -147,8 +143,7 @@ def select_batch(
         if n_allowed > 1 and picks and picks[-1] == i:  # i again: how many more times, hallucinated 1, 2, ... times?
             # (only once an arm repeats: when picks alternate between arms, looking ahead costs more than it saves)
             J = min(n_allowed - 1, window)
-            wins, seen = _run_length(Z, i, u, s, J, ucb, mean_c, rls0, cur_rls[i], U_buf, coef_buf, b, V_t, V_inv,
-                                     alpha, lazy, chunk_size)
+            wins, seen = state.run_length(i, u, s, J, ucb, cur_rls[i], lazy)
             evaluations += seen
             run += wins
             window = min(4 * window, _MAX_WINDOW) if wins == J else _WINDOW
@@ -161,10 +156,7 @@ def select_batch(
         k = run - 1 if done else run  # picks hallucinated: all but the batch's last one
         if k > 0:  # hallucinate x_i k times: Sherman-Morrison with k z zᵀ, O(r²)
             g = k / (1.0 + k * s)
-            V_t.addr_(u, u, alpha=-g)  # in place: V_t is this function's copy
-            if b < r:  # past r runs the direct form is cheaper and the directions are not needed
-                U_buf[:, b], coef_buf[b] = u, g
-            b += 1
+            state.hallucinate(u, g)
         if done:
             break
         # lazy UCB: refresh every arm whose stale UCB reaches x_i's new UCB (closed form: σ̃²_t(x_i) - g s²;
@@ -173,12 +165,12 @@ def select_batch(
         # <= the stale one
         ucb_i_new = min(float(mean_c[i]) + alpha * math.sqrt(max(rls_i - g * (s * s), 0.0)), float(ucb[i]))
         idx = (ucb >= ucb_i_new).nonzero().squeeze(1) if lazy else torch.arange(ucb.numel(), device=dev)  # (M,)
-        rls_m, ucb_m = _refresh(Z, idx, rls0, U_buf, coef_buf, b, V_t, V_inv, mean_c, alpha, chunk_size)
+        rls_m, ucb_m = state.refresh(idx)
         cur_rls[idx], ucb[idx] = rls_m, ucb_m
         evaluations += int(idx.numel())
         if lazy and (top := float(ucb_m.max())) < ucb_i_new:
             more = ((ucb >= top) & (ucb < ucb_i_new)).nonzero().squeeze(1)
-            rls_m, ucb_m = _refresh(Z, more, rls0, U_buf, coef_buf, b, V_t, V_inv, mean_c, alpha, chunk_size)
+            rls_m, ucb_m = state.refresh(more)
             cur_rls[more], ucb[more] = rls_m, ucb_m
             evaluations += int(more.numel())
     picked = torch.tensor(picks, dtype=torch.long, device=dev)
@@ -255,73 +247,92 @@ def picks_to_stop(level: float, s0: float, bound: float, stop_rule: str) -> int 
     return n
 
 
-def _run_length(Z, i, u, s, J, ucb, mean, rls0, rls_i, U_buf, coef_buf, b, V_t, V_0, alpha, lazy,
-                chunk=None) -> tuple[int, int]:
-    """How many of the next ``J`` picks are ``i`` again.
+class _InBatch:
+    """The in-batch state of :func:`select_batch`: the candidates ``Z``, the frozen mean, ``σ̃²_fb``, ``V_fb⁻¹`` and
+    its hallucinated copy ``V_t``, and the rank-one terms hallucinated so far (directions ``u_j`` as the first ``b``
+    columns of an `(r, r)` buffer in ``Z``'s dtype, their coefficients ``c_j``)."""
 
-    Hallucinating ``i`` ``j`` times is one rank-one term: with ``u = V_t⁻¹ z_i`` and ``s = z_iᵀ u`` every
-    variance becomes ``σ̃²_t(a) - g_j (z_aᵀ u)²``, ``g_j = j / (1 + j s)`` (Sherman-Morrison with ``j z_i z_iᵀ``),
-    so the UCBs after ``1, ..., J`` hallucinations come in one `(M, J)` array. Only arms whose stale UCB
-    reaches ``i``'s UCB after ``J`` hallucinations can beat it before (UCBs only decrease); ``lazy=False``
-    checks every arm. Computed in ``Z``'s dtype, like the UCBs.
+    def __init__(self, Z, mean: torch.Tensor, rls0: torch.Tensor, V_0: torch.Tensor, alpha: float, chunk: int | None):
+        r, dt = Z.shape[1], Z.dtype
+        self.Z, self.mean, self.rls0, self.V_0, self.alpha, self.chunk = Z, mean, rls0, V_0, alpha, chunk
+        self.V_t = V_0.clone()
+        self.U_buf = torch.empty((r, r), dtype=dt, device=Z.device)
+        self.coef_buf = torch.empty((r,), dtype=dt, device=Z.device)
+        self.b = 0  # hallucinated runs so far (one rank-one term each)
 
-    Args:
-        u: `(r,)` ``V_t⁻¹ z_i`` (``V_t`` holds the inverse) in the work dtype; ``s``: ``z_iᵀ u``.
-        rls_i: ``σ̃²_t(x_i)`` now. The other arguments are :func:`select_batch`'s state.
+    def hallucinate(self, u: torch.Tensor, g: float) -> None:
+        """``V_t⁻¹ -= g u uᵀ`` in place (``V_t`` is this state's copy), the direction kept while ``b < r``."""
+        self.V_t.addr_(u, u, alpha=-g)
+        if self.b < self.U_buf.shape[0]:  # past r runs the direct form is cheaper and the directions are not needed
+            self.U_buf[:, self.b], self.coef_buf[self.b] = u, g
+        self.b += 1
 
-    Returns:
-        ``(wins, evaluated)``: the number of consecutive ``j = 1, 2, ...`` (at most ``J``) at which ``i`` is
-        still the argmax (lowest index on ties), and how many arms were checked.
-    """
-    dt = Z.dtype
-    js = torch.arange(1, J + 1, dtype=u.dtype, device=u.device)
-    g = (js / (1.0 + js * s)).to(dt)  # (J,)
-    ucb_i = mean[i] + alpha * (rls_i - g * (s * s)).clamp_min(0.0).sqrt()  # (J,), non-increasing
-    if lazy:
-        idx = (ucb >= ucb_i[-1]).nonzero().squeeze(1)
-        idx = idx[idx != i]
-    else:
-        idx = torch.cat([torch.arange(i, device=ucb.device), torch.arange(i + 1, ucb.numel(), device=ucb.device)])
-    if idx.numel() == 0:
-        return J, 0
-    M, r = int(idx.numel()), Z.shape[1]
-    if M * J > Z.shape[0] * max(r, 1):  # keep the step within O(A·r): look fewer picks ahead (idx stays a superset)
-        J = max(1, Z.shape[0] * max(r, 1) // M)
-        g, ucb_i = g[:J], ucb_i[:J]
-    lost = torch.zeros(J, dtype=torch.bool, device=ucb.device)
-    step = M if chunk is None else max(1, int(chunk))
-    for start in range(0, M, step):  # chunks of the arms checked: memory O(chunk·(r + J))
-        part = idx[start : start + step]
-        Zi = Z[part]  # (c, r)
-        rls_c, _ = _refresh_rows(Zi, part, rls0, U_buf, coef_buf, b, V_t, V_0, mean, alpha)  # (c,) σ̃²_t now
-        p2 = (Zi @ u.to(dt)).square_()  # (c,) (z_aᵀ u)²
-        ucb_c = mean[part, None] + alpha * (rls_c[:, None] - p2[:, None] * g).clamp_min_(0.0).sqrt_()  # (c, J)
-        beats = (ucb_c > ucb_i) | ((ucb_c == ucb_i) & (part < i)[:, None])
-        lost |= beats.any(0)  # (J,)
-    wins = int(torch.argmax(lost.to(torch.uint8))) if bool(lost.any()) else J
-    return wins, M
+    def refresh(self, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Current RLS variance and UCB of the arms ``idx`` (a long tensor): ``σ̃²_fb - Σ_j c_j (zᵀu_j)²`` while at
+        most ``r`` runs were hallucinated (cost ``|idx|·r·b``), else ``σ̃²_fb - zᵀV_0⁻¹z + zᵀV_t⁻¹z`` (cost
+        ``|idx|·r²``); rows are read ``chunk`` at a time when given."""
+        if self.chunk is None or idx.numel() <= self.chunk:
+            return self.refresh_rows(self.Z[idx], idx)
+        parts = [self.refresh_rows(self.Z[p], p) for p in idx.split(int(self.chunk))]
+        return torch.cat([r for r, _ in parts]), torch.cat([u for _, u in parts])
 
+    def refresh_rows(self, Zi: torch.Tensor, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`refresh` with the features ``Zi = Z[idx]`` `(M, r)` given."""
+        b = self.b
+        if b <= Zi.shape[1]:
+            proj = Zi @ self.U_buf[:, :b]  # (M, b); the buffers are in Z's dtype
+            drop = (proj * proj) @ self.coef_buf[:b]  # (M,)
+        else:
+            drop = ((Zi @ self.V_0.to(Zi.dtype)) * Zi).sum(-1) - ((Zi @ self.V_t.to(Zi.dtype)) * Zi).sum(-1)
+        rls_i = (self.rls0[idx] - drop).clamp_min(0.0)
+        return rls_i, self.mean[idx] + self.alpha * rls_i.sqrt()
 
-def _refresh(Z, idx, rls0, U_buf, coef_buf, b, V_t, V_0, mean, alpha, chunk=None):
-    """Current RLS variance and UCB of the arms ``idx`` (a long tensor): ``σ̃²_fb - Σ_j c_j (zᵀu_j)²``
-    (directions ``u_j`` in the first ``b`` columns of ``U_buf``, ``c_j`` in ``coef_buf``) while at most ``r``
-    runs were hallucinated (cost ``|idx|·r·b``), else ``σ̃²_fb - zᵀV_0⁻¹z + zᵀV_t⁻¹z`` (cost ``|idx|·r²``);
-    rows are read ``chunk`` at a time when given."""
-    if chunk is None or idx.numel() <= chunk:
-        return _refresh_rows(Z[idx], idx, rls0, U_buf, coef_buf, b, V_t, V_0, mean, alpha)
-    parts = [_refresh_rows(Z[p], p, rls0, U_buf, coef_buf, b, V_t, V_0, mean, alpha) for p in idx.split(int(chunk))]
-    return torch.cat([r for r, _ in parts]), torch.cat([u for _, u in parts])
+    def run_length(self, i: int, u: torch.Tensor, s: float, J: int, ucb: torch.Tensor, rls_i: torch.Tensor,
+                   lazy: bool) -> tuple[int, int]:
+        """How many of the next ``J`` picks are ``i`` again.
 
+        Hallucinating ``i`` ``j`` times is one rank-one term: with ``u = V_t⁻¹ z_i`` and ``s = z_iᵀ u`` every
+        variance becomes ``σ̃²_t(a) - g_j (z_aᵀ u)²``, ``g_j = j / (1 + j s)`` (Sherman-Morrison with ``j z_i z_iᵀ``),
+        so the UCBs after ``1, ..., J`` hallucinations come in one `(M, J)` array. Only arms whose stale UCB
+        reaches ``i``'s UCB after ``J`` hallucinations can beat it before (UCBs only decrease); ``lazy=False``
+        checks every arm. Computed in ``Z``'s dtype, like the UCBs.
 
-def _refresh_rows(Zi, idx, rls0, U_buf, coef_buf, b, V_t, V_0, mean, alpha):
-    """:func:`_refresh` with the features ``Zi = Z[idx]`` `(M, r)` given."""
-    if b <= Zi.shape[1]:
-        proj = Zi @ U_buf[:, :b]  # (M, b); the buffers are in Z's dtype
-        drop = (proj * proj) @ coef_buf[:b]  # (M,)
-    else:
-        drop = ((Zi @ V_0.to(Zi.dtype)) * Zi).sum(-1) - ((Zi @ V_t.to(Zi.dtype)) * Zi).sum(-1)
-    rls_i = (rls0[idx] - drop).clamp_min(0.0)
-    return rls_i, mean[idx] + alpha * rls_i.sqrt()
+        Args:
+            u: `(r,)` ``V_t⁻¹ z_i`` (``V_t`` holds the inverse) in the work dtype; ``s``: ``z_iᵀ u``.
+            ucb: `(A,)` the stale UCBs; ``rls_i``: ``σ̃²_t(x_i)`` now.
+
+        Returns:
+            ``(wins, evaluated)``: the number of consecutive ``j = 1, 2, ...`` (at most ``J``) at which ``i`` is
+            still the argmax (lowest index on ties), and how many arms were checked.
+        """
+        Z, mean, alpha = self.Z, self.mean, self.alpha
+        dt = Z.dtype
+        js = torch.arange(1, J + 1, dtype=u.dtype, device=u.device)
+        g = (js / (1.0 + js * s)).to(dt)  # (J,)
+        ucb_i = mean[i] + alpha * (rls_i - g * (s * s)).clamp_min(0.0).sqrt()  # (J,), non-increasing
+        if lazy:
+            idx = (ucb >= ucb_i[-1]).nonzero().squeeze(1)
+            idx = idx[idx != i]
+        else:
+            idx = torch.cat([torch.arange(i, device=ucb.device), torch.arange(i + 1, ucb.numel(), device=ucb.device)])
+        if idx.numel() == 0:
+            return J, 0
+        M, r = int(idx.numel()), Z.shape[1]
+        if M * J > Z.shape[0] * max(r, 1):  # keep the step within O(A·r): look fewer picks ahead (idx stays a superset)
+            J = max(1, Z.shape[0] * max(r, 1) // M)
+            g, ucb_i = g[:J], ucb_i[:J]
+        lost = torch.zeros(J, dtype=torch.bool, device=ucb.device)
+        step = M if self.chunk is None else max(1, int(self.chunk))
+        for start in range(0, M, step):  # chunks of the arms checked: memory O(chunk·(r + J))
+            part = idx[start : start + step]
+            Zi = Z[part]  # (c, r)
+            rls_c, _ = self.refresh_rows(Zi, part)  # (c,) σ̃²_t now
+            p2 = (Zi @ u.to(dt)).square_()  # (c,) (z_aᵀ u)²
+            ucb_c = mean[part, None] + alpha * (rls_c[:, None] - p2[:, None] * g).clamp_min_(0.0).sqrt_()  # (c, J)
+            beats = (ucb_c > ucb_i) | ((ucb_c == ucb_i) & (part < i)[:, None])
+            lost |= beats.any(0)  # (J,)
+        wins = int(torch.argmax(lost.to(torch.uint8))) if bool(lost.any()) else J
+        return wins, M
 
 
 def _check(Z, mean, rls, V_inv, alpha, batch_bound, max_batch_size, stop_rule):
