@@ -218,16 +218,8 @@ class BBKB(SketchedKernelBandit):
             idx = self._random_arm()
             self.last_selection = None
         else:
-            scored = self.scored_arms
-            if self.dictionary_size == 0:  # empty dictionary: z ≡ 0, V = λ I_0
-                Z = self.arms.new_zeros((self.num_arms, 0))
-                V_inv = self.arms.new_zeros((0, 0), dtype=torch.float64)
-            elif scored is None:  # features of the few arms the batch reads
-                Z, V_inv = self.feature_rows(), self.V_inverse()
-            elif self.streams_kernel_rows:  # only the arms that can be picked, their features read on demand
-                Z, V_inv = self.feature_rows(scored), self.V_inverse()
-            else:  # only the arms that can be picked (prune): a few, their features formed at once
-                Z, V_inv = self.scored_features(), self.V_inverse()
+            scored = self.scored_arms  # the arms that can be picked (prune), or None: every arm
+            Z, V_inv = self.candidate_features()
             mean, rls = self._mask_excluded(self.arm_means), self.arm_rls
             if scored is not None:  # (k,) ascending: lowest index first on ties, as over all arms
                 mean, rls = mean[scored], rls[scored]

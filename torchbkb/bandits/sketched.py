@@ -234,6 +234,19 @@ class SketchedKernelBandit(KernelBandit):
             return FeatureRows(self._K_scored, self._W)[:]  # (k, r)
         return self._K_scored.T @ self._W.T.to(self._K_scored.dtype)  # (k, m)·(m, r)
 
+    def candidate_features(self) -> tuple[FeatureRows | torch.Tensor, torch.Tensor]:
+        """``(Z, V⁻¹)`` for a selection: the features of the arms it may pick -- the :attr:`scored_arms` in order, or
+        every arm -- formed at once when their kernel columns are kept, else read on demand; and the `(r, r)`
+        ``V⁻¹``. With an empty dictionary, `(A, 0)` zeros and a `(0, 0)` ``V⁻¹`` (``z ≡ 0``)."""
+        if self.dictionary_size == 0:
+            return self.arms.new_zeros((self.num_arms, 0)), self.arms.new_zeros((0, 0), dtype=torch.float64)
+        scored = self.scored_arms
+        if scored is None:
+            return self.feature_rows(), self.V_inverse()
+        if self.streams_kernel_rows:
+            return self.feature_rows(scored), self.V_inverse()
+        return self.scored_features(), self.V_inverse()
+
     def V_inverse(self) -> torch.Tensor:
         """`(r, r)` ``V⁻¹`` of the current posterior (``V = Zᵀ N Z + λ I`` on the pulled arms' features)."""
         self._check_dictionary()
