@@ -9,6 +9,7 @@ public methods and properties. Run from the repository root after changing a pub
 
 from __future__ import annotations
 
+import functools
 import importlib
 import inspect
 import re
@@ -45,9 +46,10 @@ def doc(obj) -> str:
     return inspect.cleandoc(text) if text else "*(no docstring)*"
 
 
-def documented() -> list:
-    """The objects every page lists (a base class among them has its own entry)."""
-    return [getattr(m, n) for m in map(importlib.import_module, PACKAGES) for n in m.__all__]
+@functools.cache
+def documented() -> tuple:
+    """The objects every page lists (a base class among them has its own entry); collected once."""
+    return tuple(getattr(m, n) for m in map(importlib.import_module, PACKAGES) for n in m.__all__)
 
 
 def members(cls) -> list[tuple[str, object]]:
