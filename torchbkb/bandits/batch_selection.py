@@ -3,7 +3,8 @@
 Inside a batch the dictionary and the mean ``μ̃_fb`` are frozen; each pick ``x`` is hallucinated into
 ``V`` by a rank-one update, so every RLS variance can only decrease::
 
-    σ̃²_t(a) = σ̃²_fb(a) - Σ_{j<=t} c_j (z(a)ᵀ u_j)²,   u_j = V_{j-1}⁻¹ z(x_j),  c_j = 1 / (1 + z(x_j)ᵀ u_j)
+    σ̃²_t(a) = σ̃²_fb(a) - Σ_{j<=t} c_j (z(a)ᵀ u_j)²,
+    u_j = V_{j-1}⁻¹ z(x_j),   c_j = 1 / (1 + z(x_j)ᵀ u_j)
 
 and so can every UCB ``μ̃_fb + α̃ σ̃_t``. After a pick we therefore only recompute the arms whose *stale*
 UCB is at least the chosen arm's *new* UCB (lazy UCB): every other arm's true UCB is below it and
@@ -248,8 +249,8 @@ def picks_to_stop(level: float, s0: float, bound: float, stop_rule: str) -> int 
 
 
 class _InBatch:
-    """The in-batch state of :func:`select_batch`: the candidates ``Z``, the frozen mean, ``σ̃²_fb``, ``V_fb⁻¹`` and
-    its hallucinated copy ``V_t``, and the rank-one terms hallucinated so far (directions ``u_j`` as the first ``b``
+    """The in-batch state of :func:`select_batch`: the candidates ``Z``, the frozen mean, ``σ̃²_fb``, ``V_fb⁻¹``
+    and its hallucinated copy ``V_t``, and the rank-one terms hallucinated so far (directions ``u_j`` as the first ``b``
     columns of an `(r, r)` buffer in ``Z``'s dtype, their coefficients ``c_j``)."""
 
     def __init__(self, Z, mean: torch.Tensor, rls0: torch.Tensor, V_0: torch.Tensor, alpha: float, chunk: int | None):
@@ -268,9 +269,9 @@ class _InBatch:
         self.b += 1
 
     def refresh(self, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Current RLS variance and UCB of the arms ``idx`` (a long tensor): ``σ̃²_fb - Σ_j c_j (zᵀu_j)²`` while at
-        most ``r`` runs were hallucinated (cost ``|idx|·r·b``), else ``σ̃²_fb - zᵀV_0⁻¹z + zᵀV_t⁻¹z`` (cost
-        ``|idx|·r²``); rows are read ``chunk`` at a time when given."""
+        """Current RLS variance and UCB of the arms ``idx`` (a long tensor): ``σ̃²_fb - Σ_j c_j (zᵀu_j)²`` while
+        at most ``r`` runs were hallucinated (cost ``|idx|·r·b``), else ``σ̃²_fb - zᵀV_0⁻¹z + zᵀV_t⁻¹z``
+        (cost ``|idx|·r²``); rows are read ``chunk`` at a time when given."""
         if self.chunk is None or idx.numel() <= self.chunk:
             return self.refresh_rows(self.Z[idx], idx)
         parts = [self.refresh_rows(self.Z[p], p) for p in idx.split(int(self.chunk))]
@@ -292,9 +293,9 @@ class _InBatch:
         """How many of the next ``J`` picks are ``i`` again.
 
         Hallucinating ``i`` ``j`` times is one rank-one term: with ``u = V_t⁻¹ z_i`` and ``s = z_iᵀ u`` every
-        variance becomes ``σ̃²_t(a) - g_j (z_aᵀ u)²``, ``g_j = j / (1 + j s)`` (Sherman-Morrison with ``j z_i z_iᵀ``),
-        so the UCBs after ``1, ..., J`` hallucinations come in one `(M, J)` array. Only arms whose stale UCB
-        reaches ``i``'s UCB after ``J`` hallucinations can beat it before (UCBs only decrease); ``lazy=False``
+        variance becomes ``σ̃²_t(a) - g_j (z_aᵀ u)²``, ``g_j = j / (1 + j s)`` (Sherman-Morrison with
+        ``j z_i z_iᵀ``), so the UCBs after ``1, ..., J`` hallucinations come in one `(M, J)` array. Only arms whose
+        stale UCB reaches ``i``'s UCB after ``J`` hallucinations can beat it before (UCBs only decrease); ``lazy=False``
         checks every arm. Computed in ``Z``'s dtype, like the UCBs.
 
         Args:
@@ -318,7 +319,8 @@ class _InBatch:
         if idx.numel() == 0:
             return J, 0
         M, r = int(idx.numel()), Z.shape[1]
-        if M * J > Z.shape[0] * max(r, 1):  # keep the step within O(A·r): look fewer picks ahead (idx stays a superset)
+        # keep the step within O(A·r): look fewer picks ahead (idx stays a superset)
+        if M * J > Z.shape[0] * max(r, 1):
             J = max(1, Z.shape[0] * max(r, 1) // M)
             g, ucb_i = g[:J], ucb_i[:J]
         lost = torch.zeros(J, dtype=torch.bool, device=ucb.device)

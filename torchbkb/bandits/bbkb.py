@@ -193,8 +193,8 @@ class BBKB(SketchedKernelBandit):
 
     # ------------------------------------------------------------------ widths
     def current_beta(self) -> float:
-        """The multiplier ``α̃`` of the next batch: ``C̃ β̃_fb`` (theory), the authors' width (practical) or the user's
-        constant."""
+        """The multiplier ``α̃`` of the next batch: ``C̃ β̃_fb`` (theory), the authors' width (practical) or the
+        user's constant."""
         if self.beta_mode == "practical":
             return bbkb_practical_beta(self.practical_sum, noise_std=self.noise_std, lam=self.lam, F=self.F,
                                        delta=self.delta, batch_bound=self.batch_bound)

@@ -55,8 +55,8 @@ class BKB(SketchedKernelBandit):
         noise: ``λ > 0``.
         q_bar: oversampling ``q̄`` of the dictionary resampling.
         beta: ``"theory"`` (β̃ₜ of 000 Theorem 2), ``"practical"`` (the authors' code:
-            ``√λ F + ξ √(Σ_i n_i σ̃²ₜ(x_i) log t + log 1/δ)``, :func:`~torchbkb.bandits.confidence.bkb_practical_beta`)
-            or a constant width (RLS scale).
+            ``√λ F + ξ √(Σ_i n_i σ̃²ₜ(x_i) log t + log 1/δ)``,
+            :func:`~torchbkb.bandits.confidence.bkb_practical_beta`) or a constant width (RLS scale).
         seed: generator seed (first arm, dictionary draws).
         F: bound on ``‖f‖_H`` (theory β).
         delta: failure probability (theory β).

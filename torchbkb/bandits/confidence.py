@@ -102,7 +102,8 @@ def bbkb_beta(log_sum: float, *, noise_std: float, lam: float, F: float, delta: 
 def gpucb_beta(log_det: float, *, noise_std: float, lam: float, F: float, delta: float) -> float:
     """Exact GP-UCB width from the self-normalized bound used in BKB's proof::
 
-        βₜ = 2ξ √(log det(I + K_t/λ) + log(1/δ)) + √λ F,   log det(I + K_t/λ) = Σ_s log(1 + σ²_{s-1}(x_s))
+        βₜ = 2ξ √(log det(I + K_t/λ) + log(1/δ)) + √λ F,
+        log det(I + K_t/λ) = Σ_s log(1 + σ²_{s-1}(x_s))
     """
     _check_common(noise_std, lam, F, delta)
     return 2.0 * noise_std * math.sqrt(max(log_det, 0.0) + math.log(1.0 / delta)) + math.sqrt(lam) * F
@@ -150,7 +151,8 @@ def bbkb_practical_beta(log_det: float, *, noise_std: float, lam: float, F: floa
 
 
 def to_botorch_beta(beta_rls: float, lam: float) -> float:
-    """BoTorch ``UpperConfidenceBound`` ``beta`` giving the same UCB as ``μ + β̃ σ̃`` (RLS scale): ``β̃² / λ``."""
+    """BoTorch ``UpperConfidenceBound`` ``beta`` giving the same UCB as ``μ + β̃ σ̃`` (RLS scale):
+    ``β̃² / λ``."""
     if not lam > 0:
         raise InputDataError(f"lam: expected lam > 0, got {lam!r}")
     return float(beta_rls) ** 2 / float(lam)
@@ -170,9 +172,9 @@ def _check_common(noise_std: float, lam: float, F: float, delta: float) -> None:
 # ---------------------------------------------------------------------------------------- Vakili et al. (003)
 # Sparse confidence widths for the DTC/SVGP posterior (μ̄, σ̄) of 003 Eq. 4 with inducing points Z and
 # regularization τ² = noise. Unlike the functions above they multiply the **GP-scale** standard deviation
-# σ̄ = √(DTC variance) = √(λ·σ̃²): the interval is μ̄ ± β σ̄. With ``scale="rls"`` they return β·τ, the width
-# of the same interval on the RLS scale (μ̄ ± (βτ)·σ̃); BoTorch's ``UpperConfidenceBound(beta=b)`` gets the
-# same UCB with ``b = β²`` (= ``to_botorch_beta(vakili_beta(..., scale="rls"), lam)``).
+# σ̄ = √(DTC variance) = √(λ·σ̃²): the interval is μ̄ ± β σ̄. With ``scale="rls"`` they return β·τ,
+# the width of the same interval on the RLS scale (μ̄ ± (βτ)·σ̃); BoTorch's ``UpperConfidenceBound(beta=b)``
+# gets the same UCB with ``b = β²`` (= ``to_botorch_beta(vakili_beta(..., scale="rls"), lam)``).
 
 
 def vakili_beta(
@@ -201,14 +203,15 @@ def vakili_beta(
         subgaussian: ``R >= 0``, the sub-Gaussian parameter of the noise (``= τ`` in the GP reading).
         noise: ``τ² > 0``, the regularization (the posterior's ``noise``).
         lambda_max: ``λ_max >= 0``.
-        scale: ``"gp"`` (multiplies ``σ̄ = √var``) or ``"rls"`` (returns ``β·τ``, multiplies ``σ̃ = √(var/τ²)``).
+        scale: ``"gp"`` (multiplies ``σ̄ = √var``) or ``"rls"`` (returns ``β·τ``, multiplies
+            ``σ̃ = √(var/τ²)``).
 
     Returns:
         β as a Python float.
 
     Example:
         >>> from torchbkb.bandits.confidence import vakili_beta
-        >>> round(vakili_beta(0.05, rkhs_norm=1.0, subgaussian=0.1, noise=0.01, lambda_max=0.01), 4)  # 3 + √(2 log 20)
+        >>> round(vakili_beta(0.05, rkhs_norm=1.0, subgaussian=0.1, noise=0.01, lambda_max=0.01), 4) # 3 + √(2 log 20)
         5.4477
         >>> round(vakili_beta(0.05, 1.0, 0.1, 0.01, 0.01, scale="rls"), 5)                         # × τ = 0.1
         0.54477

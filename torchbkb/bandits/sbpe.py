@@ -20,7 +20,8 @@ one truncated to what is left; ``B ≈ log log N + 1`` batches, :func:`sbpe_batc
    or, for ``interval="continuous"`` (Eq. 15, the arms a discretization of a continuous domain;
    Corollary 3.7 with the constant ``c`` of Assumption 3.6)::
 
-       u_i, l_i = μ̄ ± (2/N_i + β̃ (σ̄ + 2/√N_i)),   β̃ = β̃_{N_i}(δ/(4B)) = vakili_beta_continuous(δ/(2B), N_i, ...)
+       u_i, l_i = μ̄ ± (2/N_i + β̃ (σ̄ + 2/√N_i)),
+       β̃ = β̃_{N_i}(δ/(4B)) = vakili_beta_continuous(δ/(2B), N_i, ...)
 
    ``λ_max`` is, by default, *measured* for the dictionary actually drawn (Lanczos on the residual
    ``K_X - K_XZ K_Z⁺ K_ZX`` of the batch, :func:`~torchbkb.sampling.recursive_rls.nystrom_lambda_max`), so the

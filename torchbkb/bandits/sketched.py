@@ -8,8 +8,8 @@ BBKB):
 2. if ``S`` changed, its kernel rows ``k(S, arms)`` `(m, A)` are brought up to date
    (:class:`~torchbkb.bandits.kernel_row_cache.KernelRowCache`) and ``K_S`` is factored once (``Wᵀ W = K_S⁺``);
 3. the DTC posterior is refit from the pull counts and every arm is scored from its kernel row
-   (:mod:`torchbkb.gp.functional`): ``μ̃`` and ``σ̃²`` (RLS scale) in one `(m + 1, m)·(m, A)` product -- or, when the
-   next selection's width is known, the means first and the variances only of the arms whose UCB can still be
+   (:mod:`torchbkb.gp.functional`): ``μ̃`` and ``σ̃²`` (RLS scale) in one `(m + 1, m)·(m, A)` product -- or, when
+   the next selection's width is known, the means first and the variances only of the arms whose UCB can still be
    the largest (:mod:`torchbkb.bandits.pruning`; the same choices).
 
 A bandit built on it implements ``_select`` from the public read-outs: :attr:`~SketchedKernelBandit.arm_means`,
@@ -198,8 +198,8 @@ class SketchedKernelBandit(KernelBandit):
         return self._posterior
 
     def scores(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(μ̃_t, σ̃²_t)`` of all arms, `(A,)` each (RLS scale); the variances the last update skipped are computed
-        here, once per update."""
+        """``(μ̃_t, σ̃²_t)`` of all arms, `(A,)` each (RLS scale); the variances the last update skipped are
+        computed here, once per update."""
         if self._scored is None:
             return self._mean, self._rls
         if self._rls_full is None:
@@ -325,8 +325,8 @@ class SketchedKernelBandit(KernelBandit):
         return None
 
     def _score(self, K_SA, Ma: torch.Tensor, pulled: torch.Tensor) -> None:
-        """``μ̃`` of every arm and ``σ̃²`` of the arms that can still be selected and of the pulled ones: every arm in
-        one `(m + 1, m)·(m, A)` product, or the means first and the variances of the arms that pass the bound."""
+        """``μ̃`` of every arm and ``σ̃²`` of the arms that can still be selected and of the pulled ones: every arm
+        in one `(m + 1, m)·(m, A)` product, or the means first and the variances of the arms that pass the bound."""
         M, a = Ma[:-1], Ma[-1]
         width = self._ucb_width() if self.prune else None
         attempt = self.pruning.should_attempt(width is not None)

@@ -8,12 +8,14 @@ that names the number (:func:`warn_unmet_preconditions`). Formulas, with ``α = 
 =====================================  ==============================================================
 000 Theorem 1 / 2 (BKB) requires       ``q̄ >= 6 α log(4T/δ) / ε²``, ``λ > 0``
 000 Theorem 1 promises                 ``|S_t| <= 3 (1 + κ²/λ) α q̄ d_eff``
-000 Theorem 2 promises                 ``R_T <= 2 (2α)^{3/2} √T (ξ d log(κ²T) + √(λ F² d log(κ²T)) + ξ log 1/δ)``
+000 Theorem 2 promises                 ``R_T <= 2 (2α)^{3/2} √T (ξ d log(κ²T) + √(λ F² d log(κ²T))``
+                                       ``+ ξ log 1/δ)``
 001 Theorem 1 (BBKB) requires          ``q̄ >= 8 log(4T/δ)``, ``λ >= 1``, ``C̃ >= 1``
 001 Theorem 2 (BBKB) requires          ``q̄ >= 72 C̃ log(4T/δ)``, ``λ >= 1``, ``C̃ >= 1``
 001 Theorem 1 promises                 ``|S_t| <= 9 C̃ (1 + κ²/λ) q̄ d_eff``; resparsifications
                                        ``B <= C̃/(C̃ - 1) · 9 (1 + κ²/λ) Σ_t σ²_t(x_t)`` (its proof, App. B.1)
-001 Theorem 2 promises                 ``R_T <= 55 C̃³ √T (ξ D + ξ log 1/δ + √(λ F² D))``, ``D = Σ_t σ²_{t-1}(x_t)``
+001 Theorem 2 promises                 ``R_T <= 55 C̃³ √T (ξ D + ξ log 1/δ + √(λ F² D))``,
+                                       ``D = Σ_t σ²_{t-1}(x_t)``
 =====================================  ==============================================================
 
 ``d`` is ``d_eff(λ, X_T)`` (000 Eq. 5; a bandit's ``deff`` estimates it) and ``D`` is at most ``log det(I + K/λ)``
@@ -84,7 +86,8 @@ def bkb_dictionary_bound(d_eff: float, q_bar: float, lam: float, *, epsilon: flo
 
 def bkb_regret_bound(T: int, d_eff: float, *, noise_std: float, lam: float, F: float, delta: float,
                      epsilon: float = 0.5, kappa2: float = 1.0) -> float:
-    """000 Theorem 2: ``2 (2α)^{3/2} √T (ξ d log(κ²T) + √(λ F² d log(κ²T)) + ξ log 1/δ)``, ``d = d_eff(λ, X_T)``."""
+    """000 Theorem 2: ``2 (2α)^{3/2} √T (ξ d log(κ²T) + √(λ F² d log(κ²T)) + ξ log 1/δ)``,
+    ``d = d_eff(λ, X_T)``."""
     _log_term(T, delta)
     a = alpha_from_epsilon(epsilon)
     d = _nonnegative(d_eff, "d_eff")
@@ -119,8 +122,8 @@ def bbkb_dictionary_bound(d_eff: float, q_bar: float, lam: float, batch_bound: f
 
 
 def bbkb_resparsification_bound(variance_sum: float, lam: float, batch_bound: float, *, kappa2: float = 1.0) -> float:
-    """``C̃/(C̃ - 1) · 9 (1 + κ²/λ) Σ_t σ²_t(x_t)``: the number of batches in the proof of 001 Theorem 1 (``inf`` for
-    ``C̃ = 1``, where every step is a batch)."""
+    """``C̃/(C̃ - 1) · 9 (1 + κ²/λ) Σ_t σ²_t(x_t)``: the number of batches in the proof of 001 Theorem 1
+    (``inf`` for ``C̃ = 1``, where every step is a batch)."""
     C = check_batch_limits(batch_bound)[0]
     if C == 1.0:
         return math.inf
@@ -164,8 +167,8 @@ def warn_unmet_preconditions(algorithm: str, *, q_bar: float, lam: float, delta:
     if algorithm == "BKB":
         need = bkb_required_q_bar(T, delta, epsilon)
         if q_bar < need:
-            missed.append(f"q_bar >= {math.ceil(need)} (000 Theorem 2: 6α·log(4T/δ)/ε², ε = {epsilon:g}, {t_note}), "
-                          f"got {q_bar:g}")
+            missed.append(f"q_bar >= {math.ceil(need)} (000 Theorem 2: 6α·log(4T/δ)/ε², ε = {epsilon:g}, "
+                          f"{t_note}), got {q_bar:g}")
     elif algorithm == "BBKB":
         need = bbkb_required_q_bar(T, delta, batch_bound)
         if q_bar < need:

@@ -10,8 +10,8 @@ affine map of the transformed-space UCB, so the maximizer is the same.
   user constant.
 * :class:`BBKBUpperConfidenceBound` -- the same with ``X_pending`` support: the variance is conditioned on
   the pending points with hallucinated rewards (mean unchanged), BBKB's in-batch UCB
-  ``μ̃_fb + α̃·σ̃_t`` (001 Algorithm 1, ``α̃ = C̃·β̃``), so ``optimize_acqf_discrete(q > 1)`` builds a batch
-  by sequential greedy selection.
+  ``μ̃_fb + α̃·σ̃_t`` (001 Algorithm 1, ``α̃ = C̃·β̃``), so ``optimize_acqf_discrete(q > 1)`` builds a
+  batch by sequential greedy selection.
 
 Example:
     >>> import torch
@@ -51,9 +51,9 @@ def theory_beta(model, *, F: float = 1.0, delta: float = 0.01, epsilon: float = 
                 noise_std: float | None = None) -> Tensor:
     """BKB's ``β̃ₜ`` (000 Theorem 2, RLS scale) for the data of a :class:`~torchbkb.botorch.BKBModel`.
 
-    ``β̃ₜ = 2ξ √(α log(κ² t) Σ_s σ̃²ₜ(x_s) + log(1/δ)) + (1 + 1/√(1-ε)) √λ F`` with ``t`` the number of
-    observations (sum of their weights), ``Σ_s σ̃²ₜ(x_s)`` the model's effective dimension over its training
-    points, ``κ² = max_s k(x_s, x_s)`` (exact for stationary kernels), ``ξ = √λ`` unless given.
+    ``β̃ₜ = 2ξ √(α log(κ² t) Σ_s σ̃²ₜ(x_s) + log(1/δ)) + (1 + 1/√(1-ε)) √λ F`` with ``t`` the
+    number of observations (sum of their weights), ``Σ_s σ̃²ₜ(x_s)`` the model's effective dimension over its
+    training points, ``κ² = max_s k(x_s, x_s)`` (exact for stationary kernels), ``ξ = √λ`` unless given.
 
     Args:
         model: a :class:`~torchbkb.botorch.BKBModel`.
@@ -104,8 +104,8 @@ def vakili_theory_beta(
     """The sparse confidence width of Vakili et al. (003 Theorem 3.5) for a :class:`~torchbkb.botorch.BKBModel`,
     converted to the RLS scale used by the acquisitions (``β·τ``, τ² = λ).
 
-    ``β = (2 + √λ_max/τ)·C_k + (R/τ)·√(2 log(1/δ))`` with ``λ_max`` the top eigenvalue of the Nyström residual
-    ``K_X - K_XS K_S⁺ K_SX`` of the model's training inputs and dictionary
+    ``β = (2 + √λ_max/τ)·C_k + (R/τ)·√(2 log(1/δ))`` with ``λ_max`` the top eigenvalue of the Nyström
+    residual ``K_X - K_XS K_S⁺ K_SX`` of the model's training inputs and dictionary
     (:func:`torchbkb.sampling.recursive_rls.nystrom_lambda_max`, measured, not assumed). With ``num_points`` the
     union bound over a finite candidate set (:func:`torchbkb.bandits.confidence.vakili_beta_finite`). The theorem
     assumes the data and the dictionary were chosen independently of the noise (e.g. S-BPE's variance-only
@@ -231,9 +231,9 @@ class BBKBUpperConfidenceBound(BKBUpperConfidenceBound):
 
     ``σ̃_t`` is the RLS-scale deviation after conditioning on the pending points with hallucinated rewards
     (:meth:`~torchbkb.botorch.BKBModel.hallucinate`: the mean stays ``μ̃_fb``, the variance shrinks, exactly as
-    BBKB's rank-one in-batch updates). With ``beta="theory"``, ``α̃ = C̃·β̃ₜ`` (``C̃ = batch_bound``, ``β̃ₜ`` from
-    :func:`theory_beta`; 001 Theorem 2 scales the width by ``C̃`` to stay valid inside a batch); a numeric
-    ``beta`` is ``α̃`` itself. ``optimize_acqf_discrete(acq, q, choices)`` then selects ``q`` points by
+    BBKB's rank-one in-batch updates). With ``beta="theory"``, ``α̃ = C̃·β̃ₜ`` (``C̃ = batch_bound``,
+    ``β̃ₜ`` from :func:`theory_beta`; 001 Theorem 2 scales the width by ``C̃`` to stay valid inside a batch); a
+    numeric ``beta`` is ``α̃`` itself. ``optimize_acqf_discrete(acq, q, choices)`` then selects ``q`` points by
     sequential greedy maximization, setting ``X_pending`` after each pick (GP-BUCB / BBKB with a fixed batch
     size; :func:`~torchbkb.botorch.optimize_acqf_bbkb` chooses the batch size adaptively).
 

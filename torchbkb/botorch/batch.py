@@ -1,13 +1,13 @@
 """BBKB's batches over a discrete candidate set, for BoTorch users: ``q`` distinct points, or 001's adaptive batch.
 
 :func:`optimize_acqf_bbkb` is the BBKB counterpart of ``botorch.optim.optimize_acqf_discrete``. With ``q`` it
-returns ``q`` distinct candidates, picked greedily by the UCB ``μ̃_fb + α̃ σ̃_t`` where each pick is conditioned on
-exactly as a hallucinated observation of the DTC posterior (:mod:`torchbkb.bandits.fantasy_batch`: a pick lowers its own
-and its neighbours' variance as an exact fantasy would; GP-BUCB's greedy batch when the dictionary holds every
+returns ``q`` distinct candidates, picked greedily by the UCB ``μ̃_fb + α̃ σ̃_t`` where each pick is conditioned
+on exactly as a hallucinated observation of the DTC posterior (:mod:`torchbkb.bandits.fantasy_batch`: a pick lowers its
+own and its neighbours' variance as an exact fantasy would; GP-BUCB's greedy batch when the dictionary holds every
 training point). With ``q=None`` it returns the adaptive batch of 001 Algorithm 1 (lines 4-8): each pick
 hallucinated into ``V`` by a rank-one update, UCBs recomputed lazily, the batch ended once
-``1 + Σ σ̃²_fb(x_s) > C̃`` (:func:`torchbkb.bandits.batch_selection.select_batch`). Either way the candidates are scored
-in chunks and their features read on demand (:class:`CandidateFeatures`): extra memory ``O(A + chunk·m)`` plus
+``1 + Σ σ̃²_fb(x_s) > C̃`` (:func:`torchbkb.bandits.batch_selection.select_batch`). Either way the candidates are
+scored in chunks and their features read on demand (:class:`CandidateFeatures`): extra memory ``O(A + chunk·m)`` plus
 ``O(q·(m + q))``, no `(A, m)` tensor. The result says why the batch ended (:class:`BBKBBatch`).
 
 Example:

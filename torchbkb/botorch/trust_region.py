@@ -2,11 +2,12 @@
 Bayesian Optimization", NeurIPS 2019): its state machine and its candidates, in the unit cube.
 
 The region is a hyperrectangle centred at the best point found, of side ``L·w_i`` with
-``w_i = ℓ_i / (Π_j ℓ_j)^(1/d)`` for the model's lengthscales ``ℓ`` (volume ``L^d``), clipped to ``[0, 1]^d``. After
-``τ_succ = 3`` consecutive batches that improve the best value (by more than ``10⁻³·|best|``, the reference code's
-rule) ``L`` doubles up to ``L_max = 1.6``; after ``τ_fail = ⌈max(4/q, d/q)⌉`` consecutive batches that do not, it
-halves; below ``L_min = 2⁻⁷`` the region restarts (``L_init = 0.8``). Candidates are TuRBO's: Sobol points in the
-region, of which each coordinate replaces the centre's with probability ``min(1, 20/d)`` (at least one per candidate).
+``w_i = ℓ_i / (Π_j ℓ_j)^(1/d)`` for the model's lengthscales ``ℓ`` (volume ``L^d``), clipped to ``[0, 1]^d``.
+After ``τ_succ = 3`` consecutive batches that improve the best value (by more than ``10⁻³·|best|``, the reference
+code's rule) ``L`` doubles up to ``L_max = 1.6``; after ``τ_fail = ⌈max(4/q, d/q)⌉`` consecutive batches that do
+not, it halves; below ``L_min = 2⁻⁷`` the region restarts (``L_init = 0.8``). Candidates are TuRBO's: Sobol points
+in the region, of which each coordinate replaces the centre's with probability ``min(1, 20/d)`` (at least one per
+candidate).
 
 Example:
     >>> import torch

@@ -16,8 +16,8 @@ Spectral densities (``k(x, x') = E_ω cos(ωᵀ(x − x'))``, lengthscale ``ℓ`
 * RBF ``exp(−‖r‖²/(2ℓ²))``: ``ω ~ N(0, ℓ⁻² I_d)``;
 * Matérn-ν (GPyTorch's parametrization, ``ν ∈ {1/2, 3/2, 5/2}``): the multivariate Student-t with
   ``2ν`` degrees of freedom and scale ``ℓ⁻¹``, i.e. ``ω = z / ℓ · √(2ν / u)`` with ``z ~ N(0, I_d)`` and
-  ``u ~ χ²_{2ν}``. (Its density is ``∝ (2ν/ℓ² + ‖ω‖²)^{−(ν + d/2)}``, the Fourier transform of the Matérn
-  kernel with ``√(2ν)‖r‖/ℓ`` in the Bessel function.)
+  ``u ~ χ²_{2ν}``. (Its density is ``∝ (2ν/ℓ² + ‖ω‖²)^{−(ν + d/2)}``, the Fourier transform of the
+  Matérn kernel with ``√(2ν)‖r‖/ℓ`` in the Bessel function.)
 
 ``"auto"`` uses ``"exact"`` up to :data:`EXACT_MAX_ARMS` arms and ``"rff"`` beyond.
 

@@ -45,8 +45,8 @@ class DTCScoring:
         return (Z @ w).squeeze(-1).to(Xq.dtype), feature_rls(Z, kdiag, L, self.lam).to(Xq.dtype)
 
     def _stable_form(self) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """``(L, w)`` -- the Cholesky factor of ``V`` and ``w = V⁻¹ Zᵀ C y`` `(*b, r, 1)` -- when the one-product form
-        cancels at the dictionary points, else ``None``; decided again after every change of the posterior (with
+        """``(L, w)`` -- the Cholesky factor of ``V`` and ``w = V⁻¹ Zᵀ C y`` `(*b, r, 1)` -- when the one-product
+        form cancels at the dictionary points, else ``None``; decided again after every change of the posterior (with
         the scoring operator). On float32 inputs it also checks the kernel values' precision (:attr:`_precision`)."""
         self._check_fresh()
         M, _ = self._scoring_operator(self.embedding.inducing_points.dtype)
@@ -73,8 +73,8 @@ class DTCScoring:
     def _scoring_operator(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """``M = Wᵀ (I/λ - V⁻¹) W`` `(*b, m, m)` and ``a = Wᵀ w`` `(*b, m)` in ``dtype``.
 
-        ``(k(x,x) - ‖z‖²)/λ + zᵀV⁻¹z = k(x,x)/λ - k_S(x)ᵀ M k_S(x)`` for ``z = W k_S(x)``, so raw points are
-        scored without forming ``z``. Derived from the state on first use after each change (every state
+        ``(k(x,x) - ‖z‖²)/λ + zᵀV⁻¹z = k(x,x)/λ - k_S(x)ᵀ M k_S(x)`` for ``z = W k_S(x)``, so raw points
+        are scored without forming ``z``. Derived from the state on first use after each change (every state
         change goes through :meth:`_set_state`, :meth:`update_features` or ``_apply``, which drop it).
         """
         op = self._op  # read once (threads share a built posterior)

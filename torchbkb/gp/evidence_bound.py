@@ -69,7 +69,8 @@ def dtc_evidence_bound(kernel, X: Tensor, y: Tensor, noise: Tensor, dictionary: 
     K_SS = kernel(dictionary, dictionary)
     L = safe_cholesky(K_SS, name="K_SS")  # (m, m): jitter only if needed
     # L⁻¹ once (m³), so that each chunk is a product, not a triangular solve, forward and backward. Summing
-    # K_SX D⁻¹ K_XS first and applying L⁻¹ after would save more, but loses the bound when K_SS is ill-conditioned.
+    # K_SX D⁻¹ K_XS first and applying L⁻¹ after would save more, but loses the bound when K_SS is
+    # ill-conditioned.
     L_inv = torch.linalg.solve_triangular(L, torch.eye(m, dtype=L.dtype, device=L.device), upper=False)
     A = X.new_zeros(m, m)
     b = X.new_zeros(m)

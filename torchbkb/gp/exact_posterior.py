@@ -2,7 +2,7 @@
 
 For pulled points ``X`` (``n`` rows, row ``i`` standing for ``c_i`` pulls with mean reward ``y_i``)::
 
-    K̂ = K_XX + λ C⁻¹ = L Lᵀ,        μ(x) = k_X(x)ᵀ K̂⁻¹ y,        var(x) = k(x, x) - ‖L⁻¹ k_X(x)‖²
+    K̂ = K_XX + λ C⁻¹ = L Lᵀ,    μ(x) = k_X(x)ᵀ K̂⁻¹ y,    var(x) = k(x, x) - ‖L⁻¹ k_X(x)‖²
 
 (GP scale; ``rls = var / λ`` is the papers' ``σ²``). :meth:`ExactPosterior.update` appends rows to
 ``L`` in ``O(n²)`` each, never refactorizing. :meth:`ExactPosterior.watch` keeps the mean and variance of

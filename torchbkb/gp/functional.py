@@ -5,7 +5,8 @@ call these stateless operations on tensors. With features ``z(x) = W k_S(x)`` (`
 weighted by counts ``c`` and ``V = Zᵀ C Z + λ I``::
 
     μ̃(x)  = z(x)ᵀ V⁻¹ Zᵀ C y                       = k_S(x)ᵀ a,          a = Wᵀ V⁻¹ Zᵀ C y
-    σ̃²(x) = (k(x,x) - ‖z(x)‖²)/λ + z(x)ᵀ V⁻¹ z(x)  = k(x,x)/λ - k_S(x)ᵀ M k_S(x),  M = Wᵀ (I/λ - V⁻¹) W
+    σ̃²(x) = (k(x,x) - ‖z(x)‖²)/λ + z(x)ᵀ V⁻¹ z(x)  = k(x,x)/λ - k_S(x)ᵀ M k_S(x),
+    M = Wᵀ (I/λ - V⁻¹) W
 
 The right-hand forms score points from their kernel rows alone (a bandit caches ``k(S, arms)``), one
 `(m × m)·(m × c)` product per chunk; only `r × r` matrices are ever factorized.
@@ -80,7 +81,8 @@ def downdate(V_inv: torch.Tensor, z: torch.Tensor, c: torch.Tensor) -> RankOneDo
 
 
 def sherman_morrison(V_inv: torch.Tensor, Z: torch.Tensor, c: torch.Tensor) -> tuple[torch.Tensor, RankOneDowndate]:
-    """``(V + Σ_j c_j z_j z_jᵀ)⁻¹`` by one Sherman-Morrison step per row, `O(k r²)`, and the last step's downdate.
+    """``(V + Σ_j c_j z_j z_jᵀ)⁻¹`` by one Sherman-Morrison step per row, `O(k r²)`, and the last step's
+    downdate.
 
     Args:
         V_inv: `(*b, r, r)`.
@@ -108,7 +110,8 @@ def sherman_morrison(V_inv: torch.Tensor, Z: torch.Tensor, c: torch.Tensor) -> t
 
 def score_features(Z: torch.Tensor, kdiag: torch.Tensor, V_inv: torch.Tensor, weights: torch.Tensor,
                    lam: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Mean ``zᵀ w`` and RLS variance ``(k - ‖z‖²)/λ + zᵀ V⁻¹ z`` of embedded points (each term clamped at 0).
+    """Mean ``zᵀ w`` and RLS variance ``(k - ‖z‖²)/λ + zᵀ V⁻¹ z`` of embedded points, each term
+    clamped at 0.
 
     Args:
         Z: `(*b, c, r)` features.
@@ -195,7 +198,8 @@ def scoring_operator(W: torch.Tensor, V_inv: torch.Tensor, weights: torch.Tensor
                                                                                                        torch.Tensor]:
     """``M = Wᵀ (I/λ - V⁻¹) W`` and ``a = Wᵀ w``: the DTC posterior as operators on kernel rows ``k_S(x)``.
 
-    ``(k(x,x) - ‖z‖²)/λ + zᵀV⁻¹z = k(x,x)/λ - k_S(x)ᵀ M k_S(x)`` and ``μ̃(x) = k_S(x)ᵀ a`` for ``z = W k_S(x)``.
+    ``(k(x,x) - ‖z‖²)/λ + zᵀV⁻¹z = k(x,x)/λ - k_S(x)ᵀ M k_S(x)`` and ``μ̃(x) = k_S(x)ᵀ a`` for
+    ``z = W k_S(x)``.
 
     Args:
         W: `(r, m)` whitening of ``K_S`` (``Wᵀ W = K_S⁺``).
@@ -222,10 +226,10 @@ def fit_kernel_row_operator(
     With ``V = Zᵀ N Z + λ I``: ``M = Wᵀ (I/λ - V⁻¹) W`` and ``a = Wᵀ V⁻¹ Zᵀ (N y)`` -- the same
     quantities as :func:`ridge_solve` followed by :func:`scoring_operator`, stacked as ``[M; aᵀ]`` for
     :func:`score_kernel_columns` (or ``M`` for :func:`rls_kernel_columns` and ``a`` in one product) and computed with as
-    few `(r, r)` passes as possible (this is a bandit's per-step refit). The difference ``I/λ - V⁻¹`` is taken in the
-    `(r, r)` feature space, where both terms are ``O(1/λ)``, before ``W`` (whose entries grow like ``1/√(smallest
-    eigenvalue of K_S)``) is applied: subtracting ``Wᵀ W/λ - Wᵀ V⁻¹ W`` after it loses the small
-    variances of well-sampled points to rounding.
+    few `(r, r)` passes as possible (this is a bandit's per-step refit). The difference ``I/λ - V⁻¹`` is taken in
+    the `(r, r)` feature space, where both terms are ``O(1/λ)``, before ``W`` (whose entries grow like
+    ``1/√(smallest eigenvalue of K_S)``) is applied: subtracting ``Wᵀ W/λ - Wᵀ V⁻¹ W`` after it loses the
+    small variances of well-sampled points to rounding.
 
     Args:
         W: `(r, m)` whitening of ``K_S`` (``Wᵀ W = K_S⁺``), compute dtype.

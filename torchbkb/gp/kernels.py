@@ -82,11 +82,10 @@ def gaussian_cross(
     A: torch.Tensor, B: torch.Tensor, outputscale: torch.Tensor | None = None, lengthscale: torch.Tensor | None = None
 ) -> torch.Tensor:
     """``s · exp(-‖(a - b)/ℓ‖² / 2)`` for all pairs of rows, via one matrix product.
-
-    Both inputs are centred on the mean of ``B`` first (``B`` is the small side in torchbkb: inducing
-    points), *then* scaled: ``a - c`` is exact for inputs near ``c``, so the expansion ``‖a‖² + ‖b‖² - 2 aᵀb`` does
-    not cancel catastrophically for inputs far from the origin (float32 inputs offset by 10⁶ keep their
-    differences, which ``a / ℓ`` first would round away). Without autograd the `(n1, n2)` block is made by one
+Both inputs are centred on the mean of ``B`` first (``B`` is the small side in torchbkb: inducing points), *then*
+    scaled: ``a - c`` is exact for inputs near ``c``, so the expansion ``‖a‖² + ‖b‖² - 2 aᵀb`` does not
+    cancel catastrophically for inputs far from the origin (float32 inputs offset by 10⁶ keep their differences, which
+    ``a / ℓ`` first would round away). Without autograd the `(n1, n2)` block is made by one
     fused ``addmm`` and in-place passes, with ``s`` folded into the exponent.
 
     Args:
@@ -169,8 +168,9 @@ def matern_cross(
 
 
 def _centred_scaled(A: torch.Tensor, B: torch.Tensor, outputscale, lengthscale) -> tuple:
-    """``(A', B', ‖a'‖² (*b, n1, 1), ‖b'‖² (*b, 1, n2), grad)``: both inputs centred on the mean of ``B`` (the kernel
-    does not depend on it), then divided by ``lengthscale``; ``grad`` says whether autograd must see the block."""
+    """``(A', B', ‖a'‖² (*b, n1, 1), ‖b'‖² (*b, 1, n2), grad)``: both inputs centred on the mean of ``B`` (the
+    kernel does not depend on it), then divided by ``lengthscale``; ``grad`` says whether autograd must see the
+    block."""
     c = B.detach().mean(-2, keepdim=True)  # (*b, 1, d)
     A, B = A - c, B - c
     if lengthscale is not None:

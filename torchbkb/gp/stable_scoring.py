@@ -1,10 +1,11 @@
 """Accurate DTC scores when the one-product kernel-row formula cancels: a tiny noise, an ill-conditioned dictionary.
 
-The fast scoring of raw points, ``σ̃² = k/λ - k_Sᵀ M k_S`` with ``M = Wᵀ (I/λ - V⁻¹) W`` (one `(n × m)·(m × m)`
-product), subtracts two numbers of size ``k/λ`` to get one of size ``σ̃²``: with ``λ = 1e-10`` the result of a
-well-sampled point loses every digit (a 50-digit reference shows errors of 10²-10⁵ relative). The feature form
+The fast scoring of raw points, ``σ̃² = k/λ - k_Sᵀ M k_S`` with ``M = Wᵀ (I/λ - V⁻¹) W`` (one `(n × m)·(m
+× m)` product), subtracts two numbers of size ``k/λ`` to get one of size ``σ̃²``: with ``λ = 1e-10`` the result of
+a well-sampled point loses every digit (a 50-digit reference shows errors of 10²-10⁵ relative). The feature form
 
-    σ̃²(x) = (k(x, x) - ‖z‖²)⁺ / λ + ‖L⁻¹ z‖²,   μ̃(x) = zᵀ L⁻ᵀ L⁻¹ Zᵀ y,   V = L Lᵀ (Cholesky, float64)
+    σ̃²(x) = (k(x, x) - ‖z‖²)⁺ / λ + ‖L⁻¹ z‖²,   μ̃(x) = zᵀ L⁻ᵀ L⁻¹ Zᵀ y,
+    V = L Lᵀ (Cholesky, float64)
 
 adds non-negative terms and matches the exact GP to ``1e-11``-``1e-4`` on the same problems (as accurate as
 :class:`~torchbkb.ExactPosterior`), at the price of a second product. :func:`stable_factor` measures the two

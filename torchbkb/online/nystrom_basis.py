@@ -11,7 +11,8 @@ PKAWV on ``H̃_t`` is linear AWV on ``φ̃`` (004 App. H, Eq. 37 with ``Q^{-1/2}
 Because ``L`` is lower triangular, adding a point ``x̃`` (Gram–Schmidt in the RKHS) leaves the old
 coordinates untouched and appends one:
 
-    l = φ̃(x̃),  δ² = k(x̃, x̃) - ‖l‖²,  e(x) = (k(x, x̃) - lᵀ φ̃(x)) / δ = (k(x, x̃) - k_I(x)ᵀ α) / δ,  α = L⁻ᵀ l.
+    l = φ̃(x̃),  δ² = k(x̃, x̃) - ‖l‖²,  α = L⁻ᵀ l,
+    e(x) = (k(x, x̃) - lᵀ φ̃(x)) / δ = (k(x, x̃) - k_I(x)ᵀ α) / δ.
 
 The regularized covariance and the target vector of the *past* rounds then gain one row/column,
 ``c = Σ_s φ̃(x_s) e(x_s)``, ``Σ_s e(x_s)²`` and ``Σ_s y_s e(x_s)`` -- the quantities of the column

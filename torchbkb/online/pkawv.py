@@ -209,7 +209,8 @@ class PKAWV(OnlineLearner):
 
     # ------------------------------------------------------------------ linear AWV algebra
     def _rank_one(self, v: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """One round on features `(D,)`: forecast, then Sherman–Morrison ``A⁻¹ ← (A + vvᵀ)⁻¹`` and ``b += y v``."""
+        """One round on features `(D,)`: forecast, then Sherman–Morrison ``A⁻¹ ← (A + vvᵀ)⁻¹`` and
+        ``b += y v``."""
         P, b = self.precision, self.b
         Pv = P @ v  # (D,)
         s = 1.0 + v @ Pv

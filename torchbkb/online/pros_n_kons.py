@@ -11,8 +11,8 @@ torchbkb's papers; this is its published algorithm (docs/readings.md, section 14
   (``K_I = L Lᵀ``), ``w = 0``, ``A = αI`` and no pending gradient;
 * otherwise the Online Newton Step: ``u_t = w_{t-1} - A_{t-1}⁻¹ g_{t-1}``;
 * the forecast is ``ŷ_t = clip(φ̃_tᵀ u_t, -C, C)``, and ``w_t`` is ``u_t`` projected in the ``A_{t-1}`` norm on
-  ``{w : |φ̃_tᵀ w| <= C}``: ``w_t = u_t - h(φ̃_tᵀ u_t) A_{t-1}⁻¹ φ̃_t / (φ̃_tᵀ A_{t-1}⁻¹ φ̃_t)`` with
-  ``h(z) = sign(z) max(|z| - C, 0)``;
+  ``{w : |φ̃_tᵀ w| <= C}``: ``w_t = u_t - h(φ̃_tᵀ u_t) A_{t-1}⁻¹ φ̃_t / (φ̃_tᵀ A_{t-1}⁻¹ φ̃_t)``
+  with ``h(z) = sign(z) max(|z| - C, 0)``;
 * the gradient of the square loss ``(ŷ - y)²`` is ``g_t = 2(ŷ_t - y_t) φ̃_t`` and
   ``A_t = A_{t-1} + (σ/2) g_t g_tᵀ`` (Sherman–Morrison on ``A⁻¹``), ``σ`` the loss's exp-concavity:
   ``1/(8C²)`` for ``|ŷ|, |y| <= C``.

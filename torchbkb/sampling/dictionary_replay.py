@@ -70,7 +70,8 @@ def sample_dictionary(
             effective dimension (what a fit's inducing points need, not a BKB posterior's).
         inclusion: how a point given ``n`` times (equal rows of ``X``, repeated evaluations) enters: ``"per_pull"``,
             one draw per row (``1 - (1 - p)^n``), or ``"count_scaled"``, one draw per distinct point with
-            ``min(1, q̄·n·σ̃²)`` (:mod:`torchbkb.sampling.rls_dictionary`). ``counts`` are precision weights, not pulls.
+            ``min(1, q̄·n·σ̃²)`` (:mod:`torchbkb.sampling.rls_dictionary`). ``counts`` are precision weights, not
+            pulls.
         drawn: a list to which the last round's draw size before ``max_size`` thinning is appended (how large the
             dictionary would be; unbatched ``X``).
 
@@ -190,9 +191,10 @@ def _sample_one(kernel, X: Tensor, w: Tensor, lam: float, dic: RLSDictionary, co
 
 
 def _round_rls(emb: NystromEmbedding, X: Tensor, w: Tensor, lam: float, end: int, new_end: int) -> Tensor:
-    """`(new_end,)` ``σ̃²`` of ``X[:new_end]`` under the posterior conditioned on ``X[:end]`` (``σ̃²`` ignores ``y``):
-    ``V = Σ w z zᵀ + λI`` factorized once (no inverse), points scored as ``(k - ‖z‖²)/λ + ‖L⁻¹z‖²``; embedded once
-    per round, or twice in chunks past the embedding's ``chunk_size`` (no `(n, r)` features then)."""
+    """`(new_end,)` ``σ̃²`` of ``X[:new_end]`` under the posterior conditioned on ``X[:end]`` (``σ̃²`` ignores
+    ``y``): ``V = Σ w z zᵀ + λI`` factorized once (no inverse), points scored as
+    ``(k - ‖z‖²)/λ + ‖L⁻¹z‖²``; embedded once per round, or twice in chunks past the embedding's
+    ``chunk_size`` (no `(n, r)` features then)."""
     c = emb.chunk_size
     Z = emb(X[:new_end]) if new_end <= c else None  # (new_end, r)
     rows = (lambda i, j: Z[i:j]) if Z is not None else (lambda i, j: emb(X[i:j]))
