@@ -10,6 +10,13 @@ python -c "import torch, botorch, gpytorch; print(torch.__version__, botorch.__v
 L="python -m benchmarks.launches --device cuda"
 timeout 150 $L --cases bkb_anchor bbkb_anchor bkb_large bkb_large_all --out $R/l5 2>&1 | tail -8
 finish
+# the fixed-capacity update (the GPU's default) beside the eager one, at 10^6 and 10^7 arms
+timeout 90 $L --cases bkb_anchor_eager bbkb_anchor_eager bkb_large_eager --out $R/l5e 2>&1 | tail -6
+finish
+timeout 90 $L --cases bkb_large_fixed bkb_large_eager bkb_large_all_eager --arms 1000000 --out $R/l6f 2>&1 | tail -6
+finish
+timeout 120 $L --cases bkb_large_fixed bkb_large_eager --arms 10000000 --out $R/l7f 2>&1 | tail -6
+finish
 timeout 60 $L --cases bkb_large bkb_large_all --arms 1000000 --out $R/l6 2>&1 | tail -4
 finish
 timeout 60 $L --cases bkb_large bkb_large_all --arms 1000000 --chunk-size 16384 --out $R/l6c 2>&1 | tail -4

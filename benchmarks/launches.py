@@ -8,7 +8,7 @@ device (``.item()``, ``bool(tensor)``, ``nonzero``, boolean masks: data-dependen
   (calls made by other operators are not counted again), per step;
 * **synchronizations**: on CUDA, the warnings of ``torch.cuda.set_sync_debug_mode("warn")``; on the CPU, where
   nothing waits, the operators that would synchronize a GPU (``aten::_local_scalar_dense``, ``aten::nonzero``,
-  ``aten::masked_select``, ``aten::unique*``, ``aten::is_nonzero``), as a forecast.
+  ``aten::masked_select``, ``aten::unique*``, ``aten::is_nonzero``) and the ``Tensor.tolist`` calls, as a forecast.
 
 Cases (steps counted after a warm-up, the median per step over the measured window):
 
@@ -16,7 +16,10 @@ Cases (steps counted after a warm-up, the median per step over the measured wind
 * ``bbkb_anchor`` -- BBKB on the anchor (C̃ = 2): operations per pick (one batch's ``ask`` + ``tell`` divided
   by its size);
 * ``bkb_large`` -- BKB on ``--arms`` random arms in d = 8 (default 10⁵); ``bkb_large_all`` the same with every arm's
-  variance scored at every step (``prune=False``: the step the floor below describes).
+  variance scored at every step (``prune=False``: the step the floor below describes);
+* ``*_fixed`` / ``*_eager`` -- the same bandit updating through the fixed-capacity engine (``fixed_capacity =
+  True``, the default on a GPU: one host read per update, every arm scored) or the eager update (the CPU's default:
+  data-dependent shapes, pruning).
 
 Beside the counts, each case times its steps without the profiler (the median over ``--timed-steps`` steps)
 and, interleaved with them, its **arithmetic floor**: the ``(A × m)·(m × m)`` product that scores every arm at
@@ -33,6 +36,7 @@ Usage::
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import time
 import warnings
@@ -46,12 +50,23 @@ from benchmarks.report import new_figure, print_table, save_figure, write_json
 from benchmarks.timing import sync
 
 CHUNK = 4096  # columns of a cache-resident slice of the floor product, timed and scaled to A
-CASES = ("bkb_anchor", "bbkb_anchor", "bkb_large", "bkb_large_all")
+BASE_CASES = ("bkb_anchor", "bbkb_anchor", "bkb_large", "bkb_large_all")
+CASES = BASE_CASES + tuple(c + s for s in ("_fixed", "_eager") for c in BASE_CASES)
 SYNC_OPS = ("aten::_local_scalar_dense", "aten::nonzero", "aten::masked_select", "aten::unique", "aten::_unique2",
             "aten::is_nonzero", "aten::item")
 
 
 def bandit(case: str, device, dtype, arms_large: int, chunk_size: int | None = None):
+    """The case's bandit; a ``_fixed`` case updates through the fixed-capacity engine, an ``_eager`` one through the
+    eager update, whatever the device's default."""
+    base = case.removesuffix("_fixed").removesuffix("_eager")
+    b, values, noise_std = plain_bandit(base, device, dtype, arms_large, chunk_size)
+    if base != case:
+        b.fixed_capacity = case.endswith("_fixed")
+    return b, values, noise_std
+
+
+def plain_bandit(case: str, device, dtype, arms_large: int, chunk_size: int | None = None):
     from torchbkb import BBKB, BKB
     from torchbkb.datasets import ANCHOR_SETTINGS, anchor_problem
     from torchbkb.gp.kernels import GaussianKernel
@@ -69,6 +84,22 @@ def bandit(case: str, device, dtype, arms_large: int, chunk_size: int | None = N
         return bkb, values, noise_std
     return BBKB(arms, kernel, noise=ANCHOR_SETTINGS["noise"], beta=0.5, batch_bound=2.0, seed=0,
                 chunk_size=chunk_size), values, noise_std
+
+
+@contextlib.contextmanager
+def counted_tolist():
+    """Count ``Tensor.tolist`` calls (a host read that records no ``aten::`` operator) in ``[n]``."""
+    calls, original = [0], torch.Tensor.tolist
+
+    def tolist(self):
+        calls[0] += 1
+        return original(self)
+
+    torch.Tensor.tolist = tolist
+    try:
+        yield calls
+    finally:
+        torch.Tensor.tolist = original
 
 
 def top_level_ops(prof) -> list[str]:
@@ -100,12 +131,12 @@ def count(case: str, args, device, dtype) -> dict:
             warnings.simplefilter("always")
             if device.type == "cuda":
                 torch.cuda.set_sync_debug_mode("warn")
-            with profile(activities=[ProfilerActivity.CPU]) as prof:
+            with profile(activities=[ProfilerActivity.CPU]) as prof, counted_tolist() as lists:
                 k = step()
             if device.type == "cuda":
                 torch.cuda.set_sync_debug_mode("default")
         names = top_level_ops(prof)
-        forecast = sum(1 for n in names if n in SYNC_OPS)
+        forecast = sum(1 for n in names if n in SYNC_OPS) + lists[0]
         cuda_syncs = sum(1 for w in caught if "synchroniz" in str(w.message).lower())
         picks.append(k)
         ops.append(len(names) / k)

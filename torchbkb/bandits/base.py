@@ -187,10 +187,10 @@ class Bandit(BanditCheckpoint):
         return allowed
 
     def _mask_excluded(self, scores: torch.Tensor) -> torch.Tensor:
-        """``scores`` `(A,)` with the excluded arms at ``-inf`` (so no argmax picks them)."""
-        if not bool(self.excluded.any()):
-            return scores
-        self._allowed()
+        """``scores`` `(A,)` with the excluded arms at ``-inf`` (so no argmax picks them); no host read unless arms were
+        excluded (:attr:`exclusions`), when an error says so if every arm is."""
+        if self.exclusions:
+            self._allowed()
         return scores.masked_fill(self.excluded, -torch.inf)
 
     def _record(self, idx: torch.Tensor, ids: list[int], y: torch.Tensor, ys: list[float]) -> None:

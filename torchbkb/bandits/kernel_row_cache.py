@@ -33,6 +33,7 @@ from collections.abc import Callable
 import torch
 
 from torchbkb.bandits.kernel_rows import StreamedKernelRows, finite_rows
+from torchbkb.errors import TorchBKBError
 from torchbkb.gp.nystrom import DEFAULT_CHUNK
 
 __all__ = ["KERNEL_CACHE_BYTES", "REFILL_BYTES", "ROW_CACHE_BYTES", "KernelRowCache"]
@@ -102,6 +103,19 @@ class KernelRowCache:
     def num_pulled_rows(self) -> int:
         """How many pulled arms' rows are cached (0 once the cache is dropped)."""
         return 0 if self._P_pos is None else len(self._P_pos)
+
+    def pulled_rows(self, arms: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(buffer, where)``: the pulled-row buffer `(capacity, A)` and the `(k,)` rows of ``arms`` `(k,)` in it
+        (``buffer[where[i]]`` is ``k(arms[i], arms)``, computed alone); for arms whose rows are all cached."""
+        if self._P_pos is None or self._P_buf is None:
+            raise TorchBKBError("KernelRowCache: expected cached pulled rows, got a dropped cache")
+        return self._P_buf, self._P_row.index_select(0, arms)
+
+    def adopt(self, order: list[int], index: torch.Tensor, buffer: torch.Tensor) -> None:
+        """Take rows computed elsewhere as the dictionary's: ``buffer[j]`` `(≥ m, A)` is ``k(arms[order[j]], arms)``,
+        copied from the pulled rows (so each as computed alone); ``index`` is ``order`` as a `(m,)` long tensor."""
+        self._K_buf, self.order, self.order_index = buffer, list(order), index
+        self._slot_block, self._blocks = [-1] * len(self.order), {}
 
     def rows(self) -> torch.Tensor | StreamedKernelRows:
         """The `(m, A)` kernel rows of the dictionary in slot order: a view of the cache, or streamed."""

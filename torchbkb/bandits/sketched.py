@@ -35,12 +35,13 @@ Example:
 
 from __future__ import annotations
 
-from typing import Any
 from collections.abc import Callable
 
 import torch
 
 from torchbkb.bandits.base import KernelBandit
+from torchbkb.bandits.fixed_capacity import FixedCapacityEngine, FixedCapacityUpdates
+from torchbkb.bandits.sketched_checkpoint import SketchedCheckpoint
 from torchbkb.bandits.kernel_row_cache import ROW_CACHE_BYTES, KernelRowCache
 from torchbkb.bandits.kernel_rows import FeatureRows, StreamedKernelRows
 from torchbkb.bandits.pruning import PruningSchedule, ucb_survivors
@@ -56,7 +57,7 @@ from torchbkb.gp.linalg import inv_sqrt_factor
 __all__ = ["SketchedKernelBandit"]
 
 
-class SketchedKernelBandit(KernelBandit):
+class SketchedKernelBandit(FixedCapacityUpdates, SketchedCheckpoint, KernelBandit):
     """A kernel bandit on the DTC posterior of an adaptively resampled dictionary (subclasses: ``_select``).
 
     Args:
@@ -85,6 +86,9 @@ class SketchedKernelBandit(KernelBandit):
         embeddings_computed: how many times the dictionary changed (kernel rows updated, ``K_S`` refactored).
         arms_scored: how many arm variances the last update computed (``A`` when nothing was skipped).
         arms_scored_total: the same, summed over all updates.
+        fixed_capacity: update through :class:`~torchbkb.bandits.fixed_capacity.FixedCapacityEngine` (fixed shapes,
+            one host read per update; default on every device but the CPU, where the eager update prunes).
+        engine: that engine (``engine.compiled = True`` compiles its update with ``fullgraph=True``).
     """
 
     def __init__(
@@ -130,6 +134,8 @@ class SketchedKernelBandit(KernelBandit):
         self._bonus_cache: tuple[float, torch.Tensor] | None = None  # (width, width·√(k/λ)) for the UCB bound
         # variances vs a float64 reference, as the dictionary grows
         self._accuracy = AccuracyMonitor(type(self).__name__)
+        self.fixed_capacity = self.arms.device.type != "cpu"
+        self.engine, self._fixed_pulled = FixedCapacityEngine(), None
         self._clear_posterior()
 
     def _scoring_chunk(self) -> int:
@@ -139,6 +145,7 @@ class SketchedKernelBandit(KernelBandit):
     def _clear_posterior(self) -> None:
         """The prior: an empty dictionary, ``z ≡ 0``."""
         self.rows.clear()
+        self.engine.remember(self._long([]))
         self._W: torch.Tensor | None = None  # (r, m) whitening of K_S in slot order (Wᵀ W = K_S⁺)
         self._V_inv: torch.Tensor | None = None  # (r, r) V⁻¹, V = Zᵀ N Z + λ I on the pulled arms
         self._Z: torch.Tensor | None = None  # (A, r) the arms' features, formed on demand
@@ -262,7 +269,10 @@ class SketchedKernelBandit(KernelBandit):
         self.rows.add_pulled(told)
         pulled = self._pulled_arms(told)
         n = self.counts[pulled].to(torch.float64)  # (p,) their pull counts
-        if self.dictionary.numel() == 0 and self.t <= len(told):
+        first = self.dictionary.numel() == 0 and self.t <= len(told)
+        if self._fixed_applies():
+            return self._update_fixed(pulled, n, self.last_told[0][:1] if first else None)
+        if first:
             new_dict = self.last_told[0][:1]  # S_1 = {x_1}
         else:
             keep = self.sampler.resample(self._rls[pulled].to(torch.float64), n, validate=False)
@@ -270,10 +280,13 @@ class SketchedKernelBandit(KernelBandit):
         self._rebuild(new_dict, pulled=pulled, counts=n)
 
     def _pulled_arms(self, told: list[int]) -> torch.Tensor:
-        """`(p,)` long, the arms pulled so far, ascending; found again only after a first pull (in ``told``)."""
-        if self._pulled is None or any(a not in self._pulled_set for a in told):
+        """`(p,)` long, the arms pulled so far, ascending; updated on the host after a first pull (in ``told``)."""
+        if self._pulled is None:
             self._pulled = (self.counts > 0).nonzero().squeeze(1)
             self._pulled_set = set(self._pulled.tolist())
+        elif any(a not in self._pulled_set for a in told):
+            self._pulled_set.update(told)
+            self._pulled = self._long(sorted(self._pulled_set))
         return self._pulled
 
     def _rebuild(self, new_dict: torch.Tensor, order=None, blocks=None, *, pulled: torch.Tensor | None = None,
@@ -350,41 +363,3 @@ class SketchedKernelBandit(KernelBandit):
         self._M, self._rls_full = M, None
         self.arms_scored = self.num_arms if idx is None else int(idx.numel())
         self.arms_scored_total += self.arms_scored
-
-    # ------------------------------------------------------------------ checkpoints
-    def _algorithm_state(self) -> dict[str, Any]:
-        return {
-            "dictionary": self.dictionary.cpu().clone(),
-            "order": list(self.rows.order),
-            "blocks": self.rows.blocks(),
-            "beta": self.beta,
-            "rls": self._rls.cpu().clone(),
-            "scored": None if self._scored is None else self._scored.cpu().clone(),
-            "embeddings_computed": self.embeddings_computed,
-            "arms_scored_total": self.arms_scored_total,
-            "prune": self.pruning.state(),
-        }
-
-    def _load_algorithm_state(self, state: dict[str, Any]) -> None:
-        self.rows.reset()
-        self._pulled = None
-        self.rows.add_pulled(list(dict.fromkeys(self.history["index"])))  # each row alone, as first computed
-        self._clear_posterior()
-        self.dictionary = self._long([])
-        saved = state["prune"]
-        if self.t > 0:  # order/blocks None: an older checkpoint (rows recomputed in one block)
-            self.pruning.forced = bool(saved[0])  # the refit takes the scoring path the saved one took
-            try:
-                self._rebuild(state["dictionary"].to(self.arms.device), order=state["order"], blocks=state["blocks"])
-            finally:
-                self.pruning.forced = None
-        self.pruning.load(saved)
-        self._rls = state["rls"].to(self.arms.device)
-        scored = state["scored"]
-        self._scored = None if scored is None else scored.to(self.arms.device)
-        if self._scored is not None:  # the refit above found the same arms; their kernel columns, to be sure
-            self._K_scored = self.rows.rows().index_select(1, self._scored)
-        self._rls_full = None
-        self.beta = float(state["beta"])
-        self.embeddings_computed = int(state["embeddings_computed"])
-        self.arms_scored_total = int(state["arms_scored_total"])

@@ -31,7 +31,7 @@ from typing import NamedTuple
 
 import torch
 
-from torchbkb.gp.linalg import spd_inverse
+from torchbkb.gp.linalg import compute_dtype, spd_inverse
 
 __all__ = [
     "RankOneDowndate",
@@ -41,6 +41,7 @@ __all__ = [
     "feature_sums",
     "fit_features",
     "fit_kernel_row_operator",
+    "fit_kernel_row_operator_ex",
     "ridge_solve",
     "rls_kernel_columns",
     "score_features",
@@ -252,14 +253,33 @@ def fit_kernel_row_operator(
         >>> bool(torch.allclose(Ma[:-1], M) and torch.allclose(Ma[-1], a))
         True
     """
-    m = W.shape[1]
     V_inv, weights = ridge_solve((Zt * counts.to(Zt.dtype)) @ Zt.T, Zt @ reward_sums.to(Zt.dtype), lam)
+    return _stack_operator(W, V_inv, weights, lam), V_inv
+
+
+def fit_kernel_row_operator_ex(
+    W: torch.Tensor, Zt: torch.Tensor, counts: torch.Tensor, reward_sums: torch.Tensor, lam: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`fit_kernel_row_operator` with no host read (it compiles with ``fullgraph=True``): ``V``'s Cholesky
+    failure is returned, not handled -- ``(Ma, V_inv, info)``, ``info`` a 0-d int tensor, non-zero when ``V`` was not
+    factored and ``Ma``, ``V_inv`` are not to be used. Bit for bit :func:`fit_kernel_row_operator` when it is zero."""
+    ZtZ = (Zt * counts.to(Zt.dtype)) @ Zt.T
+    V = add_diagonal(ZtZ, lam).to(compute_dtype(ZtZ.dtype, ZtZ.shape[-1]))
+    L, info = torch.linalg.cholesky_ex(V)
+    V_inv = torch.cholesky_inverse(L)
+    weights = (V_inv @ (Zt @ reward_sums.to(Zt.dtype)).to(V_inv.dtype).unsqueeze(-1)).squeeze(-1)
+    return _stack_operator(W, V_inv, weights, lam), V_inv, info
+
+
+def _stack_operator(W: torch.Tensor, V_inv: torch.Tensor, weights: torch.Tensor, lam: float) -> torch.Tensor:
+    """`(m + 1, m)` ``[Wᵀ (I/λ - V⁻¹) W; (Wᵀ w)ᵀ]``, the difference taken in feature space (see above)."""
+    m = W.shape[1]
     Ma = W.new_empty((m + 1, m))
     torch.matmul(weights.unsqueeze(0), W, out=Ma[m:])  # aᵀ = (V⁻¹ Zᵀ N y)ᵀ W
     inner = V_inv.neg()
     inner.diagonal().add_(1.0 / lam)  # I/λ - V⁻¹, PSD
     torch.matmul(W.T, inner @ W, out=Ma[:m])
-    return Ma, V_inv
+    return Ma
 
 
 def score_kernel_rows(

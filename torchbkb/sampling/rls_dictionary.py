@@ -74,17 +74,20 @@ class RLSDictionary(nn.Module):
         generator = check_generator(generator, seed)
         self.generator = generator
 
-    def inclusion_probability(self, rls: torch.Tensor, counts: torch.Tensor | None = None) -> torch.Tensor:
+    def inclusion_probability(self, rls: torch.Tensor, counts: torch.Tensor | None = None, *,
+                              validate: bool = True) -> torch.Tensor:
         """``1 - (1 - min(1, q̄·σ̃²))^n`` (``"per_pull"``) or ``min(1, q̄·n·σ̃²)`` (``"count_scaled"``).
 
         Args:
             rls: `(n,)` RLS-scale variances ``σ̃² >= 0``.
             counts: `(n,)` non-negative pull counts; default ones.
+            validate: check the inputs (a typed error for a bad shape, NaN or a negative value).
 
         Returns:
             `(n,)` probabilities in ``rls``'s dtype.
         """
-        rls, counts = self._check(rls, counts)
+        if validate:  # (callers that produced the inputs, like the bandits, skip the checks and their host reads)
+            rls, counts = self._check(rls, counts)
         return self._probability(rls, counts)
 
     def _probability(self, rls: torch.Tensor, counts: torch.Tensor | None) -> torch.Tensor:
@@ -106,9 +109,13 @@ class RLSDictionary(nn.Module):
         Returns:
             `(n,)` bool mask of the candidates kept.
         """
-        p = self.inclusion_probability(rls, counts) if validate else self._probability(rls, counts)
-        u = torch.rand(p.shape, generator=self.generator, dtype=torch.float64, device=self.generator.device)
-        return u.to(p.device) < p.to(torch.float64)
+        p = self.inclusion_probability(rls, counts, validate=validate)
+        return self.draw(p.numel()).to(p.device) < p.to(torch.float64)
+
+    def draw(self, n: int) -> torch.Tensor:
+        """`(n,)` float64 uniforms on the generator's device: the draws :meth:`resample` compares with the
+        probabilities, candidate ``i`` kept when ``u_i < p_i``."""
+        return torch.rand(n, generator=self.generator, dtype=torch.float64, device=self.generator.device)
 
     def extra_repr(self) -> str:
         return f"q_bar={float(self.q_bar):g}, inclusion={self.inclusion!r}"

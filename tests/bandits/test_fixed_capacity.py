@@ -1,0 +1,176 @@
+"""The fixed-capacity update: the eager update's choices from fixed shapes, one host read, a ``fullgraph`` compile."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from torchbkb import BBKB, BKB
+from torchbkb.bandits.fixed_capacity import capacity_for, compact_slots, fixed_update
+from torchbkb.gp.kernels import GaussianKernel
+
+
+def _problem(seed: int, device, A: int = 300, twins: bool = False):
+    g = torch.Generator().manual_seed(seed)
+    arms = torch.rand(A, 2, generator=g, dtype=torch.float64)
+    if twins:  # every point twice, 1e-7 apart: a dictionary holding both has a K_S singular to rounding
+        arms = torch.cat([arms[: A // 2], arms[: A // 2] + 1e-7])
+    return arms.to(device), torch.sin(5 * arms).sum(-1).to(device)
+
+
+def _run(cls, arms, f, *, fixed: bool, T: int, seed: int, stop_at: int | None = None, **kw):
+    """Picks of a bandit run to ``T`` evaluations (noisy rewards from a seeded generator)."""
+    kw = {"noise": 0.01, "q_bar": 2.0, "beta": 0.5, "seed": seed} | kw
+    b = cls(arms, GaussianKernel(0.2), **kw)
+    b.fixed_capacity = fixed
+    g = torch.Generator().manual_seed(100 + seed)
+    picks = []
+    while b.t < T:
+        idx = b.ask()
+        picks += idx.tolist()
+        b.tell(idx, f[idx] + 0.1 * torch.randn(idx.shape, generator=g, dtype=torch.float64).to(f.device))
+        if stop_at is not None and b.t >= stop_at:
+            break
+    return picks, b
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.booleans(), min_size=1, max_size=40), st.integers(1, 48))
+def test_compact_slots_places_the_kept_entries_in_ascending_order(keep, m_cap):
+    mask = torch.tensor(keep)
+    positions, valid, m = compact_slots(mask, m_cap)
+    kept = [i for i, k in enumerate(keep) if k]
+    assert int(m) == len(kept)
+    placed = min(len(kept), m_cap)
+    assert valid.tolist() == [True] * placed + [False] * (m_cap - placed)
+    assert positions[:placed].tolist() == kept[:placed]
+    assert positions[placed:].tolist() == [0] * (m_cap - placed)
+
+
+def test_capacity_is_a_power_of_two_that_holds_n():
+    for n in (0, 1, 16, 17, 100, 1024, 1025):
+        c = capacity_for(n)
+        assert c >= max(n, 16) and c & (c - 1) == 0 and (c == 16 or c < 2 * n)
+
+
+@pytest.mark.parametrize("prune", [True, False])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_bkb_makes_the_eager_updates_choices(seed, prune, device):
+    arms, f = _problem(seed, device)
+    eager, be = _run(BKB, arms, f, fixed=False, T=150, seed=seed, prune=prune)
+    fixed, bf = _run(BKB, arms, f, fixed=True, T=150, seed=seed, prune=prune)
+    assert fixed == eager
+    assert torch.equal(bf.dictionary, be.dictionary)
+    assert bf.embeddings_computed == be.embeddings_computed
+    # the pruned eager update scores in other products: rounding of k/λ - k_Sᵀ M k_S, with k/λ = 100
+    torch.testing.assert_close(bf.scores()[0], be.scores()[0], rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(bf.scores()[1], be.scores()[1], rtol=1e-8, atol=1e-8)
+    torch.testing.assert_close(bf.arm_features() @ bf.arm_features().T, be.arm_features() @ be.arm_features().T)
+    assert bf.deff == pytest.approx(be.deff, rel=1e-8)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_bbkb_makes_the_eager_updates_choices(seed, device):
+    arms, f = _problem(seed, device)
+    eager, _ = _run(BBKB, arms, f, fixed=False, T=300, seed=seed, batch_bound=2.0)
+    fixed, _ = _run(BBKB, arms, f, fixed=True, T=300, seed=seed, batch_bound=2.0)
+    assert fixed == eager
+
+
+def test_a_dictionary_that_outgrows_its_slots_is_redone_in_larger_ones(device):
+    arms, f = _problem(3, device, A=400)
+    eager, be = _run(BKB, arms, f, fixed=False, T=120, seed=3, q_bar=20.0)
+    fixed, bf = _run(BKB, arms, f, fixed=True, T=120, seed=3, q_bar=20.0)
+    assert be.dictionary_size > 32 and bf.engine.m_cap >= bf.dictionary_size
+    assert fixed == eager
+
+
+def test_a_singular_dictionary_falls_back_to_the_eager_update(device):
+    """Both twins of a point in the dictionary: ``K_S`` is singular to rounding, its Cholesky pivot test fails and
+    the eager update (``eigh``) runs on the dictionary drawn."""
+    arms, f = _problem(4, device, A=60, twins=True)
+    eager, _ = _run(BKB, arms, f, fixed=False, T=150, seed=4, q_bar=50.0, beta=2.0)
+    fixed, bf = _run(BKB, arms, f, fixed=True, T=150, seed=4, q_bar=50.0, beta=2.0)
+    assert fixed == eager
+    held = set(bf.dictionary.tolist())
+    assert any(a + 30 in held for a in held if a < 30)
+
+
+def test_a_resumed_fixed_capacity_run_continues_exactly(device):
+    arms, f = _problem(5, device)
+    whole, _ = _run(BKB, arms, f, fixed=True, T=120, seed=5)
+    first, b = _run(BKB, arms, f, fixed=True, T=120, seed=5, stop_at=60)
+    resumed = BKB(arms, GaussianKernel(0.2), noise=0.01, q_bar=2.0, beta=0.5, seed=5)
+    resumed.fixed_capacity = True
+    resumed.load_state_dict(b.state_dict())
+    torch.testing.assert_close(resumed.arm_means, b.arm_means, rtol=0, atol=0)
+    g = torch.Generator().manual_seed(105)
+    for _ in range(60):  # replay the reward noise of the first 60 steps, then continue
+        torch.randn((1,), generator=g, dtype=torch.float64)
+    picks = list(first)
+    while resumed.t < 120:
+        idx = resumed.ask()
+        picks += idx.tolist()
+        resumed.tell(idx, f[idx] + 0.1 * torch.randn(idx.shape, generator=g, dtype=torch.float64).to(f.device))
+    assert picks == whole
+
+
+def test_an_update_reads_the_device_once(device):
+    """``tell`` reads the user's indices and rewards once each, and the update once (its flags and dictionary)."""
+    arms, f = _problem(6, device)
+    _, b = _run(BKB, arms, f, fixed=True, T=40, seed=6)
+    reads, original = [], {n: getattr(torch.Tensor, n) for n in ("tolist", "item", "__bool__", "__int__", "__float__")}
+
+    def counting(name):
+        def read(self, *args):
+            reads.append(name)
+            return original[name](self, *args)
+        return read
+
+    idx = b.ask()
+    y = f[idx]
+    try:
+        for name in original:
+            setattr(torch.Tensor, name, counting(name))
+        b.tell(idx, y)
+    finally:
+        for name, fn in original.items():
+            setattr(torch.Tensor, name, fn)
+    assert len(reads) == 3, reads
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_the_update_compiles_as_one_graph_and_equals_the_eager_update(dtype, device):
+    """``fullgraph=True`` fails on any graph break: a host read, a data-dependent shape. A bandit whose update is
+    compiled makes the eager update's choices."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    arms, f = _problem(7, device)
+    arms = arms.to(dtype)
+    eager, _ = _run(BKB, arms, f, fixed=True, T=80, seed=7)
+    b = BKB(arms, GaussianKernel(0.2), noise=0.01, q_bar=2.0, beta=0.5, seed=7)
+    b.fixed_capacity, b.engine.compiled, b.engine.backend = True, True, "eager"
+    g = torch.Generator().manual_seed(107)
+    picks = []
+    while b.t < 80:
+        idx = b.ask()
+        picks += idx.tolist()
+        b.tell(idx, f[idx] + 0.1 * torch.randn(idx.shape, generator=g, dtype=torch.float64).to(f.device))
+    assert picks == eager
+    compiled = torch.compile(fixed_update, fullgraph=True, backend="eager", dynamic=False)
+    pulled = b.dictionary  # any ascending pulled arms
+    K_P, where = b.rows.pulled_rows(pulled)
+    b.engine.set_pulled(pulled, where)
+    u = b.engine.draws(torch.full((pulled.numel(),), 0.5, dtype=torch.float64))
+    prev = torch.zeros(b.engine.m_cap, dtype=torch.long, device=arms.device)
+    m0 = torch.zeros((), dtype=torch.long, device=arms.device)
+    P = u.numel()
+    asc_arm = torch.cat([pulled, pulled.new_zeros(P - pulled.numel())])
+    asc_row = torch.cat([where, where.new_zeros(P - where.numel())])
+    outs = [fn(K_P, asc_row, asc_arm, b.counts, b.reward_sums, u, b.arm_rls, b.kdiag, prev, m0, b.sampler, b.lam,
+               b.engine.m_cap, 4096) for fn in (fixed_update, compiled)]
+    for a, c in zip(*outs):
+        torch.testing.assert_close(a, c, rtol=0, atol=0, equal_nan=True)

@@ -1,0 +1,246 @@
+"""A sketched bandit's update on fixed-capacity buffers: no data-dependent shape and no host read inside.
+
+:meth:`~torchbkb.bandits.sketched.SketchedKernelBandit._update` -- resample the dictionary, refit, rescore -- built
+from shapes that follow the data (``nonzero``, boolean masks, lists of slots, pivot checks read on the host). Here the
+same update is one function of fixed shapes (:func:`fixed_update`, it compiles with ``torch.compile(fullgraph=True)``):
+
+* the pulled arms, ascending, are padded to a capacity ``P`` (a power of two) with pull count 0 -- a padded arm adds
+  nothing to ``V`` and is never drawn;
+* the dictionary lives in ``m_cap`` slots, compacted in ascending arm order by a cumulative sum and one scatter (the
+  order the bandit's own update uses while the rows fit :data:`~torchbkb.bandits.kernel_row_cache.REFILL_BYTES`); the
+  unused slots hold zero kernel rows and an identity block in ``K_S``, so they give zero features and change no
+  score;
+* what the eager update checks on the host -- ``K_S``'s Cholesky pivots, ``V``'s factorization, the dictionary's
+  size -- comes back as flags, read once per update with the dictionary (:class:`FixedCapacityEngine`), which grows
+  ``m_cap`` (doubling) and runs the update again with the same draws when the dictionary outgrew it, and hands an
+  update that needs the eigendecomposition back to the eager path.
+
+Example:
+    >>> import torch
+    >>> keep = torch.tensor([True, False, True, True, False])
+    >>> slots, valid, m = compact_slots(keep, 4)
+    >>> slots.tolist(), valid.tolist(), int(m)
+    ([0, 2, 3, 0], [True, True, True, False], 3)
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from torchbkb.gp.functional import fit_kernel_row_operator_ex, score_kernel_columns
+from torchbkb.gp.linalg import compute_dtype
+from torchbkb.gp.scoring_chunk import scoring_chunk
+from torchbkb.sampling.rls_dictionary import RLSDictionary
+
+__all__ = ["FixedUpdate", "FixedCapacityEngine", "FixedCapacityUpdates", "MIN_CAPACITY", "capacity_for",
+           "compact_slots", "fixed_update"]
+
+#: the smallest capacity of the pulled arms and of the dictionary's slots.
+MIN_CAPACITY = 16
+
+
+def capacity_for(n: int) -> int:
+    """The capacity that holds ``n`` entries: a power of two, at least :data:`MIN_CAPACITY`."""
+    return max(MIN_CAPACITY, 1 << max(int(n) - 1, 0).bit_length())
+
+
+class FixedUpdate(NamedTuple):
+    """One update on fixed-capacity buffers (``m`` valid slots of ``m_cap``; the rest zero or identity)."""
+
+    K_SA: torch.Tensor  #: `(m_cap, A)` the dictionary's kernel rows in slot order, zero rows past ``m``
+    slots: torch.Tensor  #: `(m_cap,)` long, the dictionary's arms ascending (0 past ``m``)
+    W: torch.Tensor  #: `(m_cap, m_cap)` ``L⁻¹`` of the padded ``K_S`` (identity block past ``m``)
+    V_inv: torch.Tensor  #: `(m_cap, m_cap)` ``V⁻¹``, ``1/λ`` on the padding
+    Ma: torch.Tensor  #: `(m_cap + 1, m_cap)` ``[M; aᵀ]`` on kernel rows
+    mean: torch.Tensor  #: `(A,)` ``μ̃``
+    rls: torch.Tensor  #: `(A,)` ``σ̃²`` (RLS scale)
+    #: `(4 + m_cap,)` float64: ``m``, ``K_S`` factored by Cholesky, ``V`` factored, the dictionary changed; the slots
+    flags: torch.Tensor
+
+
+def compact_slots(keep: torch.Tensor, m_cap: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The positions of the kept entries of ``keep`` `(P,)`, ascending, in ``m_cap`` slots.
+
+    Returns:
+        ``(positions, valid, m)``: `(m_cap,)` long (0 in the unused slots), `(m_cap,)` bool, and the 0-d count ``m``
+        of kept entries (when ``m > m_cap`` only the first ``m_cap`` are placed).
+    """
+    k = keep.long()
+    pos = torch.cumsum(k, 0) - 1
+    m = k.sum()
+    target = torch.where(keep & (pos < m_cap), pos, m_cap)  # the rest go to a dump slot past the end
+    src = torch.arange(keep.shape[0], device=keep.device)
+    positions = torch.zeros(m_cap + 1, dtype=torch.long, device=keep.device).scatter(0, target, src)[:m_cap]
+    valid = torch.arange(m_cap, device=keep.device) < m
+    return torch.where(valid, positions, 0), valid, m
+
+
+def fixed_update(K_P: torch.Tensor, asc_row: torch.Tensor, asc_arm: torch.Tensor, counts: torch.Tensor,
+                 reward_sums: torch.Tensor, u: torch.Tensor, rls_prev: torch.Tensor, kdiag: torch.Tensor,
+                 prev_slots: torch.Tensor, prev_m: torch.Tensor, sampler: RLSDictionary, lam: float, m_cap: int,
+                 chunk: int) -> FixedUpdate:
+    """Resample the dictionary from the pulled arms, refit the DTC posterior, score every arm: fixed shapes only.
+
+    Args:
+        K_P: `(B, A)` kernel rows of the pulled arms, each computed alone.
+        asc_row, asc_arm: `(P,)` long, the pulled arms ascending (padded) and their rows in ``K_P``.
+        counts: `(A,)` pull counts (the padding's read as 0); reward_sums: `(A,)` float64.
+        u: `(P,)` float64 draws, arm ``j`` kept when ``u_j < p_j``: 2 marks the padding, -1 forces an arm in and
+            1.25 leaves a pulled arm out (``p_j <= 1``).
+        rls_prev: `(A,)` ``σ̃²`` of the previous posterior; kdiag: `(A,)` ``k(a, a)``.
+        prev_slots, prev_m: the previous dictionary (`(m_cap,)` slots, 0-d size), to flag a change.
+        sampler: the bandit's :class:`~torchbkb.RLSDictionary` (its inclusion rule and ``q̄``).
+        lam: ``λ``; m_cap: dictionary slots; chunk: arms per scoring product.
+    """
+    valid_p = u < 1.5  # the padding carries u = 2
+    n = torch.where(valid_p, counts.index_select(0, asc_arm).to(torch.float64), 0.0)
+    keep = u < sampler.inclusion_probability(rls_prev.index_select(0, asc_arm).to(torch.float64), n, validate=False)
+    keep = keep & valid_p
+    positions, valid, m = compact_slots(keep, m_cap)
+    slots = torch.where(valid, asc_arm.index_select(0, positions), 0)
+    dt = K_P.dtype
+    vf = valid.to(dt)
+    K_SA = K_P.index_select(0, asc_row.index_select(0, positions)) * vf.unsqueeze(1)  # (m_cap, A)
+    cd = compute_dtype(dt, m_cap)
+    K_SS = K_SA.index_select(1, slots).T.to(cd) * (vf.unsqueeze(1) * vf).to(cd) + torch.diag(1.0 - vf.to(cd))
+    L, info = torch.linalg.cholesky_ex(K_SS)  # the eager update's test: pivots well above rounding
+    d = L.diagonal()
+    lo = torch.where(valid, d, torch.inf).amin()
+    hi = torch.where(valid, d, 0.0).amax()
+    rtol = m.to(cd).clamp_min(1.0) * torch.finfo(dt).eps  # default_rtol(m, dtype), m on the device
+    chol_ok = (info == 0) & (lo * lo > 100.0 * rtol * hi * hi)
+    W = torch.linalg.solve_triangular(L, torch.eye(m_cap, dtype=cd, device=K_SA.device), upper=False)
+    Zt = W @ K_SA.index_select(1, asc_arm).to(cd)  # (m_cap, P) features of the pulled arms
+    s = torch.where(valid_p, reward_sums.index_select(0, asc_arm), 0.0)
+    Ma, V_inv, info_v = fit_kernel_row_operator_ex(W, Zt, n, s, lam)
+    mean, rls = score_kernel_columns(K_SA, kdiag, Ma.to(dt), lam, chunk)
+    changed = (m != prev_m) | (slots != prev_slots).any()
+    head = torch.stack([m, chol_ok.long(), (info_v == 0).long(), changed.long()])
+    flags = torch.cat([head, slots]).to(torch.float64)
+    return FixedUpdate(K_SA, slots, W, V_inv, Ma, mean, rls, flags)
+
+
+class FixedCapacityEngine:
+    """The host side of :func:`fixed_update`: the padded pulled arms, the dictionary's capacity, one read per update.
+
+    Args:
+        compiled: run :func:`fixed_update` through ``torch.compile(fullgraph=True)`` (once per pair of capacities).
+        backend: the ``torch.compile`` backend.
+
+    Attributes:
+        m_cap: the dictionary's slots (doubling when a dictionary outgrows them).
+    """
+
+    def __init__(self, compiled: bool = False, backend: str = "inductor"):
+        self.compiled, self.backend = bool(compiled), backend
+        self.m_cap = MIN_CAPACITY
+        self._pulled: tuple | None = None  # (p, asc_row, asc_arm) for the current pulled arms
+        self._prev: tuple | None = None  # (slots, m) of the last adopted update
+        self._fn = None
+
+    def reset(self) -> None:
+        """Forget the pulled arms and the previous dictionary (a reloaded or cleared bandit)."""
+        self._pulled = self._prev = None
+
+    def set_pulled(self, pulled: torch.Tensor, rows: torch.Tensor) -> None:
+        """The pulled arms `(p,)` ascending and their rows `(p,)` in the pulled-row buffer."""
+        p = pulled.numel()
+        P = capacity_for(p)
+        asc_arm = pulled.new_zeros(P)
+        asc_row = pulled.new_zeros(P)
+        asc_arm[:p] = pulled
+        asc_row[:p] = rows
+        self._pulled = (p, asc_row, asc_arm)
+
+    def draws(self, u: torch.Tensor) -> torch.Tensor:
+        """`(P,)` the draws ``u`` `(p,)` of the pulled arms, padded with 2 (never kept)."""
+        p, _, asc_arm = self._pulled
+        out = torch.full((asc_arm.shape[0],), 2.0, dtype=torch.float64, device=asc_arm.device)
+        out[:p] = u.to(out.device)
+        return out
+
+    def update(self, K_P: torch.Tensor, counts: torch.Tensor, reward_sums: torch.Tensor, u: torch.Tensor,
+               rls_prev: torch.Tensor, kdiag: torch.Tensor, sampler: RLSDictionary, lam: float,
+               chunk: int) -> tuple[FixedUpdate, list[float]]:
+        """Run :func:`fixed_update` with ``u`` `(P,)` from :meth:`draws`; returns it and its flags read on the host
+        (``[m, cholesky ok, V ok, changed, slots...]``), after growing ``m_cap`` until the dictionary fits."""
+        _, asc_row, asc_arm = self._pulled
+        while True:
+            prev_slots, prev_m = self._previous(asc_arm.device)
+            fn = self._function()
+            out = fn(K_P, asc_row, asc_arm, counts, reward_sums, u, rls_prev, kdiag, prev_slots, prev_m, sampler,
+                     lam, self.m_cap, chunk)
+            flags = out.flags.tolist()  # the one host read of an update
+            if flags[0] <= self.m_cap:
+                return out, flags
+            self.m_cap = capacity_for(int(flags[0]))
+
+    def remember(self, dictionary: torch.Tensor) -> None:
+        """The dictionary `(m,)` ascending that the next update compares with (to flag a change)."""
+        self._prev = (dictionary, int(dictionary.numel()))
+
+    def _previous(self, device) -> tuple[torch.Tensor, torch.Tensor]:
+        slots = torch.zeros(self.m_cap, dtype=torch.long, device=device)
+        m = 0
+        if self._prev is not None:
+            old, m = self._prev
+            k = min(old.numel(), self.m_cap)
+            slots[:k] = old[:k]
+        return slots, torch.full((), m, dtype=torch.long, device=device)  # a fill, not a copy from the host
+
+    def _function(self):
+        if not self.compiled:
+            return fixed_update
+        if self._fn is None or self._fn[0] != self.backend:
+            self._fn = (self.backend, torch.compile(fixed_update, fullgraph=True, dynamic=False, backend=self.backend))
+        return self._fn[1]
+
+
+class FixedCapacityUpdates:
+    """The update of a :class:`~torchbkb.bandits.sketched.SketchedKernelBandit` through :class:`FixedCapacityEngine`
+    (mixed into it): used while ``fixed_capacity`` is on (the default on every device but the CPU), the pulled arms'
+    rows are cached and the dictionary's rows fit ``kernel_cache_bytes``; otherwise, and for an update whose ``K_S``
+    needs the eigendecomposition, the eager update runs from the same draws. Every arm is scored (no pruning: the
+    same choices)."""
+
+    def _fixed_applies(self) -> bool:
+        if not self.fixed_capacity or not self.rows.caches_pulled_rows:
+            return False
+        return self.engine.m_cap * self.num_arms * self.arms.element_size() <= self.rows.kernel_cache_bytes
+
+    def _update_fixed(self, pulled: torch.Tensor, n: torch.Tensor, forced: torch.Tensor | None) -> None:
+        """Resample (or take the arms ``forced`` `(k,)`: the first update, a checkpoint), refit and rescore."""
+        K_P, where = self.rows.pulled_rows(pulled)
+        if self._fixed_pulled is not pulled:
+            self.engine.set_pulled(pulled, where)
+            self._fixed_pulled = pulled
+        if forced is None:
+            u = self.sampler.draw(pulled.numel())
+        else:
+            u = torch.where(torch.isin(pulled, forced), -1.0, 1.25).to(torch.float64)  # in, or out but observed
+        chunk = scoring_chunk(self.score_chunk_size, self.engine.m_cap, self.arms.device, self.arms.dtype)
+        out, flags = self.engine.update(K_P, self.counts, self.reward_sums, self.engine.draws(u), self._rls,
+                                        self.kdiag, self.sampler, self.lam, chunk)
+        m = int(flags[0])
+        new_dict = out.slots[:m]
+        self.engine.remember(new_dict)
+        if m == 0 or not (flags[1] and flags[2]) or m * self.num_arms * self.arms.element_size() > \
+                self.rows.kernel_cache_bytes:
+            self._rebuild(new_dict, pulled=pulled, counts=n)  # the eager update, on the dictionary drawn here
+            return
+        with torch.no_grad():
+            self.rows.adopt([int(a) for a in flags[4 : 4 + m]], new_dict, out.K_SA)
+            self._W, self._V_inv, self._Z, self._posterior = out.W[:m, :m], out.V_inv[:m, :m], None, None
+            dt = self.arms.dtype
+            M = out.Ma[:m, :m].to(dt)
+            if flags[3]:
+                self.embeddings_computed += 1
+                self._check_accuracy(self.rows.rows(), M, pulled, n)
+            self._mean, self._rls, self._M = out.mean, out.rls, M
+            self._scored = self._K_scored = self._rls_full = None
+            self.arms_scored = self.num_arms
+            self.arms_scored_total += self.num_arms
+        self.dictionary = new_dict
+        self._deff, self._deff_inputs = None, (pulled, n, self._rls)
