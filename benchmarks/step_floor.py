@@ -12,9 +12,11 @@ per step of:
   timed bare: no loop, no protocol;
 * ``torchbkb eager`` (the CPU's default update), ``torchbkb fixed`` (the fixed-capacity update, eager) and
   ``torchbkb fixed compiled`` (``torch.compile`` with inductor, compiled before the timing), through ``torchbkb.run``;
-* ``authors`` -- the authors' BKB through the peers harness (``--peers``; skipped when it cannot be imported).
+* ``authors`` -- the authors' BKB through the peers harness (``--peers``; skipped when it cannot be imported), with
+  NumPy's BLAS on one thread (``threadpoolctl``).
 
-What the target needs: ``authors / (loop + fewest ops)`` bounds the ratio any PyTorch step built from separate
+``--quick`` runs 100 steps once and leaves out the compiled update. What the target needs:
+``authors / (loop + fewest ops)`` bounds the ratio any PyTorch step built from separate
 operations reaches through this loop. Writes ``step_floor.json`` and ``step_floor.png``.
 
 Usage::
@@ -136,6 +138,15 @@ def authors_runner(peers: str):
 
 
 def main(argv=None):
+    try:  # one thread for NumPy's BLAS too (it is ~16x slower with two on these VMs)
+        import threadpoolctl
+    except ImportError:
+        return measure(argv)
+    with threadpoolctl.threadpool_limits(1):
+        return measure(argv)
+
+
+def measure(argv=None):
     p = base_parser(__doc__.splitlines()[0])
     p.add_argument("--reps", type=int, default=3, help="interleaved rounds (seeds 0, 1, ...)")
     p.add_argument("--peers", default="../shared/peers", help="the peers harness directory")
@@ -143,9 +154,10 @@ def main(argv=None):
     setup(args, default_threads=1)
     if args.quick:
         args.reps = 1
-    runners = {name: torchbkb_runner(mode) for name, mode in (("loop", "loop"), ("torchbkb eager", "eager"),
-                                                              ("torchbkb fixed", "fixed"),
-                                                              ("torchbkb fixed compiled", "fixed compiled"))}
+    modes = [("loop", "loop"), ("torchbkb eager", "eager"), ("torchbkb fixed", "fixed")]
+    if not args.quick:  # compiling takes tens of seconds on a fresh machine
+        modes.append(("torchbkb fixed compiled", "fixed compiled"))
+    runners = {name: torchbkb_runner(mode) for name, mode in modes}
     runners["fewest ops"] = fewest_ops_runner()
     authors = authors_runner(args.peers)
     if authors is not None:
