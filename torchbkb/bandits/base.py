@@ -78,6 +78,8 @@ class Bandit(BanditCheckpoint):
         self.batch_id = 0
         self.history: dict[str, list] = {"index": [], "reward": [], "batch": []}
         self._pending: list[int] = []
+        self._selected_ids: list[int] | None = None  # set by a _select that read its picks already
+        self._asked: tuple | None = None  # (tensor, its version, ids) of the last ask: told back unread
         self.last_told: tuple[torch.Tensor, torch.Tensor] = (self._long([]),
                                                              torch.zeros(0, dtype=torch.float64, device=arms.device))
         self._told_idx: list[int] = []
@@ -106,10 +108,13 @@ class Bandit(BanditCheckpoint):
         """
         if not self._pending:
             idx = self._select().reshape(-1)
-            self._pending = idx.tolist()  # the step's one read of the device
+            ids, self._selected_ids = self._selected_ids, None
+            self._pending = idx.tolist() if ids is None else list(ids)  # the step's one read of the device
             self.batch_id += 1
             out = idx.to(device=self.arms.device, dtype=torch.long)
-            return out.clone() if out is idx else out  # the caller's own tensor, as `pending` gives
+            out = out.clone() if out is idx else out  # the caller's own tensor, as `pending` gives
+            self._asked = (out, out._version, list(self._pending))
+            return out
         return self.pending
 
     def tell(self, indices: torch.Tensor, y: torch.Tensor) -> None:
@@ -223,7 +228,11 @@ class Bandit(BanditCheckpoint):
         if indices.is_floating_point() or indices.is_complex() or indices.dtype == torch.bool:
             raise InputDataError(f"{name}: expected an integer tensor of arm indices, got dtype {indices.dtype}")
         idx = indices.reshape(-1)
-        ids = idx.tolist()  # the one read of the indices: range, pending and history all use the host copy
+        asked = self._asked
+        if asked is not None and indices is asked[0] and indices._version == asked[1]:
+            ids = list(asked[2])  # the tensor ask returned, unmodified: its arms are known without a read
+        else:
+            ids = idx.tolist()  # the one read of the indices: range, pending and history all use the host copy
         if ids and (min(ids) < 0 or max(ids) >= self.num_arms):
             raise InputDataError(f"{name}: expected arm indices in [0, {self.num_arms}), got {ids}")
         return idx.to(device=self.arms.device, dtype=torch.long), ids

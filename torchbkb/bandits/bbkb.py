@@ -97,7 +97,8 @@ class BBKB(SketchedKernelBandit):
         noise_std: ``ξ`` of the theory β (default ``√λ``).
         lazy: lazy UCB updates inside a batch (``False`` recomputes every arm after each pick: the
             same batches, slower -- for testing). On a GPU a batch over features held in memory is selected by
-            :func:`~torchbkb.bandits.device_batch.select_batch_on_device` instead (every arm per pick, no host read).
+            :func:`~torchbkb.bandits.device_batch.run_batch_on_device` instead (every arm per pick, no host read;
+            the attribute ``device_loop`` switches it).
         chunk_size: arms scored at once (``None``: sized for the device, see
             :func:`~torchbkb.gp.scoring_chunk.scoring_chunk`).
         row_cache_bytes: memory for the kernel rows of the pulled arms (see
@@ -129,6 +130,8 @@ class BBKB(SketchedKernelBandit):
         time_resparsify: seconds spent at batch ends (resampling, kernel rows and ``K_S``, refit, rescoring).
         last_selection: the :class:`~torchbkb.bandits.batch_selection.BatchSelection` of the last batch
             (in-batch variances of the picks, UCB evaluations; ``None`` for the uniform first batch).
+        device_loop: select batches with :func:`~torchbkb.bandits.device_batch.run_batch_on_device` (default on
+            every device but the CPU; the same batches).
 
     Example:
         >>> import torch
@@ -178,12 +181,12 @@ class BBKB(SketchedKernelBandit):
         self.batch_bound, self.max_batch_size = check_batch_limits(batch_bound, max_batch_size)
         self.batch_size = None if batch_size is None else check_q(batch_size, self.num_arms)
         self.lazy = bool(lazy)
+        self.device_loop = device_batch.use_device_loop(self.arms.device)
         if self.beta_mode == "theory":
             warn_unmet_preconditions("BBKB", q_bar=self.q_bar, lam=self.lam, delta=self.delta, horizon=horizon,
                                      batch_bound=self.batch_bound)
         self.beta_tilde = float("nan")
-        self.log_sum = 0.0
-        self.practical_sum = 0.0
+        self._sums = [0.0, 0.0]  # log_sum, practical_sum: floats, or 0-d tensors on the device read when needed
         self.batch_sizes: list[int] = []
         self.num_resparsifications = 0
         self.ucb_evaluations = 0
@@ -192,6 +195,24 @@ class BBKB(SketchedKernelBandit):
         self.last_selection: BatchSelection | None = None
 
     # ------------------------------------------------------------------ widths
+    @property
+    def log_sum(self) -> float:
+        self._sums[0] = float(self._sums[0])  # read once (a float from then on)
+        return self._sums[0]
+
+    @log_sum.setter
+    def log_sum(self, value: float) -> None:
+        self._sums[0] = float(value)
+
+    @property
+    def practical_sum(self) -> float:
+        self._sums[1] = float(self._sums[1])
+        return self._sums[1]
+
+    @practical_sum.setter
+    def practical_sum(self, value: float) -> None:
+        self._sums[1] = float(value)
+
     def current_beta(self) -> float:
         """The multiplier ``α̃`` of the next batch: ``C̃ β̃_fb`` (theory), the authors' width (practical) or the
         user's constant."""
@@ -227,9 +248,13 @@ class BBKB(SketchedKernelBandit):
                 if self.batch_size is not None:  # arm indices
                     sel = self._fixed_batch(Z, mean, rls, V_inv, scored)
                 else:
-                    if isinstance(Z, torch.Tensor) and device_batch.use_device_loop(Z.device) and self.lazy:
-                        sel = device_batch.select_batch_on_device(Z, mean, rls, V_inv, self.beta, self.batch_bound,
-                                                                  self.max_batch_size)  # no host read per pick
+                    if self.device_loop and self.lazy and (isinstance(Z, torch.Tensor) or not self.streams_kernel_rows):
+                        Z = Z if isinstance(Z, torch.Tensor) else self.arm_features()  # (A, r), every arm per pick
+                        # no host read per pick; the first read after a little more than the last batch's length
+                        first = int(1.25 * self.batch_sizes[-1]) + 8 if self.batch_sizes else None
+                        sel, ids = device_batch.run_batch_on_device(Z, mean, rls, V_inv, self.beta, self.batch_bound,
+                                                                    self.max_batch_size, first_check=first)
+                        self._selected_ids = ids if scored is None else None  # ask reads no more
                     else:
                         chunk = self.chunk_size if self.streams_kernel_rows else None
                         sel = select_batch(Z, mean, rls, V_inv, self.beta, self.batch_bound, self.max_batch_size,
@@ -269,11 +294,11 @@ class BBKB(SketchedKernelBandit):
     def _update(self) -> None:
         start = time.perf_counter()
         told = self.last_told[0]
-        if told.numel():  # σ̃²_fb of the told picks: their variance when the batch started
+        if told.numel():  # σ̃²_fb of the told picks: their variance when the batch started (summed on the device)
             rls = self.arm_rls[told].to(torch.float64)
-            self.log_sum += float(torch.log1p(3.0 * rls).sum())
+            self._sums[0] = self._sums[0] + torch.log1p(3.0 * rls).sum()
             if self.t > told.numel():  # not the first told batch (the initialization)
-                self.practical_sum += float(torch.log1p(rls).sum())
+                self._sums[1] = self._sums[1] + torch.log1p(rls).sum()
         super()._update()  # resample S with q̄ σ̃²_fb, update kernel rows if S changed, refit, rescore
         self.num_resparsifications += 1
         self.time_resparsify += time.perf_counter() - start

@@ -32,7 +32,7 @@ import torch
 
 from torchbkb.bandits.batch_selection import UNBOUNDED_PICKS, BatchSelection, check_batch_limits
 
-__all__ = ["select_batch_on_device", "pick_step", "PickState", "use_device_loop", "CHECK_EVERY"]
+__all__ = ["select_batch_on_device", "run_batch_on_device", "pick_step", "PickState", "use_device_loop", "CHECK_EVERY"]
 
 #: Picks between two host reads of the done flag.
 CHECK_EVERY = 32
@@ -96,7 +96,24 @@ def select_batch_on_device(
     *,
     check_every: int = CHECK_EVERY,
 ) -> BatchSelection:
-    """One BBKB batch (the ``"sum"`` stop rule) with no host read inside a pick.
+    """One BBKB batch (the ``"sum"`` stop rule) with no host read inside a pick (see :func:`run_batch_on_device`)."""
+    return run_batch_on_device(Z, mean, rls, V_inv, alpha, batch_bound, max_batch_size, check_every=check_every)[0]
+
+
+def run_batch_on_device(
+    Z: torch.Tensor,
+    mean: torch.Tensor,
+    rls: torch.Tensor,
+    V_inv: torch.Tensor,
+    alpha: float,
+    batch_bound: float,
+    max_batch_size: int | None = None,
+    *,
+    check_every: int = CHECK_EVERY,
+    first_check: int | None = None,
+) -> tuple[BatchSelection, list[int]]:
+    """One BBKB batch (the ``"sum"`` stop rule) with no host read inside a pick, and its picks on the host: the done
+    flag, the count and the picks so far are read together, once per ``check_every`` picks.
 
     Args:
         Z: `(A, r)` embedded candidates (a tensor; the UCBs are computed in its dtype).
@@ -107,10 +124,12 @@ def select_batch_on_device(
         batch_bound: ``C̃ >= 1``.
         max_batch_size: optional cap on the batch length.
         check_every: picks between two host reads of the done flag.
+        first_check: picks before the first read (default ``check_every``): a batch that ends before it is read
+            once; the picks computed past its end are dropped.
 
     Returns:
-        A :class:`~torchbkb.bandits.batch_selection.BatchSelection` (``ucb_evaluations`` counts every arm of every
-        pick).
+        ``(selection, ids)``: a :class:`~torchbkb.bandits.batch_selection.BatchSelection` (``ucb_evaluations``
+        counts every arm of every pick) and its indices as Python ints.
     """
     C, cap = check_batch_limits(batch_bound, max_batch_size)
     A = Z.shape[0]
@@ -126,24 +145,29 @@ def select_batch_on_device(
         done=torch.zeros((), dtype=torch.bool, device=dev),
         count=torch.zeros((), dtype=torch.long, device=dev),
     )
-    picks, in_batch = [], []
+    picks, in_batch, ids = [], [], []
     limit = UNBOUNDED_PICKS if cap is None else cap
-    t = 0
+    t = n = 0
     while t < limit:
-        for _ in range(min(check_every, limit - t)):
+        chunk = []
+        for _ in range(min(check_every if t or first_check is None else max(int(first_check), 1), limit - t)):
             t += 1
             i, rls_i, state = pick_step(Z, mean_c, rls0, state, alpha, C, cap is None, t >= limit)
-            picks.append(i)
+            chunk.append(i)
             in_batch.append(rls_i)
-        if bool(state.done):  # the one host read per check_every picks
+        picks += chunk
+        head = torch.stack([state.done.long(), state.count])
+        read = torch.cat([head, torch.stack(chunk)]).tolist()  # the one host read per check_every picks
+        ids += read[2:]
+        n = read[1]
+        if read[0]:
             break
-    count, V_t = state.count, state.V_inv
-    n = int(count)
     idx = torch.stack(picks[:n])
-    return BatchSelection(
+    selection = BatchSelection(
         indices=idx,
         rls_start=rls0[idx].to(rls.dtype),
         rls_in_batch=torch.stack(in_batch[:n]).to(rls.dtype),
         ucb_evaluations=A * n,
-        V_inv=V_t,
+        V_inv=state.V_inv,
     )
+    return selection, ids[:n]

@@ -152,10 +152,11 @@ class KernelRowCache:
             buf = self._P_buf = grown
         with torch.no_grad():
             first = len(self._P_pos)
-            for a in new:
-                row = len(self._P_pos)
-                buf[row] = finite_rows(self.kernel(self.arms[a : a + 1], self.arms), [a])[0]
-                self._P_pos[a] = row
+            for j, a in enumerate(new):  # each row alone; checked together (one host read), then recorded
+                buf[first + j] = self.kernel(self.arms[a : a + 1], self.arms)[0]
+            finite_rows(buf[first : first + len(new)], new)
+            for j, a in enumerate(new):
+                self._P_pos[a] = first + j
             self._P_row[self._long(new)] = torch.arange(first, first + len(new), device=self.arms.device)
 
     def set_dictionary(self, dictionary: torch.Tensor, order: list[int] | None = None,
