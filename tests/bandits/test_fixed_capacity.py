@@ -38,6 +38,29 @@ def _run(cls, arms, f, *, fixed: bool, T: int, seed: int, stop_at: int | None = 
     return picks, b
 
 
+class _Reads:
+    """Count the host reads of tensors (``tolist``, ``item``, ``bool``, ``int``, ``float``) inside a ``with``."""
+
+    NAMES = ("tolist", "item", "__bool__", "__int__", "__float__")
+
+    def __enter__(self):
+        self.calls, self.original = [], {n: getattr(torch.Tensor, n) for n in self.NAMES}
+
+        def counting(name):
+            def read(tensor, *args):
+                self.calls.append(name)
+                return self.original[name](tensor, *args)
+            return read
+
+        for name in self.NAMES:
+            setattr(torch.Tensor, name, counting(name))
+        return self
+
+    def __exit__(self, *exc):
+        for name, fn in self.original.items():
+            setattr(torch.Tensor, name, fn)
+
+
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.booleans(), min_size=1, max_size=40), st.integers(1, 48))
 def test_compact_slots_places_the_kept_entries_in_ascending_order(keep, m_cap):
@@ -119,29 +142,30 @@ def test_a_resumed_fixed_capacity_run_continues_exactly(device):
     assert picks == whole
 
 
-def test_an_update_reads_the_device_once(device):
-    """``tell`` with the tensor ``ask`` returned reads the rewards once and the update once (its flags and
-    dictionary)."""
+def test_a_bkb_step_reads_the_device_once(device):
+    """With a constant width the fixed-capacity update makes the next UCB argmax too: ``ask`` reads nothing, and
+    ``tell`` with the tensor ask returned reads the rewards and the update's flags (and, for an arm pulled the first
+    time, its kernel row's finiteness) -- beside the accuracy check when the dictionary has grown by a quarter."""
     arms, f = _problem(6, device)
-    _, b = _run(BKB, arms, f, fixed=True, T=40, seed=6)
-    reads, original = [], {n: getattr(torch.Tensor, n) for n in ("tolist", "item", "__bool__", "__int__", "__float__")}
-
-    def counting(name):
-        def read(self, *args):
-            reads.append(name)
-            return original[name](self, *args)
-        return read
-
-    idx = b.ask()
-    y = f[idx]
-    try:
-        for name in original:
-            setattr(torch.Tensor, name, counting(name))
-        b.tell(idx, y)
-    finally:
-        for name, fn in original.items():
-            setattr(torch.Tensor, name, fn)
-    assert len(reads) == 2, reads
+    eager, _ = _run(BKB, arms, f, fixed=False, T=120, seed=6)
+    b = BKB(arms, GaussianKernel(0.2), noise=0.01, q_bar=2.0, beta=0.5, seed=6)
+    b.fixed_capacity = True
+    g = torch.Generator().manual_seed(106)
+    picks, asks, tells = [], [], []
+    while b.t < 120:
+        with _Reads() as r:
+            idx = b.ask()
+        asks.append(len(r.calls))
+        y = f[idx] + 0.1 * torch.randn(idx.shape, generator=g, dtype=torch.float64).to(f.device)
+        new = b.pending.tolist()[0] not in picks
+        picks += b.pending.tolist()
+        with _Reads() as r:
+            b.tell(idx, y)
+        tells.append(len(r.calls) - new)
+    assert picks == eager
+    assert set(asks[1:]) == {0}
+    checks = 2 + math.ceil(math.log(b.dictionary_size) / math.log(1.25))
+    assert min(tells[1:]) == 2 and sum(t > 2 for t in tells[1:]) <= checks, tells
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
@@ -177,29 +201,6 @@ def test_the_update_compiles_as_one_graph_and_equals_the_eager_update(dtype, dev
                b.engine.m_cap, 4096) for fn in (fixed_update, compiled)]
     for a, c in zip(*outs):
         torch.testing.assert_close(a, c, rtol=0, atol=0, equal_nan=True)
-
-
-class _Reads:
-    """Count the host reads of tensors (``tolist``, ``item``, ``bool``, ``int``, ``float``) inside a ``with``."""
-
-    NAMES = ("tolist", "item", "__bool__", "__int__", "__float__")
-
-    def __enter__(self):
-        self.calls, self.original = [], {n: getattr(torch.Tensor, n) for n in self.NAMES}
-
-        def counting(name):
-            def read(tensor, *args):
-                self.calls.append(name)
-                return self.original[name](tensor, *args)
-            return read
-
-        for name in self.NAMES:
-            setattr(torch.Tensor, name, counting(name))
-        return self
-
-    def __exit__(self, *exc):
-        for name, fn in self.original.items():
-            setattr(torch.Tensor, name, fn)
 
 
 @pytest.mark.parametrize("width", [0.5, "theory"])

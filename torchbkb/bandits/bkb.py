@@ -131,11 +131,17 @@ class BKB(SketchedKernelBandit):
             self.beta = self.current_beta()
             return self._random_arm()
         self.beta = self.current_beta()
+        fused = self._take_fused_pick(self.beta)  # the fixed-capacity update made this argmax already
+        if fused is not None:
+            return fused
         ucb = self._mask_excluded(self.arm_means + self.beta * self.arm_rls.sqrt())
         return torch.argmax(ucb).reshape(1)
 
     def _ucb_width(self) -> float | None:
         return None if isinstance(self.beta_mode, str) else float(self.beta_mode)
+
+    def _fused_pick_width(self) -> float | None:
+        return self._ucb_width()
 
     def current_beta(self) -> float:
         """The width of the next selection: β̃ₜ (theory), the authors' βₜ (practical) or the constant."""

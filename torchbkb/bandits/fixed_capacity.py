@@ -56,7 +56,8 @@ class FixedUpdate(NamedTuple):
     Ma: torch.Tensor  #: `(m_cap + 1, m_cap)` ``[M; aᵀ]`` on kernel rows
     mean: torch.Tensor  #: `(A,)` ``μ̃``
     rls: torch.Tensor  #: `(A,)` ``σ̃²`` (RLS scale)
-    #: `(4 + m_cap,)` float64: ``m``, ``K_S`` factored by Cholesky, ``V`` factored, the dictionary changed; the slots
+    #: `(5 + m_cap,)` float64: ``m``, ``K_S`` factored by Cholesky, ``V`` factored, the dictionary changed, the next
+    #: UCB pick (-1: none asked); then the slots
     flags: torch.Tensor
 
 
@@ -80,7 +81,7 @@ def compact_slots(keep: torch.Tensor, m_cap: int) -> tuple[torch.Tensor, torch.T
 def fixed_update(K_P: torch.Tensor, asc_row: torch.Tensor, asc_arm: torch.Tensor, counts: torch.Tensor,
                  reward_sums: torch.Tensor, u: torch.Tensor, rls_prev: torch.Tensor, kdiag: torch.Tensor,
                  prev_slots: torch.Tensor, prev_m: torch.Tensor, sampler: RLSDictionary, lam: float, m_cap: int,
-                 chunk: int) -> FixedUpdate:
+                 chunk: int, width: float | None = None, excluded: torch.Tensor | None = None) -> FixedUpdate:
     """Resample the dictionary from the pulled arms, refit the DTC posterior, score every arm: fixed shapes only.
 
     Args:
@@ -93,6 +94,8 @@ def fixed_update(K_P: torch.Tensor, asc_row: torch.Tensor, asc_arm: torch.Tensor
         prev_slots, prev_m: the previous dictionary (`(m_cap,)` slots, 0-d size), to flag a change.
         sampler: the bandit's :class:`~torchbkb.RLSDictionary` (its inclusion rule and ``q̄``).
         lam: ``λ``; m_cap: dictionary slots; chunk: arms per scoring product.
+        width, excluded: with a width, the next UCB pick ``argmax μ̃ + width·σ̃`` over the arms not ``excluded``
+            `(A,)` is made here too (BKB with a constant width: its next ``ask`` reads nothing more).
     """
     valid_p = u < 1.5  # the padding carries u = 2
     n = torch.where(valid_p, counts.index_select(0, asc_arm).to(torch.float64), 0.0)
@@ -117,7 +120,10 @@ def fixed_update(K_P: torch.Tensor, asc_row: torch.Tensor, asc_arm: torch.Tensor
     Ma, V_inv, info_v = fit_kernel_row_operator_ex(W, Zt, n, s, lam)
     mean, rls = score_kernel_columns(K_SA, kdiag, Ma.to(dt), lam, chunk)
     changed = (m != prev_m) | (slots != prev_slots).any()
-    head = torch.stack([m, chol_ok.long(), (info_v == 0).long(), changed.long()])
+    pick = torch.full_like(m, -1)
+    if width is not None:  # the selection's own expression, so the same pick
+        pick = torch.argmax((mean + width * rls.sqrt()).masked_fill(excluded, -torch.inf))
+    head = torch.stack([m, chol_ok.long(), (info_v == 0).long(), changed.long(), pick])
     flags = torch.cat([head, slots]).to(torch.float64)
     return FixedUpdate(K_SA, slots, W, V_inv, Ma, mean, rls, flags)
 
@@ -163,15 +169,16 @@ class FixedCapacityEngine:
 
     def update(self, K_P: torch.Tensor, counts: torch.Tensor, reward_sums: torch.Tensor, u: torch.Tensor,
                rls_prev: torch.Tensor, kdiag: torch.Tensor, sampler: RLSDictionary, lam: float,
-               chunk: int) -> tuple[FixedUpdate, list[float]]:
+               chunk: int, width: float | None = None,
+               excluded: torch.Tensor | None = None) -> tuple[FixedUpdate, list[float]]:
         """Run :func:`fixed_update` with ``u`` `(P,)` from :meth:`draws`; returns it and its flags read on the host
-        (``[m, cholesky ok, V ok, changed, slots...]``), after growing ``m_cap`` until the dictionary fits."""
+        (``[m, cholesky ok, V ok, changed, pick, slots...]``), after growing ``m_cap`` until the dictionary fits."""
         _, asc_row, asc_arm = self._pulled
         while True:
             prev_slots, prev_m = self._previous(asc_arm.device)
             fn = self._function()
             out = fn(K_P, asc_row, asc_arm, counts, reward_sums, u, rls_prev, kdiag, prev_slots, prev_m, sampler,
-                     lam, self.m_cap, chunk)
+                     lam, self.m_cap, chunk, width, excluded)
             flags = out.flags.tolist()  # the one host read of an update
             if flags[0] <= self.m_cap:
                 return out, flags
@@ -212,6 +219,7 @@ class FixedCapacityUpdates:
 
     def _update_fixed(self, pulled: torch.Tensor, n: torch.Tensor, forced: torch.Tensor | None) -> None:
         """Resample (or take the arms ``forced`` `(k,)`: the first update, a checkpoint), refit and rescore."""
+        self._fused_pick = None
         K_P, where = self.rows.pulled_rows(pulled)
         if self._fixed_pulled is not pulled:
             self.engine.set_pulled(pulled, where)
@@ -221,8 +229,9 @@ class FixedCapacityUpdates:
         else:
             u = torch.where(torch.isin(pulled, forced), -1.0, 1.25).to(torch.float64)  # in, or out but observed
         chunk = scoring_chunk(self.score_chunk_size, self.engine.m_cap, self.arms.device, self.arms.dtype)
+        width = None if self.exclusions else self._fused_pick_width()
         out, flags = self.engine.update(K_P, self.counts, self.reward_sums, self.engine.draws(u), self._rls,
-                                        self.kdiag, self.sampler, self.lam, chunk)
+                                        self.kdiag, self.sampler, self.lam, chunk, width, self.excluded)
         m = int(flags[0])
         new_dict = out.slots[:m]
         self.engine.remember(new_dict)
@@ -231,7 +240,7 @@ class FixedCapacityUpdates:
             self._rebuild(new_dict, pulled=pulled, counts=n)  # the eager update, on the dictionary drawn here
             return
         with torch.no_grad():
-            self.rows.adopt([int(a) for a in flags[4 : 4 + m]], new_dict, out.K_SA)
+            self.rows.adopt([int(a) for a in flags[5 : 5 + m]], new_dict, out.K_SA)
             self._W, self._V_inv, self._Z, self._posterior = out.W[:m, :m], out.V_inv[:m, :m], None, None
             dt = self.arms.dtype
             M = out.Ma[:m, :m].to(dt)
@@ -244,3 +253,22 @@ class FixedCapacityUpdates:
             self.arms_scored_total += self.num_arms
         self.dictionary = new_dict
         self._deff, self._deff_inputs = None, (pulled, n, self._rls)
+        if width is not None:  # ask takes it while nothing it depends on has changed
+            pick = out.flags[4:5].long()  # (1,) on the device: no copy from the host
+            self._fused_pick = (int(flags[4]), pick, width, self.excluded._version, self._mean, self._rls)
+
+    def _fused_pick_width(self) -> float | None:
+        """The width of a next selection that is one UCB argmax, known at the update (``None``: none)."""
+        return None
+
+    def _take_fused_pick(self, width: float) -> torch.Tensor | None:
+        """`(1,)` the pick the last update made for a selection of this ``width``, its host copy handed to ``ask``;
+        ``None`` when there is none or anything it depends on changed since."""
+        fused, self._fused_pick = self._fused_pick, None
+        if fused is None or self.exclusions:
+            return None
+        host, pick, w, version, mean, rls = fused
+        if w != width or version != self.excluded._version or mean is not self._mean or rls is not self._rls:
+            return None
+        self._selected_ids = [host]
+        return pick

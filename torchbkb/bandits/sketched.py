@@ -135,7 +135,7 @@ class SketchedKernelBandit(FixedCapacityUpdates, SketchedCheckpoint, KernelBandi
         # variances vs a float64 reference, as the dictionary grows
         self._accuracy = AccuracyMonitor(type(self).__name__)
         self.fixed_capacity = self.arms.device.type != "cpu"
-        self.engine, self._fixed_pulled = FixedCapacityEngine(), None
+        self.engine, self._fixed_pulled, self._fused_pick = FixedCapacityEngine(), None, None
         self._clear_posterior()
 
     def _scoring_chunk(self) -> int:
