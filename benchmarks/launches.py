@@ -17,9 +17,9 @@ Cases (steps counted after a warm-up, the median per step over the measured wind
   by its size);
 * ``bkb_large`` -- BKB on ``--arms`` random arms in d = 8 (default 10⁵); ``bkb_large_all`` the same with every arm's
   variance scored at every step (``prune=False``: the step the floor below describes);
-* ``*_fixed`` / ``*_eager`` -- the same bandit updating through the fixed-capacity engine (``fixed_capacity =
-  True``, the default on a GPU: one host read per update, every arm scored) or the eager update (the CPU's default:
-  data-dependent shapes, pruning).
+* ``*_fixed`` / ``*_eager`` -- the same bandit as on a GPU (the fixed-capacity update, ``fixed_capacity = True``:
+  one host read per update, every arm scored; BBKB's device loop) or as on the CPU (the eager update with its
+  data-dependent shapes and pruning; the lazy loop), whatever the device.
 
 Beside the counts, each case times its steps without the profiler (the median over ``--timed-steps`` steps)
 and, interleaved with them, its **arithmetic floor**: the ``(A × m)·(m × m)`` product that scores every arm at
@@ -57,12 +57,14 @@ SYNC_OPS = ("aten::_local_scalar_dense", "aten::nonzero", "aten::masked_select",
 
 
 def bandit(case: str, device, dtype, arms_large: int, chunk_size: int | None = None):
-    """The case's bandit; a ``_fixed`` case updates through the fixed-capacity engine, an ``_eager`` one through the
-    eager update, whatever the device's default."""
+    """The case's bandit; a ``_fixed`` case runs as on a GPU (the fixed-capacity update, BBKB's device loop), an
+    ``_eager`` one as on the CPU (the eager update, the lazy loop), whatever the device."""
     base = case.removesuffix("_fixed").removesuffix("_eager")
     b, values, noise_std = plain_bandit(base, device, dtype, arms_large, chunk_size)
     if base != case:
         b.fixed_capacity = case.endswith("_fixed")
+        if hasattr(b, "device_loop"):
+            b.device_loop = b.fixed_capacity
     return b, values, noise_std
 
 

@@ -15,7 +15,8 @@ MODULES = {".".join(p.relative_to(PKG.parent).with_suffix("").parts).removesuffi
            for p in PKG.rglob("*.py")}
 TREES = {name: ast.parse(path.read_text()) for name, path in MODULES.items()}
 # torch's own hooks that subclasses override and call through super()/the module: not our private names
-TORCH_HOOKS = {"_apply", "_buffers", "_stream_block", "_replace"}  # (+ NamedTuple's public _replace)
+# (+ NamedTuple's public _replace, and Tensor._version: the counter of in-place changes autograd checks too)
+TORCH_HOOKS = {"_apply", "_buffers", "_stream_block", "_replace", "_version"}
 # BoTorch keeps a fitted model's untransformed inputs only there (no public accessor): read by from_model
 BOTORCH_STATE = {"_has_transformed_inputs", "_original_train_inputs"}
 

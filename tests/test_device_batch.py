@@ -113,3 +113,17 @@ def test_a_pick_compiles_as_one_graph_and_equals_the_eager_pick(stall_check, dev
         assert int(i) == int(j) and torch.equal(r_i, r_j)
         assert all(torch.equal(a, b) for a, b in zip(eager_state, compiled_state))
     assert bool(eager_state.done)
+
+
+def test_a_batch_past_the_pick_limit_is_given_up():
+    """``pick_limit``: a batch that has not ended after that many picks returns ``None`` (BBKB hands it to the lazy
+    loop, which takes long runs of one arm in closed form); one that ends within it is the same batch."""
+    from torchbkb.bandits.device_batch import run_batch_on_device
+
+    Z, mean, rls, V_inv = _problem(200, 5, 3, torch.device("cpu"))
+    whole = run_batch_on_device(Z, mean, rls, V_inv, 1.0, 6.0)
+    n = whole[0].indices.numel()
+    assert n > 4
+    assert run_batch_on_device(Z, mean, rls, V_inv, 1.0, 6.0, check_every=2, pick_limit=n - 2) is None
+    within = run_batch_on_device(Z, mean, rls, V_inv, 1.0, 6.0, first_check=n + 3, pick_limit=n + 3)
+    assert within[1] == whole[1] == whole[0].indices.tolist()

@@ -235,3 +235,22 @@ def test_a_bbkb_batch_reads_the_device_once_to_select_and_once_to_update(width, 
         assert asks[k] == 1 + extra + (width == "theory"), (k, sizes[k - 1], sizes[k])
     checks = 2 + math.ceil(math.log(b.dictionary_size) / math.log(1.25))  # growths by a quarter, at most
     assert min(tells[1:]) == 2 and sum(t > 2 for t in tells[1:]) <= checks, tells
+
+
+def test_a_long_batch_goes_to_the_lazy_loop_with_the_same_picks(device, monkeypatch):
+    """Past ``DEVICE_PICKS_MAX`` picks (16 here) a batch is given to the lazy loop, and after a batch that long the
+    next one starts there: the same batches as the CPU's loops."""
+    from torchbkb.bandits import device_batch
+
+    monkeypatch.setattr(device_batch, "DEVICE_PICKS_MAX", 16)
+    arms, f = _problem(9, device)
+    lazy, _ = _run(BBKB, arms, f, fixed=False, T=300, seed=9, batch_bound=3.0)
+    b = BBKB(arms, GaussianKernel(0.2), noise=0.01, q_bar=2.0, beta=0.5, seed=9, batch_bound=3.0)
+    b.fixed_capacity, b.device_loop = True, True
+    g = torch.Generator().manual_seed(109)
+    picks = []
+    while b.t < 300:
+        idx = b.ask()
+        picks += idx.tolist()
+        b.tell(idx, f[idx] + 0.1 * torch.randn(idx.shape, generator=g, dtype=torch.float64).to(f.device))
+    assert max(b.batch_sizes) > 16 and picks == lazy

@@ -248,14 +248,19 @@ class BBKB(SketchedKernelBandit):
                 if self.batch_size is not None:  # arm indices
                     sel = self._fixed_batch(Z, mean, rls, V_inv, scored)
                 else:
-                    if self.device_loop and self.lazy and (isinstance(Z, torch.Tensor) or not self.streams_kernel_rows):
+                    out, cap = None, device_batch.DEVICE_PICKS_MAX
+                    last = self.batch_sizes[-1] if self.batch_sizes else 0
+                    if self.device_loop and self.lazy and last <= cap and (isinstance(Z, torch.Tensor)
+                                                                           or not self.streams_kernel_rows):
                         Z = Z if isinstance(Z, torch.Tensor) else self.arm_features()  # (A, r), every arm per pick
                         # no host read per pick; the first read after a little more than the last batch's length
-                        first = int(1.25 * self.batch_sizes[-1]) + 8 if self.batch_sizes else None
-                        sel, ids = device_batch.run_batch_on_device(Z, mean, rls, V_inv, self.beta, self.batch_bound,
-                                                                    self.max_batch_size, first_check=first)
+                        first = min(int(1.25 * last) + 8, cap) if last else None
+                        out = device_batch.run_batch_on_device(Z, mean, rls, V_inv, self.beta, self.batch_bound,
+                                                               self.max_batch_size, first_check=first, pick_limit=cap)
+                    if out is not None:
+                        sel, ids = out
                         self._selected_ids = ids if scored is None else None  # ask reads no more
-                    else:
+                    else:  # the lazy loop: on the CPU, and for a long batch (given to it from the start)
                         chunk = self.chunk_size if self.streams_kernel_rows else None
                         sel = select_batch(Z, mean, rls, V_inv, self.beta, self.batch_bound, self.max_batch_size,
                                            lazy=self.lazy, validate=False, chunk_size=chunk)

@@ -32,10 +32,14 @@ import torch
 
 from torchbkb.bandits.batch_selection import UNBOUNDED_PICKS, BatchSelection, check_batch_limits
 
-__all__ = ["select_batch_on_device", "run_batch_on_device", "pick_step", "PickState", "use_device_loop", "CHECK_EVERY"]
+__all__ = ["select_batch_on_device", "run_batch_on_device", "pick_step", "PickState", "use_device_loop", "CHECK_EVERY",
+           "DEVICE_PICKS_MAX"]
 
 #: Picks between two host reads of the done flag.
 CHECK_EVERY = 32
+#: Picks after which :class:`~torchbkb.BBKB` gives a batch to the lazy loop: a long batch is mostly runs of one arm,
+#: which the lazy loop takes in closed form and this loop pick by pick, every arm each time.
+DEVICE_PICKS_MAX = 4096
 
 
 class PickState(NamedTuple):
@@ -111,7 +115,8 @@ def run_batch_on_device(
     *,
     check_every: int = CHECK_EVERY,
     first_check: int | None = None,
-) -> tuple[BatchSelection, list[int]]:
+    pick_limit: int | None = None,
+) -> tuple[BatchSelection, list[int]] | None:
     """One BBKB batch (the ``"sum"`` stop rule) with no host read inside a pick, and its picks on the host: the done
     flag, the count and the picks so far are read together, once per ``check_every`` picks.
 
@@ -126,10 +131,11 @@ def run_batch_on_device(
         check_every: picks between two host reads of the done flag.
         first_check: picks before the first read (default ``check_every``): a batch that ends before it is read
             once; the picks computed past its end are dropped.
+        pick_limit: give up (return ``None``) when the batch has not ended after this many picks.
 
     Returns:
         ``(selection, ids)``: a :class:`~torchbkb.bandits.batch_selection.BatchSelection` (``ucb_evaluations``
-        counts every arm of every pick) and its indices as Python ints.
+        counts every arm of every pick) and its indices as Python ints; ``None`` past ``pick_limit``.
     """
     C, cap = check_batch_limits(batch_bound, max_batch_size)
     A = Z.shape[0]
@@ -162,6 +168,8 @@ def run_batch_on_device(
         n = read[1]
         if read[0]:
             break
+        if pick_limit is not None and t >= pick_limit:
+            return None
     idx = torch.stack(picks[:n])
     selection = BatchSelection(
         indices=idx,
