@@ -254,3 +254,21 @@ def test_a_long_batch_goes_to_the_lazy_loop_with_the_same_picks(device, monkeypa
         picks += idx.tolist()
         b.tell(idx, f[idx] + 0.1 * torch.randn(idx.shape, generator=g, dtype=torch.float64).to(f.device))
     assert max(b.batch_sizes) > 16 and picks == lazy
+
+
+def test_a_pickled_bandit_with_a_compiled_update_continues_exactly():
+    import pickle
+
+    arms, f = _problem(10, torch.device("cpu"))
+    whole, _ = _run(BKB, arms, f, fixed=True, T=60, seed=10)
+    b = BKB(arms, GaussianKernel(0.2), noise=0.01, q_bar=2.0, beta=0.5, seed=10)
+    b.fixed_capacity, b.engine.compiled, b.engine.backend = True, True, "eager"
+    g = torch.Generator().manual_seed(110)
+    picks = []
+    while b.t < 60:
+        if b.t == 30:
+            b = pickle.loads(pickle.dumps(b))
+        idx = b.ask()
+        picks += idx.tolist()
+        b.tell(idx, f[idx] + 0.1 * torch.randn(idx.shape, generator=g, dtype=torch.float64))
+    assert picks == whole and b.engine.compiled

@@ -150,6 +150,9 @@ class FixedCapacityEngine:
         """Forget the pulled arms and the previous dictionary (a reloaded or cleared bandit)."""
         self._pulled = self._prev = None
 
+    def __getstate__(self) -> dict:
+        return self.__dict__ | {"_fn": None}  # a compiled function does not pickle; it is built again when needed
+
     def set_pulled(self, pulled: torch.Tensor, rows: torch.Tensor) -> None:
         """The pulled arms `(p,)` ascending and their rows `(p,)` in the pulled-row buffer."""
         p = pulled.numel()
