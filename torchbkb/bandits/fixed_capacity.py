@@ -71,9 +71,10 @@ def compact_slots(keep: torch.Tensor, m_cap: int) -> tuple[torch.Tensor, torch.T
     k = keep.long()
     pos = torch.cumsum(k, 0) - 1
     m = k.sum()
-    target = torch.where(keep & (pos < m_cap), pos, m_cap)  # the rest go to a dump slot past the end
     src = torch.arange(keep.shape[0], device=keep.device)
-    positions = torch.zeros(m_cap + 1, dtype=torch.long, device=keep.device).scatter(0, target, src)[:m_cap]
+    target = torch.where(keep & (pos < m_cap), pos, m_cap + src)  # the rest to slots of their own past the end
+    positions = torch.zeros(m_cap + keep.shape[0], dtype=torch.long, device=keep.device).scatter(0, target, src)
+    positions = positions[:m_cap]  # (unique targets: a deterministic scatter on every device)
     valid = torch.arange(m_cap, device=keep.device) < m
     return torch.where(valid, positions, 0), valid, m
 
