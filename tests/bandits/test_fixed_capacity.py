@@ -230,7 +230,7 @@ def test_a_bbkb_batch_reads_the_device_once_to_select_and_once_to_update(width, 
     assert picks == lazy
     sizes = b.batch_sizes
     for k in range(1, len(sizes)):
-        first = int(1.25 * sizes[k - 1]) + 8
+        first = int(1.25 * sizes[k - 1]) + 2
         extra = max(0, -(-(sizes[k] - first) // 32))
         assert asks[k] == 1 + extra + (width == "theory"), (k, sizes[k - 1], sizes[k])
     checks = 2 + math.ceil(math.log(b.dictionary_size) / math.log(1.25))  # growths by a quarter, at most

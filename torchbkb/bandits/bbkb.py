@@ -254,7 +254,7 @@ class BBKB(SketchedKernelBandit):
                                                                            or not self.streams_kernel_rows):
                         Z = Z if isinstance(Z, torch.Tensor) else self.arm_features()  # (A, r), every arm per pick
                         # no host read per pick; the first read after a little more than the last batch's length
-                        first = min(int(1.25 * last) + 8, cap) if last else None
+                        first = min(int(1.25 * last) + 2, cap) if last else None
                         out = device_batch.run_batch_on_device(Z, mean, rls, V_inv, self.beta, self.batch_bound,
                                                                self.max_batch_size, first_check=first, pick_limit=cap)
                     if out is not None:
