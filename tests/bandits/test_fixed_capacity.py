@@ -197,8 +197,8 @@ def test_the_update_compiles_as_one_graph_and_equals_the_eager_update(dtype, dev
     P = u.numel()
     asc_arm = torch.cat([pulled, pulled.new_zeros(P - pulled.numel())])
     asc_row = torch.cat([where, where.new_zeros(P - where.numel())])
-    outs = [fn(K_P, asc_row, asc_arm, b.counts, b.reward_sums, u, b.arm_rls, b.kdiag, prev, m0, b.sampler, b.lam,
-               b.engine.m_cap, 4096) for fn in (fixed_update, compiled)]
+    outs = [fn(K_P, asc_row, asc_arm, b.counts, b.reward_sums, u, b.arm_rls, b.kdiag, prev, m0, b.sampler.q_bar,
+               b.sampler.inclusion, b.lam, b.engine.m_cap, 4096) for fn in (fixed_update, compiled)]
     for a, c in zip(*outs):
         torch.testing.assert_close(a, c, rtol=0, atol=0, equal_nan=True)
 
@@ -259,6 +259,9 @@ def test_a_long_batch_goes_to_the_lazy_loop_with_the_same_picks(device, monkeypa
 def test_a_pickled_bandit_with_a_compiled_update_continues_exactly():
     import pickle
 
+    import torch._dynamo
+
+    torch._dynamo.reset()
     arms, f = _problem(10, torch.device("cpu"))
     whole, _ = _run(BKB, arms, f, fixed=True, T=60, seed=10)
     b = BKB(arms, GaussianKernel(0.2), noise=0.01, q_bar=2.0, beta=0.5, seed=10)
@@ -272,3 +275,28 @@ def test_a_pickled_bandit_with_a_compiled_update_continues_exactly():
         picks += idx.tolist()
         b.tell(idx, f[idx] + 0.1 * torch.randn(idx.shape, generator=g, dtype=torch.float64))
     assert picks == whole and b.engine.compiled
+
+
+def test_a_compilation_that_fails_warns_once_and_the_update_runs_eagerly(monkeypatch):
+    """``torch.compile`` is never required: a compiler failure (here a backend that raises) turns compilation off
+    with one warning, and the run makes the eager update's choices."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    arms, f = _problem(11, torch.device("cpu"))
+    whole, _ = _run(BKB, arms, f, fixed=True, T=40, seed=11)
+
+    def broken(gm, example_inputs):
+        raise RuntimeError("no compiler here")
+
+    b = BKB(arms, GaussianKernel(0.2), noise=0.01, q_bar=2.0, beta=0.5, seed=11)
+    b.fixed_capacity, b.engine.compiled, b.engine.backend = True, True, broken
+    g = torch.Generator().manual_seed(111)
+    picks = []
+    with pytest.warns(RuntimeWarning, match="torch.compile failed") as caught:
+        while b.t < 40:
+            idx = b.ask()
+            picks += idx.tolist()
+            b.tell(idx, f[idx] + 0.1 * torch.randn(idx.shape, generator=g, dtype=torch.float64))
+    assert picks == whole and not b.engine.compiled
+    assert sum("torch.compile failed" in str(w.message) for w in caught) == 1

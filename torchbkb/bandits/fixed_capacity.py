@@ -25,6 +25,7 @@ Example:
 
 from __future__ import annotations
 
+import warnings
 from typing import NamedTuple
 
 import torch
@@ -32,7 +33,7 @@ import torch
 from torchbkb.gp.functional import fit_kernel_row_operator_ex, score_kernel_columns
 from torchbkb.gp.linalg import compute_dtype
 from torchbkb.gp.scoring_chunk import scoring_chunk
-from torchbkb.sampling.rls_dictionary import RLSDictionary
+from torchbkb.sampling.rls_dictionary import RLSDictionary, inclusion_probability
 
 __all__ = ["FixedUpdate", "FixedCapacityEngine", "FixedCapacityUpdates", "MIN_CAPACITY", "capacity_for",
            "compact_slots", "fixed_update"]
@@ -81,8 +82,9 @@ def compact_slots(keep: torch.Tensor, m_cap: int) -> tuple[torch.Tensor, torch.T
 
 def fixed_update(K_P: torch.Tensor, asc_row: torch.Tensor, asc_arm: torch.Tensor, counts: torch.Tensor,
                  reward_sums: torch.Tensor, u: torch.Tensor, rls_prev: torch.Tensor, kdiag: torch.Tensor,
-                 prev_slots: torch.Tensor, prev_m: torch.Tensor, sampler: RLSDictionary, lam: float, m_cap: int,
-                 chunk: int, width: float | None = None, excluded: torch.Tensor | None = None) -> FixedUpdate:
+                 prev_slots: torch.Tensor, prev_m: torch.Tensor, q_bar: torch.Tensor, inclusion: str, lam: float,
+                 m_cap: int, chunk: int, width: float | None = None,
+                 excluded: torch.Tensor | None = None) -> FixedUpdate:
     """Resample the dictionary from the pulled arms, refit the DTC posterior, score every arm: fixed shapes only.
 
     Args:
@@ -93,14 +95,15 @@ def fixed_update(K_P: torch.Tensor, asc_row: torch.Tensor, asc_arm: torch.Tensor
             1.25 leaves a pulled arm out (``p_j <= 1``).
         rls_prev: `(A,)` ``σ̃²`` of the previous posterior; kdiag: `(A,)` ``k(a, a)``.
         prev_slots, prev_m: the previous dictionary (`(m_cap,)` slots, 0-d size), to flag a change.
-        sampler: the bandit's :class:`~torchbkb.RLSDictionary` (its inclusion rule and ``q̄``).
+        q_bar, inclusion: the dictionary's ``q̄`` (0-d) and inclusion rule
+            (:func:`~torchbkb.sampling.rls_dictionary.inclusion_probability`).
         lam: ``λ``; m_cap: dictionary slots; chunk: arms per scoring product.
         width, excluded: with a width, the next UCB pick ``argmax μ̃ + width·σ̃`` over the arms not ``excluded``
             `(A,)` is made here too (BKB with a constant width: its next ``ask`` reads nothing more).
     """
     valid_p = u < 1.5  # the padding carries u = 2
     n = torch.where(valid_p, counts.index_select(0, asc_arm).to(torch.float64), 0.0)
-    keep = u < sampler.inclusion_probability(rls_prev.index_select(0, asc_arm).to(torch.float64), n, validate=False)
+    keep = u < inclusion_probability(rls_prev.index_select(0, asc_arm).to(torch.float64), n, q_bar, inclusion)
     keep = keep & valid_p
     positions, valid, m = compact_slots(keep, m_cap)
     slots = torch.where(valid, asc_arm.index_select(0, positions), 0)
@@ -133,7 +136,9 @@ class FixedCapacityEngine:
     """The host side of :func:`fixed_update`: the padded pulled arms, the dictionary's capacity, one read per update.
 
     Args:
-        compiled: run :func:`fixed_update` through ``torch.compile(fullgraph=True)`` (once per pair of capacities).
+        compiled: run :func:`fixed_update` through ``torch.compile(fullgraph=True)``: a graph per arm set, ``λ`` and
+            dtype (capacities become dynamic after their first change); past the compiler's recompile limit, or on
+            any compiler failure, a warning and the eager update from then on.
         backend: the ``torch.compile`` backend.
 
     Attributes:
@@ -180,9 +185,9 @@ class FixedCapacityEngine:
         _, asc_row, asc_arm = self._pulled
         while True:
             prev_slots, prev_m = self._previous(asc_arm.device)
-            fn = self._function()
-            out = fn(K_P, asc_row, asc_arm, counts, reward_sums, u, rls_prev, kdiag, prev_slots, prev_m, sampler,
-                     lam, self.m_cap, chunk, width, excluded)
+            args = (K_P, asc_row, asc_arm, counts, reward_sums, u, rls_prev, kdiag, prev_slots, prev_m, sampler.q_bar,
+                    sampler.inclusion, lam, self.m_cap, chunk, width, excluded)
+            out = self._run(args)
             flags = out.flags.tolist()  # the one host read of an update
             if flags[0] <= self.m_cap:
                 return out, flags
@@ -201,12 +206,20 @@ class FixedCapacityEngine:
             slots[:k] = old[:k]
         return slots, torch.full((), m, dtype=torch.long, device=device)  # a fill, not a copy from the host
 
-    def _function(self):
+    def _run(self, args: tuple) -> FixedUpdate:
+        """:func:`fixed_update`, compiled when asked; a compilation that fails (a graph break, the recompile limit)
+        says so once and the engine runs eagerly from then on: the same update."""
         if not self.compiled:
-            return fixed_update
+            return fixed_update(*args)
         if self._fn is None or self._fn[0] != self.backend:
-            self._fn = (self.backend, torch.compile(fixed_update, fullgraph=True, dynamic=False, backend=self.backend))
-        return self._fn[1]
+            self._fn = (self.backend, torch.compile(fixed_update, fullgraph=True, backend=self.backend))
+        try:
+            return self._fn[1](*args)
+        except Exception as err:  # noqa: BLE001 - any compiler failure; the eager call below raises real errors
+            self.compiled = False
+            warnings.warn(f"FixedCapacityEngine: torch.compile failed ({type(err).__name__}: {str(err)[:200]}); "
+                          f"updating eagerly from now on", RuntimeWarning, stacklevel=4)
+            return fixed_update(*args)
 
 
 class FixedCapacityUpdates:

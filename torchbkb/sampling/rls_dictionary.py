@@ -33,7 +33,7 @@ from torch import nn
 
 from torchbkb.errors import InputDataError, check_finite, check_generator, check_positive
 
-__all__ = ["RLSDictionary", "INCLUSION_RULES", "DEFAULT_INCLUSION", "check_inclusion"]
+__all__ = ["RLSDictionary", "INCLUSION_RULES", "DEFAULT_INCLUSION", "check_inclusion", "inclusion_probability"]
 
 #: the readings of the inclusion probability of an arm pulled ``n`` times (see the module docstring).
 INCLUSION_RULES = ("per_pull", "count_scaled")
@@ -46,6 +46,20 @@ def check_inclusion(inclusion: object) -> str:
     if not isinstance(inclusion, str) or inclusion not in INCLUSION_RULES:
         raise InputDataError(f"inclusion: expected one of {list(INCLUSION_RULES)}, got {inclusion!r}")
     return inclusion
+
+
+def inclusion_probability(rls: torch.Tensor, counts: torch.Tensor | None, q_bar: torch.Tensor,
+                          inclusion: str) -> torch.Tensor:
+    """The probability that a candidate with RLS variance ``rls`` `(n,)` pulled ``counts`` `(n,)` times enters the
+    dictionary: ``min(1, q̄·n·σ̃²)`` (``"count_scaled"``) or ``1 - (1 - min(1, q̄·σ̃²))^n``
+    (``"per_pull"``); with ``counts=None``, ``min(1, q̄·σ̃²)``. ``q_bar`` is a 0-d tensor; no checks, no host
+    read."""
+    if counts is not None and inclusion == "count_scaled":
+        return (q_bar.to(rls.dtype) * counts.to(rls.dtype) * rls).clamp(0.0, 1.0)
+    p = (q_bar.to(rls.dtype) * rls).clamp(0.0, 1.0)
+    if counts is None:
+        return p
+    return 1.0 - torch.pow(1.0 - p, counts.to(rls.dtype))
 
 
 class RLSDictionary(nn.Module):
@@ -88,15 +102,7 @@ class RLSDictionary(nn.Module):
         """
         if validate:  # (callers that produced the inputs, like the bandits, skip the checks and their host reads)
             rls, counts = self._check(rls, counts)
-        return self._probability(rls, counts)
-
-    def _probability(self, rls: torch.Tensor, counts: torch.Tensor | None) -> torch.Tensor:
-        if counts is not None and self.inclusion == "count_scaled":
-            return (self.q_bar.to(rls.dtype) * counts.to(rls.dtype) * rls).clamp(0.0, 1.0)
-        p = (self.q_bar.to(rls.dtype) * rls).clamp(0.0, 1.0)
-        if counts is None:
-            return p
-        return 1.0 - torch.pow(1.0 - p, counts.to(rls.dtype))
+        return inclusion_probability(rls, counts, self.q_bar, self.inclusion)
 
     def resample(self, rls: torch.Tensor, counts: torch.Tensor | None = None, *, validate: bool = True) -> torch.Tensor:
         """Draw the new dictionary.
