@@ -8,8 +8,8 @@ same update is one function of fixed shapes (:func:`fixed_update`, it compiles w
   nothing to ``V`` and is never drawn;
 * the dictionary lives in ``m_cap`` slots, compacted in ascending arm order by a cumulative sum and one scatter (the
   order the bandit's own update uses while the rows fit :data:`~torchbkb.bandits.kernel_row_cache.REFILL_BYTES`); the
-  unused slots hold zero kernel rows and an identity block in ``K_S``, so they give zero features and change no
-  score;
+  unused slots hold an identity block in ``K_S``, zero features and zero rows and columns in the scoring operator, so
+  they change no score (their kernel rows are never cleared: that would be one more pass over `(m_cap, A)`);
 * what the eager update checks on the host -- ``K_S``'s Cholesky pivots, ``V``'s factorization, the dictionary's
   size -- comes back as flags, read once per update with the dictionary (:class:`FixedCapacityEngine`), which grows
   ``m_cap`` (doubling) and runs the update again with the same draws when the dictionary outgrew it, and hands an
@@ -50,7 +50,7 @@ def capacity_for(n: int) -> int:
 class FixedUpdate(NamedTuple):
     """One update on fixed-capacity buffers (``m`` valid slots of ``m_cap``; the rest zero or identity)."""
 
-    K_SA: torch.Tensor  #: `(m_cap, A)` the dictionary's kernel rows in slot order, zero rows past ``m``
+    K_SA: torch.Tensor  #: `(m_cap, A)` the dictionary's kernel rows in slot order (past ``m``: not to be read)
     slots: torch.Tensor  #: `(m_cap,)` long, the dictionary's arms ascending (0 past ``m``)
     W: torch.Tensor  #: `(m_cap, m_cap)` ``L⁻¹`` of the padded ``K_S`` (identity block past ``m``)
     V_inv: torch.Tensor  #: `(m_cap, m_cap)` ``V⁻¹``, ``1/λ`` on the padding
@@ -109,9 +109,11 @@ def fixed_update(K_P: torch.Tensor, asc_row: torch.Tensor, asc_arm: torch.Tensor
     slots = torch.where(valid, asc_arm.index_select(0, positions), 0)
     dt = K_P.dtype
     vf = valid.to(dt)
-    K_SA = K_P.index_select(0, asc_row.index_select(0, positions)) * vf.unsqueeze(1)  # (m_cap, A)
+    # (m_cap, A): the unused slots hold some pulled row, never read -- every small matrix is masked below instead
+    K_SA = K_P.index_select(0, asc_row.index_select(0, positions))
     cd = compute_dtype(dt, m_cap)
-    K_SS = K_SA.index_select(1, slots).T.to(cd) * (vf.unsqueeze(1) * vf).to(cd) + torch.diag(1.0 - vf.to(cd))
+    vc = vf.to(cd)
+    K_SS = K_SA.index_select(1, slots).T.to(cd) * (vc.unsqueeze(1) * vc) + torch.diag(1.0 - vc)
     L, info = torch.linalg.cholesky_ex(K_SS)  # the eager update's test: pivots well above rounding
     d = L.diagonal()
     lo = torch.where(valid, d, torch.inf).amin()
@@ -119,9 +121,10 @@ def fixed_update(K_P: torch.Tensor, asc_row: torch.Tensor, asc_arm: torch.Tensor
     rtol = m.to(cd).clamp_min(1.0) * torch.finfo(dt).eps  # default_rtol(m, dtype), m on the device
     chol_ok = (info == 0) & (lo * lo > 100.0 * rtol * hi * hi)
     W = torch.linalg.solve_triangular(L, torch.eye(m_cap, dtype=cd, device=K_SA.device), upper=False)
-    Zt = W @ K_SA.index_select(1, asc_arm).to(cd)  # (m_cap, P) features of the pulled arms
+    Zt = (W @ K_SA.index_select(1, asc_arm).to(cd)) * vc.unsqueeze(1)  # (m_cap, P) the pulled arms' features
     s = torch.where(valid_p, reward_sums.index_select(0, asc_arm), 0.0)
     Ma, V_inv, info_v = fit_kernel_row_operator_ex(W, Zt, n, s, lam)
+    Ma = Ma * torch.cat([vc, vc.new_ones(1)]).unsqueeze(1) * vc  # exact zeros on the unused slots' rows and columns
     mean, rls = score_kernel_columns(K_SA, kdiag, Ma.to(dt), lam, chunk)
     changed = (m != prev_m) | (slots != prev_slots).any()
     pick = torch.full_like(m, -1)
