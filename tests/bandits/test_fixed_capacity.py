@@ -300,3 +300,40 @@ def test_a_compilation_that_fails_warns_once_and_the_update_runs_eagerly(monkeyp
             b.tell(idx, f[idx] + 0.1 * torch.randn(idx.shape, generator=g, dtype=torch.float64))
     assert picks == whole and not b.engine.compiled
     assert sum("torch.compile failed" in str(w.message) for w in caught) == 1
+
+
+@pytest.mark.parametrize("cls", [BKB, BBKB])
+def test_discards_exclusions_and_readmissions_make_the_eager_choices(cls, device):
+    """Arms that keep failing are discarded and excluded, then readmitted: the fixed-capacity update (with BKB's
+    fused argmax and BBKB's device loop) and the eager one pick the same arms throughout."""
+    arms, f = _problem(12, device, A=80)
+    runs = []
+    for fixed in (False, True):  # (a cap: 80 arms at a constant width grow batches of millions of repeated picks)
+        kw = {"batch_bound": 3.0, "max_batch_size": 40} if cls is BBKB else {}
+        b = cls(arms, GaussianKernel(0.2), noise=0.01, q_bar=2.0, beta=0.5, seed=12, **kw)
+        b.fixed_capacity = fixed
+        if cls is BBKB:
+            b.device_loop = fixed
+        picks = []
+        for step in range(60):
+            idx = b.ask()
+            picks.append(idx.tolist())
+            bad = [i for i in idx.tolist() if i % 7 == 0 and step < 30]
+            good = [i for i in idx.tolist() if i not in bad]
+            if good:
+                b.tell(torch.tensor(good), f[good])
+            if bad:
+                b.discard(torch.tensor(bad), exclude=True)
+            if step == 40:
+                b.readmit()
+        runs.append(picks)
+    assert runs[0] == runs[1]
+
+
+@pytest.mark.parametrize("limits", [{"row_cache_bytes": 0}, {"kernel_cache_bytes": 1}])
+def test_without_cached_rows_the_eager_update_runs(limits, device):
+    """No pulled-row cache (its budget is 0) or streamed dictionary rows: the fixed-capacity update steps aside."""
+    arms, f = _problem(13, device)
+    eager, _ = _run(BKB, arms, f, fixed=False, T=60, seed=13, **limits)
+    fixed, b = _run(BKB, arms, f, fixed=True, T=60, seed=13, **limits)
+    assert fixed == eager and b.dictionary_size > 0
