@@ -107,6 +107,7 @@ class Bandit(BanditCheckpoint):
             batched ones). While some asked arms are not told yet, the same pending arms are returned.
         """
         if not self._pending:
+            self._selected_ids = None  # only this _select may hand its picks over
             idx = self._select().reshape(-1)
             ids, self._selected_ids = self._selected_ids, None
             self._pending = idx.tolist() if ids is None else list(ids)  # the step's one read of the device
