@@ -22,20 +22,42 @@ def _problem(seed: int, device, A: int = 300, twins: bool = False):
     return arms.to(device), torch.sin(5 * arms).sum(-1).to(device)
 
 
-def _run(cls, arms, f, *, fixed: bool, T: int, seed: int, stop_at: int | None = None, **kw):
-    """Picks of a bandit run to ``T`` evaluations (noisy rewards from a seeded generator)."""
-    kw = {"noise": 0.01, "q_bar": 2.0, "beta": 0.5, "seed": seed} | kw
-    b = cls(arms, GaussianKernel(0.2), **kw)
-    b.fixed_capacity = fixed
+def _noise(seed: int, skip: int = 0) -> torch.Generator:
+    """The reward noise of run ``seed``, past the draws of its first ``skip`` one-arm steps."""
     g = torch.Generator().manual_seed(100 + seed)
-    picks = []
+    for _ in range(skip):
+        torch.randn((1,), generator=g, dtype=torch.float64)
+    return g
+
+
+def _drive(b, f, T: int, g: torch.Generator, picks: list[int], stop_at: int | None = None) -> list[int]:
+    """Ask and tell ``b`` until ``T`` evaluations (or ``stop_at``), the rewards ``f`` plus noise from ``g``; the picks
+    appended to ``picks``."""
     while b.t < T:
         idx = b.ask()
         picks += idx.tolist()
         b.tell(idx, f[idx] + 0.1 * torch.randn(idx.shape, generator=g, dtype=torch.float64).to(f.device))
         if stop_at is not None and b.t >= stop_at:
             break
-    return picks, b
+    return picks
+
+
+def _run(cls, arms, f, *, fixed: bool, T: int, seed: int, stop_at: int | None = None, setup=None, **kw):
+    """Picks of a bandit run to ``T`` evaluations (noisy rewards from a seeded generator); ``setup(bandit)`` sets
+    what the constructor does not (the engine's compilation, BBKB's device loop)."""
+    kw = {"noise": 0.01, "q_bar": 2.0, "beta": 0.5, "seed": seed} | kw
+    b = cls(arms, GaussianKernel(0.2), **kw)
+    b.fixed_capacity = fixed
+    if setup is not None:
+        setup(b)
+    return _drive(b, f, T, _noise(seed), [], stop_at), b
+
+
+def _compiled(backend):
+    """A ``setup`` for :func:`_run`: the fixed-capacity update compiled with ``backend``."""
+    def setup(b):
+        b.engine.compiled, b.engine.backend = True, backend
+    return setup
 
 
 class _Reads:
@@ -59,6 +81,25 @@ class _Reads:
     def __exit__(self, *exc):
         for name, fn in self.original.items():
             setattr(torch.Tensor, name, fn)
+
+
+def _counted_run(b, f, T: int, g: torch.Generator, *, host_rewards: bool):
+    """:func:`_drive` counting the host reads of every ``ask`` and of every ``tell`` (given ask's own tensor, and the
+    rewards as a host list when ``host_rewards``), less the one read a ``tell`` that pulls new arms makes for their
+    rows' finiteness; returns ``(picks, asks, tells)``."""
+    picks, asks, tells = [], [], []
+    while b.t < T:
+        with _Reads() as r:
+            idx = b.ask()
+        asks.append(len(r.calls))
+        y = f[idx] + 0.1 * torch.randn(idx.shape, generator=g, dtype=torch.float64).to(f.device)
+        y = y.cpu().tolist() if host_rewards else y
+        new = bool(set(b.pending.tolist()) - set(picks))
+        picks += b.pending.tolist()
+        with _Reads() as r:
+            b.tell(idx, y)
+        tells.append(len(r.calls) - new)
+    return picks, asks, tells
 
 
 @settings(max_examples=60, deadline=None)
@@ -131,15 +172,7 @@ def test_a_resumed_fixed_capacity_run_continues_exactly(device):
     resumed.fixed_capacity = True
     resumed.load_state_dict(b.state_dict())
     torch.testing.assert_close(resumed.arm_means, b.arm_means, rtol=0, atol=0)
-    g = torch.Generator().manual_seed(105)
-    for _ in range(60):  # replay the reward noise of the first 60 steps, then continue
-        torch.randn((1,), generator=g, dtype=torch.float64)
-    picks = list(first)
-    while resumed.t < 120:
-        idx = resumed.ask()
-        picks += idx.tolist()
-        resumed.tell(idx, f[idx] + 0.1 * torch.randn(idx.shape, generator=g, dtype=torch.float64).to(f.device))
-    assert picks == whole
+    assert _drive(resumed, f, 120, _noise(5, skip=60), list(first)) == whole  # the noise of the steps left
 
 
 def test_a_bkb_step_reads_the_device_once(device):
@@ -150,18 +183,7 @@ def test_a_bkb_step_reads_the_device_once(device):
     eager, _ = _run(BKB, arms, f, fixed=False, T=120, seed=6)
     b = BKB(arms, GaussianKernel(0.2), noise=0.01, q_bar=2.0, beta=0.5, seed=6)
     b.fixed_capacity = True
-    g = torch.Generator().manual_seed(106)
-    picks, asks, tells = [], [], []
-    while b.t < 120:
-        with _Reads() as r:
-            idx = b.ask()
-        asks.append(len(r.calls))
-        y = f[idx] + 0.1 * torch.randn(idx.shape, generator=g, dtype=torch.float64).to(f.device)
-        new = b.pending.tolist()[0] not in picks
-        picks += b.pending.tolist()
-        with _Reads() as r:
-            b.tell(idx, y)
-        tells.append(len(r.calls) - new)
+    picks, asks, tells = _counted_run(b, f, 120, _noise(6), host_rewards=False)
     assert picks == eager
     assert set(asks[1:]) == {0}
     checks = 2 + math.ceil(math.log(b.dictionary_size) / math.log(1.25))
@@ -178,14 +200,7 @@ def test_the_update_compiles_as_one_graph_and_equals_the_eager_update(dtype, dev
     arms, f = _problem(7, device)
     arms = arms.to(dtype)
     eager, _ = _run(BKB, arms, f, fixed=True, T=80, seed=7)
-    b = BKB(arms, GaussianKernel(0.2), noise=0.01, q_bar=2.0, beta=0.5, seed=7)
-    b.fixed_capacity, b.engine.compiled, b.engine.backend = True, True, "eager"
-    g = torch.Generator().manual_seed(107)
-    picks = []
-    while b.t < 80:
-        idx = b.ask()
-        picks += idx.tolist()
-        b.tell(idx, f[idx] + 0.1 * torch.randn(idx.shape, generator=g, dtype=torch.float64).to(f.device))
+    picks, b = _run(BKB, arms, f, fixed=True, T=80, seed=7, setup=_compiled("eager"))
     assert picks == eager
     compiled = torch.compile(fixed_update, fullgraph=True, backend="eager", dynamic=False)
     pulled = b.dictionary  # any ascending pulled arms
@@ -215,18 +230,7 @@ def test_a_bbkb_batch_reads_the_device_once_to_select_and_once_to_update(width, 
     lazy, _ = _run(BBKB, arms, f, fixed=False, T=200, seed=8, batch_bound=3.0, beta=width)
     b = BBKB(arms, GaussianKernel(0.2), noise=0.01, q_bar=2.0, beta=width, seed=8, batch_bound=3.0)
     b.fixed_capacity, b.device_loop = True, True
-    g = torch.Generator().manual_seed(108)
-    picks, asks, tells = [], [], []
-    while b.t < 200:
-        with _Reads() as r:
-            idx = b.ask()
-        asks.append(len(r.calls))
-        y = (f[idx].cpu() + 0.1 * torch.randn(idx.shape, generator=g, dtype=torch.float64)).tolist()
-        new = bool(set(b.pending.tolist()) - set(picks))
-        picks += b.pending.tolist()
-        with _Reads() as r:
-            b.tell(idx, y)
-        tells.append(len(r.calls) - new)
+    picks, asks, tells = _counted_run(b, f, 200, _noise(8), host_rewards=True)
     assert picks == lazy
     sizes = b.batch_sizes
     for k in range(1, len(sizes)):
@@ -245,14 +249,8 @@ def test_a_long_batch_goes_to_the_lazy_loop_with_the_same_picks(device, monkeypa
     monkeypatch.setattr(device_batch, "DEVICE_PICKS_MAX", 16)
     arms, f = _problem(9, device)
     lazy, _ = _run(BBKB, arms, f, fixed=False, T=300, seed=9, batch_bound=3.0)
-    b = BBKB(arms, GaussianKernel(0.2), noise=0.01, q_bar=2.0, beta=0.5, seed=9, batch_bound=3.0)
-    b.fixed_capacity, b.device_loop = True, True
-    g = torch.Generator().manual_seed(109)
-    picks = []
-    while b.t < 300:
-        idx = b.ask()
-        picks += idx.tolist()
-        b.tell(idx, f[idx] + 0.1 * torch.randn(idx.shape, generator=g, dtype=torch.float64).to(f.device))
+    picks, b = _run(BBKB, arms, f, fixed=True, T=300, seed=9, batch_bound=3.0,
+                    setup=lambda b: setattr(b, "device_loop", True))
     assert max(b.batch_sizes) > 16 and picks == lazy
 
 
@@ -264,17 +262,9 @@ def test_a_pickled_bandit_with_a_compiled_update_continues_exactly():
     torch._dynamo.reset()
     arms, f = _problem(10, torch.device("cpu"))
     whole, _ = _run(BKB, arms, f, fixed=True, T=60, seed=10)
-    b = BKB(arms, GaussianKernel(0.2), noise=0.01, q_bar=2.0, beta=0.5, seed=10)
-    b.fixed_capacity, b.engine.compiled, b.engine.backend = True, True, "eager"
-    g = torch.Generator().manual_seed(110)
-    picks = []
-    while b.t < 60:
-        if b.t == 30:
-            b = pickle.loads(pickle.dumps(b))
-        idx = b.ask()
-        picks += idx.tolist()
-        b.tell(idx, f[idx] + 0.1 * torch.randn(idx.shape, generator=g, dtype=torch.float64))
-    assert picks == whole and b.engine.compiled
+    first, b = _run(BKB, arms, f, fixed=True, T=60, seed=10, stop_at=30, setup=_compiled("eager"))
+    b = pickle.loads(pickle.dumps(b))
+    assert _drive(b, f, 60, _noise(10, skip=30), first) == whole and b.engine.compiled
 
 
 def test_a_compilation_that_fails_warns_once_and_the_update_runs_eagerly(monkeypatch):
@@ -289,15 +279,8 @@ def test_a_compilation_that_fails_warns_once_and_the_update_runs_eagerly(monkeyp
     def broken(gm, example_inputs):
         raise RuntimeError("no compiler here")
 
-    b = BKB(arms, GaussianKernel(0.2), noise=0.01, q_bar=2.0, beta=0.5, seed=11)
-    b.fixed_capacity, b.engine.compiled, b.engine.backend = True, True, broken
-    g = torch.Generator().manual_seed(111)
-    picks = []
     with pytest.warns(RuntimeWarning, match="torch.compile failed") as caught:
-        while b.t < 40:
-            idx = b.ask()
-            picks += idx.tolist()
-            b.tell(idx, f[idx] + 0.1 * torch.randn(idx.shape, generator=g, dtype=torch.float64))
+        picks, b = _run(BKB, arms, f, fixed=True, T=40, seed=11, setup=_compiled(broken))
     assert picks == whole and not b.engine.compiled
     assert sum("torch.compile failed" in str(w.message) for w in caught) == 1
 

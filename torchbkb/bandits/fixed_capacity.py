@@ -155,10 +155,6 @@ class FixedCapacityEngine:
         self._prev: tuple | None = None  # (slots, m) of the last adopted update
         self._fn = None
 
-    def reset(self) -> None:
-        """Forget the pulled arms and the previous dictionary (a reloaded or cleared bandit)."""
-        self._pulled = self._prev = None
-
     def __getstate__(self) -> dict:
         return self.__dict__ | {"_fn": None}  # a compiled function does not pickle; it is built again when needed
 
@@ -235,7 +231,7 @@ class FixedCapacityUpdates:
     def _fixed_applies(self) -> bool:
         if not self.fixed_capacity or not self.rows.caches_pulled_rows:
             return False
-        return self.engine.m_cap * self.num_arms * self.arms.element_size() <= self.rows.kernel_cache_bytes
+        return self.rows.caches(self.engine.m_cap)
 
     def _update_fixed(self, pulled: torch.Tensor, n: torch.Tensor, forced: torch.Tensor | None) -> None:
         """Resample (or take the arms ``forced`` `(k,)`: the first update, a checkpoint), refit and rescore."""
@@ -255,8 +251,7 @@ class FixedCapacityUpdates:
         m = int(flags[0])
         new_dict = out.slots[:m]
         self.engine.remember(new_dict)
-        if m == 0 or not (flags[1] and flags[2]) or m * self.num_arms * self.arms.element_size() > \
-                self.rows.kernel_cache_bytes:
+        if m == 0 or not (flags[1] and flags[2]) or not self.rows.caches(m):
             self._rebuild(new_dict, pulled=pulled, counts=n)  # the eager update, on the dictionary drawn here
             return
         with torch.no_grad():

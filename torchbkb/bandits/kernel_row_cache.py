@@ -104,6 +104,11 @@ class KernelRowCache:
         """How many pulled arms' rows are cached (0 once the cache is dropped)."""
         return 0 if self._P_pos is None else len(self._P_pos)
 
+    def caches(self, m: int) -> bool:
+        """Whether the kernel rows of a dictionary of ``m`` points are kept (within ``kernel_cache_bytes``); past it
+        they are streamed."""
+        return m * self.arms.shape[0] * self.arms.element_size() <= self.kernel_cache_bytes
+
     def pulled_rows(self, arms: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``(buffer, where)``: the pulled-row buffer `(capacity, A)` and the `(k,)` rows of ``arms`` `(k,)` in it
         (``buffer[where[i]]`` is ``k(arms[i], arms)``, computed alone); for arms whose rows are all cached."""
@@ -169,7 +174,7 @@ class KernelRowCache:
         m = dictionary.numel()
         with torch.no_grad():
             # streamed: slot order = the dictionary's
-            if m * self.arms.shape[0] * self.arms.element_size() > self.kernel_cache_bytes:
+            if not self.caches(m):
                 self._K_buf, self.order = None, list(order) if order is not None else dictionary.tolist()
                 self.order_index, self._slot_block, self._blocks = self._long(self.order), [-1] * len(self.order), {}
             elif order is None:
