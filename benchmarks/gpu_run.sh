@@ -1,36 +1,29 @@
 #!/bin/bash
-# The measurements of one lent GPU run (docs/gpu.md), from the repository root: each piece time-guarded,
-# its results tarred into $OUT after each piece so that a run stopped at its limit still returns them. The
-# --chunk-size 16384 runs are the CPU-sized chunk, beside the default sized for the device.
+# The measurements of one lent GPU run (docs/gpu.md), from the repository root: each piece time-guarded, in the
+# order of what matters most, its results tarred into $OUT after each piece so that a run stopped at its limit
+# still returns them. `_fixed` cases run the GPU's defaults (the fixed-capacity update, BBKB's device loop with its
+# picks replayed from CUDA graphs), `_eager` ones the CPU's (the eager update, the lazy loop), on the same machine.
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
 R=/tmp/res; mkdir -p $R
 finish() { (cd /tmp && tar czf "$OUT/res.tgz" res); }
-nvidia-smi -L; nproc
-python -c "import torch, botorch, gpytorch; print(torch.__version__, botorch.__version__, gpytorch.__version__)"
+nvidia-smi -L; python -c "import torch, botorch, gpytorch; print(torch.__version__, botorch.__version__, gpytorch.__version__)"
 L="python -m benchmarks.launches --device cuda"
-timeout 150 $L --cases bkb_anchor bbkb_anchor bkb_large bkb_large_all --out $R/l5 2>&1 | tail -8
-finish
-# the fixed-capacity update (the GPU's default) beside the eager one, at 10^6 and 10^7 arms
-timeout 90 $L --cases bkb_anchor_eager bbkb_anchor_eager bkb_large_eager --out $R/l5e 2>&1 | tail -6
-finish
-timeout 90 $L --cases bkb_large_fixed bkb_large_eager bkb_large_all_eager --arms 1000000 --out $R/l6f 2>&1 | tail -6
-finish
-timeout 120 $L --cases bkb_large_fixed bkb_large_eager --arms 10000000 --out $R/l7f 2>&1 | tail -6
-finish
-timeout 60 $L --cases bkb_large bkb_large_all --arms 1000000 --out $R/l6 2>&1 | tail -4
-finish
-timeout 60 $L --cases bkb_large bkb_large_all --arms 1000000 --chunk-size 16384 --out $R/l6c 2>&1 | tail -4
-finish
-timeout 80 $L --cases bkb_large bkb_large_all --arms 10000000 --out $R/l7 2>&1 | tail -4
-finish
-timeout 60 $L --cases bkb_large bkb_large_all --arms 10000000 --chunk-size 16384 --out $R/l7c 2>&1 | tail -4
+timeout 60 $L --cases bbkb_cadata_fixed bbkb_cadata_eager --warmup 40 --steps 10 --timed-steps 10 --out $R/lc \
+  2>&1 | tail -4
 finish
 for dev in cuda cpu; do
-  timeout 60 python -m benchmarks.batch --device $dev --threads 2 --methods BBKB:constant --seeds 3 \
-    --out $R/batch_$dev 2>&1 | grep -E "median|BBKB" | tail -6
+  timeout 50 python -m benchmarks.batch --device $dev --threads 2 --methods BBKB:constant --seeds 3 \
+    --out $R/batch_$dev 2>&1 | grep -E "median_wall|BBKB \(" | tail -4
   finish
 done
-timeout 90 python -m benchmarks.botorch_peer --device cuda --sizes 500 1000 2000 5000 --out $R/peer 2>&1 | tail -12
+timeout 70 $L --cases bkb_anchor_fixed bkb_anchor_eager bkb_large_fixed --arms 1000000 --steps 10 --timed-steps 30 \
+  --out $R/la 2>&1 | tail -5
 finish
-timeout 200 python -m pytest -q -n 14 -p no:cacheprovider -o addopts="" tests 2>&1 | tail -15
-finish
+timeout 120 python -m pytest -q -n 16 -p no:cacheprovider -o addopts="" --timeout 60 tests > $R/pytest.txt 2>&1
+tail -4 $R/pytest.txt; grep FAILED $R/pytest.txt | head; finish
+python - <<'P'
+import json, glob
+for f in sorted(glob.glob("/tmp/res/l*/launches.json")):
+    for r in json.load(open(f))["rows"]:
+        print(r["case"], r["syncs_per_pick"], r["picks_per_step"], r["step_ms"]); [print("  ", v, k) for k, v in r["sync_sites"].items()]
+P

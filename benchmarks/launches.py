@@ -17,9 +17,12 @@ Cases (steps counted after a warm-up, the median per step over the measured wind
   by its size);
 * ``bkb_large`` -- BKB on ``--arms`` random arms in d = 8 (default 10⁵); ``bkb_large_all`` the same with every arm's
   variance scored at every step (``prune=False``: the step the floor below describes);
+* ``bbkb_cadata`` -- BBKB on Cadata (A = 20,640, d = 8) at ``benchmarks.batch``'s settings (constant width,
+  C̃ = 2): per pick, as ``bbkb_anchor``; its synchronizations per batch are ``syncs_per_pick × picks_per_step``;
 * ``*_fixed`` / ``*_eager`` -- the same bandit as on a GPU (the fixed-capacity update, ``fixed_capacity = True``:
   one host read per update, every arm scored; BBKB's device loop) or as on the CPU (the eager update with its
-  data-dependent shapes and pruning; the lazy loop), whatever the device.
+  data-dependent shapes and pruning; the lazy loop), whatever the device; ``--compiled`` runs the fixed-capacity
+  update through ``torch.compile`` (``bandit.engine.compiled``).
 
 Beside the counts, each case times its steps without the profiler (the median over ``--timed-steps`` steps)
 and, interleaved with them, its **arithmetic floor**: the ``(A × m)·(m × m)`` product that scores every arm at
@@ -50,21 +53,23 @@ from benchmarks.report import new_figure, print_table, save_figure, write_json
 from benchmarks.timing import sync
 
 CHUNK = 4096  # columns of a cache-resident slice of the floor product, timed and scaled to A
-BASE_CASES = ("bkb_anchor", "bbkb_anchor", "bkb_large", "bkb_large_all")
+BASE_CASES = ("bkb_anchor", "bbkb_anchor", "bkb_large", "bkb_large_all", "bbkb_cadata")
 CASES = BASE_CASES + tuple(c + s for s in ("_fixed", "_eager") for c in BASE_CASES)
 SYNC_OPS = ("aten::_local_scalar_dense", "aten::nonzero", "aten::masked_select", "aten::unique", "aten::_unique2",
             "aten::is_nonzero", "aten::item")
 
 
-def bandit(case: str, device, dtype, arms_large: int, chunk_size: int | None = None):
+def bandit(case: str, device, dtype, arms_large: int, chunk_size: int | None = None, compiled: bool = False):
     """The case's bandit; a ``_fixed`` case runs as on a GPU (the fixed-capacity update, BBKB's device loop), an
-    ``_eager`` one as on the CPU (the eager update, the lazy loop), whatever the device."""
+    ``_eager`` one as on the CPU (the eager update, the lazy loop), whatever the device; ``compiled`` compiles the
+    fixed-capacity update."""
     base = case.removesuffix("_fixed").removesuffix("_eager")
     b, values, noise_std = plain_bandit(base, device, dtype, arms_large, chunk_size)
     if base != case:
         b.fixed_capacity = case.endswith("_fixed")
         if hasattr(b, "device_loop"):
             b.device_loop = b.fixed_capacity
+    b.engine.compiled = compiled
     return b, values, noise_std
 
 
@@ -73,6 +78,12 @@ def plain_bandit(case: str, device, dtype, arms_large: int, chunk_size: int | No
     from torchbkb.datasets import ANCHOR_SETTINGS, anchor_problem
     from torchbkb.gp.kernels import GaussianKernel
 
+    if case == "bbkb_cadata":
+        from benchmarks.batch import build, load_cadata
+
+        arms, values = load_cadata(dtype, device)
+        b = build("BBKB", "constant", arms, 10_000, seed=0)
+        return b, values, 0.0  # benchmarks.batch tells the noise-free values
     if case.startswith("bkb_large"):
         g = torch.Generator().manual_seed(0)
         arms = torch.rand(arms_large, 8, generator=g, dtype=torch.float64).to(device=device, dtype=dtype)
@@ -104,6 +115,28 @@ def counted_tolist():
         torch.Tensor.tolist = original
 
 
+@contextlib.contextmanager
+def sync_sites(sites: Counter):
+    """Record in ``sites`` the library lines (``file:line`` of the innermost ``torchbkb`` frames) where a CUDA
+    synchronization warning is raised; their number under ``"_n"``."""
+    import traceback
+
+    show = warnings.showwarning
+
+    def record(message, category, filename, lineno, file=None, line=None):
+        if "synchroniz" not in str(message).lower():
+            return show(message, category, filename, lineno, file, line)
+        frames = [f for f in traceback.extract_stack()[:-1] if "torchbkb" in f.filename or "benchmarks" in f.filename]
+        sites["_n"] += 1
+        sites[" < ".join(f"{f.filename.split('/')[-1]}:{f.lineno}" for f in frames[::-1][:3])] += 1
+
+    warnings.showwarning = record
+    try:
+        yield sites
+    finally:
+        warnings.showwarning = show
+
+
 def top_level_ops(prof) -> list[str]:
     """The names of the operators called from Python (not from inside another operator)."""
     events = [e for e in prof.events() if e.name.startswith("aten::")]
@@ -115,7 +148,7 @@ def top_level_ops(prof) -> list[str]:
 
 
 def count(case: str, args, device, dtype) -> dict:
-    b, values, noise_std = bandit(case, device, dtype, args.arms, args.chunk_size)
+    b, values, noise_std = bandit(case, device, dtype, args.arms, args.chunk_size, args.compiled)
     g = torch.Generator(device=values.device).manual_seed(1)
 
     def step() -> int:
@@ -127,9 +160,9 @@ def count(case: str, args, device, dtype) -> dict:
     for _ in range(args.warmup):
         step()
     sync(device)
-    ops, syncs, picks = [], [], []
+    ops, syncs, picks, sites = [], [], [], Counter()
     for _ in range(args.steps):
-        with warnings.catch_warnings(record=True) as caught:
+        with warnings.catch_warnings(record=True) as caught, sync_sites(sites):
             warnings.simplefilter("always")
             if device.type == "cuda":
                 torch.cuda.set_sync_debug_mode("warn")
@@ -139,17 +172,18 @@ def count(case: str, args, device, dtype) -> dict:
                 torch.cuda.set_sync_debug_mode("default")
         names = top_level_ops(prof)
         forecast = sum(1 for n in names if n in SYNC_OPS) + lists[0]
-        cuda_syncs = sum(1 for w in caught if "synchroniz" in str(w.message).lower())
+        cuda_syncs = sum(1 for w in caught if "synchroniz" in str(w.message).lower()) + sites.pop("_n", 0)
         picks.append(k)
         ops.append(len(names) / k)
         syncs.append((cuda_syncs if device.type == "cuda" else forecast) / k)
         last = Counter(names)
     step_s, floor_s = time_steps(b, step, device, dtype, args.timed_steps)
     return {"step_s": step_s, "floor_s": floor_s, "step_over_floor": step_s / floor_s, "num_arms": b.num_arms,
-            "case": case, "device": str(device), "ops_per_pick": statistics.median(ops),
+            "case": case, "device": str(device), "compiled": b.engine.compiled, "ops_per_pick": statistics.median(ops),
             "syncs_per_pick": statistics.median(syncs),
             "sync_kind": "measured (set_sync_debug_mode)" if device.type == "cuda" else "forecast (data-dependent ops)",
-            "picks_per_step": statistics.median(picks), "dictionary_size": b.dictionary_size,
+            "picks_per_step": statistics.median(picks), "sync_sites": dict(sites.most_common(20)),
+            "dictionary_size": b.dictionary_size,
             "top_ops_last_step": dict(last.most_common(12))}
 
 
@@ -189,6 +223,8 @@ def main(argv=None):
     p.add_argument("--steps", type=int, default=20, help="profiled steps")
     p.add_argument("--timed-steps", type=int, default=50,
                    help="steps timed without the profiler, beside the floor GEMM")
+    p.add_argument("--compiled", action="store_true",
+                   help="compile the fixed-capacity update (torch.compile, fullgraph; a failure falls back, recorded)")
     p.add_argument("--chunk-size", type=int, default=None,
                    help="arms scored at once (default: the library's, sized for the device)")
     args = p.parse_args(argv)

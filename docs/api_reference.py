@@ -18,6 +18,7 @@ from pathlib import Path
 
 OUT = Path(__file__).resolve().parent / "api"
 GENERATED = "Generated from the docstrings by `python docs/api_reference.py`."
+VERSIONS = "Rendered with"
 PACKAGES = {
     "torchbkb": "The core: kernels, Nyström embedding, DTC and exact posteriors, RLS dictionaries, bandits, runs.",
     "torchbkb.gp": "The GP layer: kernels, the Nyström embedding, the DTC and exact posteriors.",
@@ -29,6 +30,16 @@ PACKAGES = {
     "torchbkb.online": "Online kernel regression: PKAWV and its baselines.",
     "torchbkb.datasets": "The bundled arm sets and synthetic problems.",
 }
+
+
+def versions() -> str:
+    """The versions the pages depend on (signatures and annotations render differently across them)."""
+    import botorch
+    import gpytorch
+    import torch
+
+    minor = lambda v: ".".join(v.split("+")[0].split(".")[:2])  # noqa: E731
+    return ", ".join(f"{m.__name__} {minor(m.__version__)}" for m in (torch, botorch, gpytorch))
 
 
 def signature(obj) -> str:
@@ -101,7 +112,7 @@ def page(package: str) -> str:
 def pages() -> dict[str, str]:
     """``{file name: markdown}`` of every page, the index included."""
     out = {f"{p}.md": page(p) for p in PACKAGES}
-    index = ["# API reference", "", GENERATED, ""]
+    index = ["# API reference", "", GENERATED, "", f"{VERSIONS} {versions()}.", ""]
     index += [f"- [`{p}`]({p}.md) -- {text}" for p, text in PACKAGES.items()]
     out["README.md"] = "\n".join(index) + "\n"
     return out

@@ -76,6 +76,7 @@ def test_bbkb_with_the_device_loop_makes_the_lazy_loops_choices(monkeypatch, pru
     def run(loop_on_device):
         monkeypatch.setattr(db, "use_device_loop", lambda dev: loop_on_device)
         b = BBKB(arms, GaussianKernel.from_width(5.0), noise=0.2, beta=0.894, batch_bound=2.0, seed=1, prune=prune)
+        b.fixed_capacity = False  # the eager update on every device: it prunes (the fixed-capacity one scores all)
         picks, scored = [], []
         while b.t < 600:
             idx = b.ask()

@@ -3,6 +3,8 @@
 import importlib.util
 from pathlib import Path
 
+import pytest
+
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 
 
@@ -14,7 +16,13 @@ def _generator():
 
 
 def test_the_committed_api_reference_is_current():
-    pages = _generator().pages()
+    """Compared where the pages were rendered with the installed torch, BoTorch and GPyTorch (major.minor): their
+    signatures render differently across versions (the CUDA image's torch 2.11 against CI's 2.13)."""
+    gen = _generator()
+    committed = (DOCS / "api" / "README.md").read_text()
+    if f"{gen.VERSIONS} {gen.versions()}." not in committed:
+        pytest.skip(f"docs/api/ was rendered with other versions than the installed {gen.versions()}")
+    pages = gen.pages()
     stale = [name for name, text in pages.items() if not (DOCS / "api" / name).exists()
              or (DOCS / "api" / name).read_text() != text]
     assert not stale, f"docs/api/ is out of date for {stale}: run python docs/api_reference.py"

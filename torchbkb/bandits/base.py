@@ -41,6 +41,7 @@ from torchbkb.errors import InputDataError, TorchBKBError, check_finite, check_g
 from torchbkb.bandits.confidence import check_beta
 from torchbkb.gp.kernels import KernelAdapter, as_kernel
 from torchbkb.gp.linalg import check_units
+from torchbkb.utils.host_copy import to_device
 
 __all__ = ["Bandit", "KernelBandit", "check_beta"]
 
@@ -212,13 +213,13 @@ class Bandit(BanditCheckpoint):
 
     def _finish_batch(self) -> None:
         self.last_told = (self._long(self._told_idx),
-                          torch.tensor(self._told_y, dtype=torch.float64, device=self.arms.device))
+                          to_device(torch.tensor(self._told_y, dtype=torch.float64), self.arms.device))
         self.last_told_ids = self._told_idx
         self._told_idx, self._told_y = [], []
         self._update()
 
     def _long(self, values) -> torch.Tensor:
-        return torch.as_tensor(values, dtype=torch.long, device=self.arms.device).reshape(-1)
+        return to_device(torch.as_tensor(values, dtype=torch.long).reshape(-1), self.arms.device)
 
     def _check_indices(self, indices, name: str) -> tuple[torch.Tensor, list[int]]:
         """``(idx, ids)``: the indices as a `(k,)` long tensor on the arms' device and as Python ints, in range."""

@@ -59,6 +59,7 @@ from torchbkb.bandits.sketched import SketchedKernelBandit
 from torchbkb.bandits.batch_selection import BatchSelection, check_batch_limits, select_batch
 from torchbkb.bandits.confidence import bbkb_beta, bbkb_practical_beta
 from torchbkb.bandits import device_batch
+from torchbkb.bandits.pick_graph import PickGraphs
 from torchbkb.bandits.fantasy_batch import FeatureReader, check_q, select_fixed_batch
 from torchbkb.sampling.rls_dictionary import DEFAULT_INCLUSION
 from torchbkb.bandits.theorems import warn_unmet_preconditions
@@ -182,6 +183,8 @@ class BBKB(SketchedKernelBandit):
         self.batch_size = None if batch_size is None else check_q(batch_size, self.num_arms)
         self.lazy = bool(lazy)
         self.device_loop = device_batch.use_device_loop(self.arms.device)
+        #: the device loop's CUDA graphs (``None``: eager picks); unused off CUDA
+        self.pick_graphs: PickGraphs | None = PickGraphs()
         if self.beta_mode == "theory":
             warn_unmet_preconditions("BBKB", q_bar=self.q_bar, lam=self.lam, delta=self.delta, horizon=horizon,
                                      batch_bound=self.batch_bound)
@@ -256,7 +259,8 @@ class BBKB(SketchedKernelBandit):
                         # no host read per pick; the first read after a little more than the last batch's length
                         first = min(int(1.25 * last) + 2, cap) if last else None
                         out = device_batch.run_batch_on_device(Z, mean, rls, V_inv, self.beta, self.batch_bound,
-                                                               self.max_batch_size, first_check=first, pick_limit=cap)
+                                                               self.max_batch_size, first_check=first, pick_limit=cap,
+                                                               graphs=self.pick_graphs)
                     if out is not None:
                         sel, ids = out
                         self._selected_ids = ids if scored is None else None  # ask reads no more

@@ -116,6 +116,7 @@ def run_batch_on_device(
     check_every: int = CHECK_EVERY,
     first_check: int | None = None,
     pick_limit: int | None = None,
+    graphs=None,
 ) -> tuple[BatchSelection, list[int]] | None:
     """One BBKB batch (the ``"sum"`` stop rule) with no host read inside a pick, and its picks on the host: the done
     flag, the count and the picks so far are read together, once per ``check_every`` picks.
@@ -132,6 +133,8 @@ def run_batch_on_device(
         first_check: picks before the first read (default ``check_every``): a batch that ends before it is read
             once; the picks computed past its end are dropped.
         pick_limit: give up (return ``None``) when the batch has not ended after this many picks.
+        graphs: a :class:`~torchbkb.bandits.pick_graph.PickGraphs`: on its devices (CUDA) and with no cap, the
+            picks are replayed ``check_every`` at a time from a CUDA graph (the same steps on padded features).
 
     Returns:
         ``(selection, ids)``: a :class:`~torchbkb.bandits.batch_selection.BatchSelection` (``ucb_evaluations``
@@ -142,6 +145,11 @@ def run_batch_on_device(
     dt, work, dev = Z.dtype, V_inv.dtype, Z.device
     alpha = float(alpha)
     mean_c, rls0 = mean.to(dt), rls.to(dt)
+    graph = None
+    if graphs is not None and cap is None:
+        graph = graphs.get(A, Z.shape[1], dt, work, dev, check_every)
+    if graph is not None:
+        return _run_graph(graph, Z, mean_c, rls0, V_inv, alpha, C, first_check, pick_limit, rls.dtype)
     cur = rls0.clone()
     state = PickState(
         cur=cur,
@@ -177,5 +185,39 @@ def run_batch_on_device(
         rls_in_batch=torch.stack(in_batch[:n]).to(rls.dtype),
         ucb_evaluations=A * n,
         V_inv=state.V_inv,
+    )
+    return selection, ids[:n]
+
+
+def _run_graph(graph, Z, mean, rls0, V_inv, alpha, C, first_check, pick_limit, rls_dtype):
+    """:func:`run_batch_on_device`'s loop on a :class:`~torchbkb.bandits.pick_graph.PickGraph`: replays of
+    ``graph.picks`` picks, the first read after ``first_check`` picks (rounded up to whole replays)."""
+    graph.load(Z, mean, rls0, V_inv, alpha, C)
+    per, picks, in_batch, ids = graph.picks, [], [], []
+    replays = -(-max(int(first_check), 1) // per) if first_check is not None else 1
+    t = n = 0
+    while t < UNBOUNDED_PICKS:
+        for _ in range(replays):
+            i, s_i = graph.replay()
+            picks.append(i)
+            in_batch.append(s_i)
+            t += per
+        replays = 1
+        read = torch.cat([torch.stack([graph.state.done.long(), graph.state.count]), *picks[len(ids) // per:]])
+        read = read.tolist()  # the one host read per replay (or per the first replays)
+        ids += read[2:]
+        n = read[1]
+        if read[0]:
+            break
+        if pick_limit is not None and t >= pick_limit:
+            return None
+    idx = torch.cat(picks)[:n]
+    r = Z.shape[1]
+    selection = BatchSelection(
+        indices=idx,
+        rls_start=rls0[idx].to(rls_dtype),
+        rls_in_batch=torch.cat(in_batch)[:n].to(rls_dtype),
+        ucb_evaluations=Z.shape[0] * n,
+        V_inv=graph.state.V_inv[:r, :r].clone(),
     )
     return selection, ids[:n]

@@ -34,6 +34,7 @@ from torchbkb.gp.functional import fit_kernel_row_operator_ex, score_kernel_colu
 from torchbkb.gp.linalg import compute_dtype
 from torchbkb.gp.scoring_chunk import scoring_chunk
 from torchbkb.sampling.rls_dictionary import RLSDictionary, inclusion_probability
+from torchbkb.utils.host_copy import to_device
 
 __all__ = ["FixedUpdate", "FixedCapacityEngine", "FixedCapacityUpdates", "MIN_CAPACITY", "capacity_for",
            "compact_slots", "fixed_update"]
@@ -172,7 +173,7 @@ class FixedCapacityEngine:
         """`(P,)` the draws ``u`` `(p,)` of the pulled arms, padded with 2 (never kept)."""
         p, _, asc_arm = self._pulled
         out = torch.full((asc_arm.shape[0],), 2.0, dtype=torch.float64, device=asc_arm.device)
-        out[:p] = u.to(out.device)
+        out[:p] = to_device(u, out.device)  # queued: the draws come from the host's generator
         return out
 
     def update(self, K_P: torch.Tensor, counts: torch.Tensor, reward_sums: torch.Tensor, u: torch.Tensor,

@@ -35,6 +35,7 @@ import torch
 from torchbkb.bandits.kernel_rows import StreamedKernelRows, finite_rows
 from torchbkb.errors import TorchBKBError
 from torchbkb.gp.nystrom import DEFAULT_CHUNK
+from torchbkb.utils.host_copy import to_device
 
 __all__ = ["KERNEL_CACHE_BYTES", "REFILL_BYTES", "ROW_CACHE_BYTES", "KernelRowCache"]
 
@@ -270,4 +271,4 @@ class KernelRowCache:
         self._K_buf, self.order, self.order_index, self._slot_block = buf, order, self._long(order), slot_block
 
     def _long(self, values) -> torch.Tensor:
-        return torch.as_tensor(values, dtype=torch.long, device=self.arms.device).reshape(-1)
+        return to_device(torch.as_tensor(values, dtype=torch.long).reshape(-1), self.arms.device)

@@ -1,0 +1,148 @@
+"""Seconds per BBKB in-batch pick on a device: the eager pick loop against the same picks compiled and replayed.
+
+BBKB's device loop (:func:`torchbkb.bandits.device_batch.pick_step`) costs a few kernel launches per pick with no
+host read; on a GPU each launch is microseconds of Python and driver time for microseconds of arithmetic. This
+times ``--chunk`` picks at a time, at Cadata's size (``--arms`` × ``--rank`` features, no stop: ``C̃`` unbounded):
+
+* ``eager`` -- the picks as the library runs them;
+* ``graph`` -- the same eager picks captured once in a CUDA graph and replayed (CUDA only);
+* ``compiled`` -- the chunk through ``torch.compile(fullgraph=True)``;
+* ``compiled_graph`` -- the same with ``mode="reduce-overhead"`` (inductor's CUDA graphs; CUDA only).
+
+Each variant's picks are compared with the eager ones (``same_picks``). Compile and capture times are reported
+apart from the per-pick times (medians over ``--repeats`` chunks, after a warm-up).
+
+Usage::
+
+    python -m benchmarks.pick_loop --device cuda
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+
+from benchmarks.cli import base_parser, setup
+from benchmarks.report import print_table, write_json
+from benchmarks.timing import sync
+
+
+def problem(A: int, r: int, device, dtype):
+    g = torch.Generator().manual_seed(0)
+    Z = (torch.randn(A, r, generator=g, dtype=torch.float64) / r**0.5).to(device=device, dtype=dtype)
+    mean = (0.1 * torch.randn(A, generator=g, dtype=torch.float64)).to(device=device, dtype=dtype)
+    V_inv = torch.eye(r, dtype=torch.float64, device=device) * 0.5
+    rls = (Z.double() @ V_inv * Z.double()).sum(-1).to(dtype)
+    return Z, mean, rls, V_inv
+
+
+def start_state(Z, mean, rls, V_inv, alpha):
+    from torchbkb.bandits.device_batch import PickState
+
+    dev = Z.device
+    return PickState(cur=rls.clone(), ucb=mean + alpha * rls.clamp_min(0.0).sqrt(), V_inv=V_inv.clone(),
+                     level=torch.ones((), dtype=V_inv.dtype, device=dev),
+                     done=torch.zeros((), dtype=torch.bool, device=dev),
+                     count=torch.zeros((), dtype=torch.long, device=dev))
+
+
+def make_chunk(k: int):
+    from torchbkb.bandits.device_batch import pick_step
+
+    def chunk(Z, mean, rls0, state, alpha: float, C: float):
+        ids = []
+        for _ in range(k):
+            i, _, state = pick_step(Z, mean, rls0, state, alpha, C, True, False)
+            ids.append(i)
+        return torch.stack(ids), state
+
+    return chunk
+
+
+def time_variant(name, run, state0, repeats, device):
+    """``run(state) -> (ids, state)``; returns (seconds per chunk, first chunk's ids on the host)."""
+    ids, state = run(state0)
+    first = ids.tolist()
+    times = []
+    for _ in range(repeats):
+        sync(device)
+        t0 = time.perf_counter()
+        ids, state = run(state)
+        sync(device)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times), first
+
+
+def graphed(chunk, Z, mean, rls0, state0, alpha, C):
+    """The chunk captured in a CUDA graph: static input state, replayed and copied back into it."""
+    static = type(state0)(*[t.clone() for t in state0])
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(2):
+            chunk(Z, mean, rls0, type(state0)(*[t.clone() for t in static]), alpha, C)
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out_ids, out_state = chunk(Z, mean, rls0, static, alpha, C)
+
+    def run(state):
+        for dst, src in zip(static, state):
+            if dst.data_ptr() != src.data_ptr():
+                dst.copy_(src)
+        graph.replay()
+        return out_ids.clone(), out_state
+
+    return run
+
+
+def main(argv=None):
+    p = base_parser(__doc__.splitlines()[0])
+    p.add_argument("--arms", type=int, default=20_640)
+    p.add_argument("--rank", type=int, default=40)
+    p.add_argument("--chunk", type=int, default=32)
+    p.add_argument("--repeats", type=int, default=30)
+    p.add_argument("--variants", nargs="*", default=["eager", "graph", "compiled", "compiled_graph"])
+    args = p.parse_args(argv)
+    device, dtype = setup(args, default_threads=1)
+    if args.quick:
+        args.arms, args.repeats = 2000, 3
+    Z, mean, rls, V_inv = problem(args.arms, args.rank, device, dtype)
+    alpha, C = 0.894, 1e30
+    chunk = make_chunk(args.chunk)
+    state0 = start_state(Z, mean, rls, V_inv, alpha)
+    rows, ref = [], None
+    for name in args.variants:
+        if name in ("graph", "compiled_graph") and device.type != "cuda":
+            continue
+        t0 = time.perf_counter()
+        try:
+            if name == "eager":
+                run = lambda st: chunk(Z, mean, rls, st, alpha, C)  # noqa: E731
+            elif name == "graph":
+                run = graphed(chunk, Z, mean, rls, state0, alpha, C)
+            else:
+                mode = "reduce-overhead" if name == "compiled_graph" else None
+                fn = torch.compile(chunk, fullgraph=True, mode=mode)
+                run = lambda st, fn=fn: fn(Z, mean, rls, st, alpha, C)  # noqa: E731
+                run(state0)  # the compilation (and capture)
+            sync(device)
+            setup_s = time.perf_counter() - t0
+            per_chunk, first = time_variant(name, run, state0, args.repeats, device)
+        except Exception as err:  # noqa: BLE001 - a variant that fails is reported, the others still run
+            rows.append({"variant": name, "error": f"{type(err).__name__}: {str(err)[:300]}"})
+            print(rows[-1], flush=True)
+            continue
+        ref = first if ref is None else ref
+        rows.append({"variant": name, "setup_s": setup_s, "pick_us": 1e6 * per_chunk / args.chunk,
+                     "same_picks": first == ref})
+        print(rows[-1], flush=True)
+    print_table([r for r in rows if "pick_us" in r], ["variant", "setup_s", "pick_us", "same_picks"],
+                f"BBKB picks, A = {args.arms}, r = {args.rank}, {args.chunk} per chunk, {device}")
+    print(write_json(args.out, "pick_loop", {"settings": vars(args), "rows": rows}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,100 @@
+"""BBKB's device-loop picks replayed from static, padded buffers (a CUDA graph on a GPU; the same chunk eagerly on
+the CPU) make the eager device loop's batches."""
+
+import copy
+import pickle
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from torchbkb.bandits.device_batch import run_batch_on_device
+from torchbkb.bandits.pick_graph import GRAPH_BYTES, PickGraphs
+
+
+def _problem(A, r, seed, device, lam=0.1):
+    g = torch.Generator().manual_seed(seed)
+    Z = torch.randn(A, r, generator=g, dtype=torch.float64)
+    V_inv = torch.linalg.inv(Z[: 3 * r].T @ Z[: 3 * r] + lam * torch.eye(r, dtype=torch.float64))
+    rls = ((Z @ V_inv) * Z).sum(-1)
+    mean = torch.randn(A, generator=g, dtype=torch.float64)
+    return Z.to(device), mean.to(device), rls.to(device), V_inv.to(device)
+
+
+def _graphs():
+    return PickGraphs(devices=("cpu", "cuda"))
+
+
+def _same(a, b):
+    (sa, ia), (sb, ib) = a, b
+    assert ia == ib and torch.equal(sa.indices.cpu(), sb.indices.cpu())
+    torch.testing.assert_close(sa.rls_in_batch, sb.rls_in_batch, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(sa.V_inv, sb.V_inv, rtol=1e-10, atol=1e-12)
+    assert sa.ucb_evaluations == sb.ucb_evaluations
+
+
+@pytest.mark.parametrize("A, r, C, first", [(200, 5, 2.0, None), (500, 12, 4.0, 40), (50, 3, 1.0, None),
+                                            (300, 20, 30.0, 70)])
+def test_replayed_picks_are_the_eager_loops(A, r, C, first, device):
+    Z, mean, rls, V_inv = _problem(A, r, 0, device)
+    eager = run_batch_on_device(Z, mean, rls, V_inv, 1.3, C, first_check=first)
+    _same(run_batch_on_device(Z, mean, rls, V_inv, 1.3, C, first_check=first, graphs=_graphs()), eager)
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 2**16), rs=st.lists(st.integers(1, 40), min_size=2, max_size=4),
+       C=st.floats(1.0, 8.0), alpha=st.floats(0.0, 3.0))
+def test_one_cache_serves_batches_of_other_sizes(seed, rs, C, alpha):
+    """Graphs reused across batches whose dictionary grows and shrinks give each batch's eager picks."""
+    graphs = _graphs()
+    for k, r in enumerate(rs):
+        Z, mean, rls, V_inv = _problem(120, r, seed + k, "cpu")
+        _same(run_batch_on_device(Z, mean, rls, V_inv, alpha, C, graphs=graphs),
+              run_batch_on_device(Z, mean, rls, V_inv, alpha, C))
+    assert 1 <= len(graphs) <= graphs.keep
+
+
+def test_a_cap_or_too_large_features_run_the_eager_loop():
+    graphs = _graphs()
+    Z, mean, rls, V_inv = _problem(100, 4, 1, "cpu")
+    _same(run_batch_on_device(Z, mean, rls, V_inv, 1.0, 50.0, 7, graphs=graphs),
+          run_batch_on_device(Z, mean, rls, V_inv, 1.0, 50.0, 7))
+    assert len(graphs) == 0  # a capped batch never uses a graph
+    assert graphs.get(GRAPH_BYTES // 8 // 16 + 1, 16, torch.float64, torch.float64, torch.device("cpu"), 32) is None
+    assert PickGraphs().get(100, 4, torch.float64, torch.float64, torch.device("cpu"), 32) is None  # CUDA only
+
+
+def test_bbkb_with_replayed_picks_makes_the_lazy_loops_choices_and_copies(device):
+    """BBKB on 4,000 Cadata arms: the same batches with replayed picks as with the lazy loop; a copy and a
+    pickle made mid-run (the graphs are not copied) go on with the same picks."""
+    import torchbkb.datasets
+    from torchbkb import BBKB
+    from torchbkb.gp.kernels import GaussianKernel
+
+    arms, _ = torchbkb.datasets.load("cadata", dtype=torch.float64, device=device)
+    _, values = torchbkb.datasets.load("cadata", dtype=torch.float64, device=device, standardize_rewards=False)
+    arms, values = arms[:4000], values[:4000]
+
+    def make(replayed):
+        b = BBKB(arms, GaussianKernel.from_width(5.0), noise=0.2, beta=0.894, batch_bound=2.0, seed=1)
+        b.device_loop, b.pick_graphs = replayed, _graphs() if replayed else None
+        return b
+
+    def drive(b, until):
+        picks = []
+        while b.t < until:
+            idx = b.ask()
+            b.tell(idx, values[idx])
+            picks.append(idx.cpu())
+        return torch.cat(picks)
+
+    lazy, replayed = make(False), make(True)
+    assert torch.equal(drive(lazy, 300), drive(replayed, 300)) and lazy.batch_sizes == replayed.batch_sizes
+    assert len(replayed.pick_graphs) >= 1
+    twin, thawed = copy.deepcopy(replayed), pickle.loads(pickle.dumps(replayed))
+    assert len(twin.pick_graphs) == 0 and len(thawed.pick_graphs) == 0
+    rest = drive(lazy, 600)
+    assert torch.equal(drive(replayed, 600), rest) and torch.equal(drive(twin, 600), rest)
+    assert torch.equal(drive(thawed, 600), rest)
+    assert max(lazy.batch_sizes) > 1

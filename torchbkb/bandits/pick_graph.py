@@ -1,0 +1,140 @@
+"""BBKB's device-loop picks replayed from a CUDA graph: one launch for a chunk of picks instead of a few per pick.
+
+:func:`~torchbkb.bandits.device_batch.pick_step` has no host read and fixed shapes, so a chunk of picks can be
+captured once in a CUDA graph and replayed: on a GPU the eager loop spends its time launching a few small kernels per
+pick, the replay launches them all at once. The graph works on static buffers: the features are padded with zero
+columns to a capacity ``r_cap`` (a power of two, so few graphs serve a run whose dictionary size changes), ``V⁻¹``
+with a zero block (``V⁻¹ z`` is unchanged, the padded entries are 0), and ``α̃``, ``C̃`` are 0-d tensors, so a
+new batch only copies its inputs in. The chunk writes its state back into the buffers, so replays follow each other.
+
+On the CPU (no graph) :meth:`PickGraph.replay` runs the same chunk eagerly on the same buffers: the arithmetic a
+graph replays, testable anywhere.
+
+Example:
+    >>> import torch
+    >>> Z = torch.eye(3, dtype=torch.float64)
+    >>> g = PickGraph(num_arms=3, r_cap=16, dtype=torch.float64, work=torch.float64, device=torch.device("cpu"))
+    >>> g.load(Z, torch.tensor([0.0, 0.1, 0.2], dtype=torch.float64), torch.ones(3, dtype=torch.float64),
+    ...        torch.eye(3, dtype=torch.float64), alpha=1.0, batch_bound=2.5)
+    >>> ids, _ = g.replay()
+    >>> ids[:2].tolist()
+    [2, 1]
+"""
+
+from __future__ import annotations
+
+import torch
+
+from torchbkb.bandits.device_batch import PickState, pick_step
+
+__all__ = ["PickGraph", "PickGraphs", "GRAPH_BYTES"]
+
+#: the most bytes of padded features a graph's buffers may hold; past it the eager loop runs.
+GRAPH_BYTES = 2**30
+
+
+class PickGraph:
+    """Static buffers for ``num_arms`` arms and ``r_cap`` feature columns, and ``picks`` picks of
+    :func:`~torchbkb.bandits.device_batch.pick_step` on them, captured in a CUDA graph on a CUDA device."""
+
+    def __init__(self, num_arms: int, r_cap: int, dtype: torch.dtype, work: torch.dtype, device: torch.device,
+                 picks: int = 32):
+        zeros = lambda *shape, dt=dtype: torch.zeros(*shape, dtype=dt, device=device)  # noqa: E731
+        self.picks, self.device = int(picks), torch.device(device)
+        self.Z, self.mean, self.rls0 = zeros(num_arms, r_cap), zeros(num_arms), zeros(num_arms)
+        self.alpha, self.C = zeros(()), zeros((), dt=work)
+        self.state = PickState(cur=zeros(num_arms), ucb=zeros(num_arms), V_inv=zeros(r_cap, r_cap, dt=work),
+                               level=zeros((), dt=work), done=zeros((), dt=torch.bool),
+                               count=zeros((), dt=torch.long))
+        self.r = 0
+        self._graph = None
+        self._out: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def load(self, Z: torch.Tensor, mean: torch.Tensor, rls0: torch.Tensor, V_inv: torch.Tensor, alpha: float,
+             batch_bound: float) -> None:
+        """Copy a batch's start into the buffers (device copies and fills only): ``Z`` `(A, r)`, ``mean``, ``rls0``
+        `(A,)` in the buffers' dtype, ``V_inv`` `(r, r)`; the state as at the batch's first pick."""
+        r = Z.shape[1]
+        self.Z[:, :r].copy_(Z)
+        if r < self.r or self._graph is None:
+            self.Z[:, r:].zero_()  # columns past r are zero from an earlier, smaller batch otherwise
+        self.r = r
+        self.mean.copy_(mean)
+        self.rls0.copy_(rls0)
+        self.alpha.fill_(alpha)
+        self.C.fill_(batch_bound)
+        s = self.state
+        s.cur.copy_(rls0)
+        s.ucb.copy_(mean + float(alpha) * rls0.clamp_min(0.0).sqrt())  # the eager loop's expression
+        s.V_inv.zero_()
+        s.V_inv[:r, :r].copy_(V_inv)
+        s.level.fill_(1.0)
+        s.done.fill_(False)
+        s.count.zero_()
+
+    def _chunk(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``picks`` picks from the buffers' state, written back into it; their arms and ``σ̃²`` when picked."""
+        state, ids, rls_in = self.state, [], []
+        for _ in range(self.picks):
+            i, s_i, state = pick_step(self.Z, self.mean, self.rls0, state, self.alpha, self.C, True, False)
+            ids.append(i)
+            rls_in.append(s_i)
+        for dst, src in zip(self.state, state):
+            dst.copy_(src)
+        return torch.stack(ids), torch.stack(rls_in)
+
+    def replay(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The next ``picks`` picks `(picks,)` and their ``σ̃²`` `(picks,)` (copies: the next replay overwrites the
+        graph's outputs); on a CUDA device from the graph, captured at the first call."""
+        if self.device.type != "cuda":
+            return self._chunk()
+        if self._graph is None:
+            self._capture()
+        self._graph.replay()
+        return self._out[0].clone(), self._out[1].clone()
+
+    def _capture(self) -> None:
+        saved = [t.clone() for t in self.state]
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side):  # warm up (cuBLAS workspaces) outside the capture, as CUDA graphs require
+            self._chunk()
+        torch.cuda.current_stream(self.device).wait_stream(side)
+        for dst, src in zip(self.state, saved):
+            dst.copy_(src)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            self._out = self._chunk()
+        self._graph = graph
+
+
+class PickGraphs:
+    """The :class:`PickGraph` of each shape a bandit meets (a few: ``r_cap`` is a power of two), kept while it
+    lives (at most ``keep``), on the device types ``devices``; none is pickled or copied (it is rebuilt when
+    needed)."""
+
+    def __init__(self, keep: int = 4, devices: tuple[str, ...] = ("cuda",)):
+        self.keep, self.devices = int(keep), tuple(devices)
+        self._graphs: dict[tuple, PickGraph] = {}
+
+    def __getstate__(self) -> dict:
+        return self.__dict__ | {"_graphs": {}}
+
+    def __len__(self) -> int:
+        return len(self._graphs)
+
+    def get(self, num_arms: int, r: int, dtype: torch.dtype, work: torch.dtype, device: torch.device,
+            picks: int) -> PickGraph | None:
+        """The graph for these shapes (built when new); ``None`` on a device type not in ``devices`` (a CPU gains
+        nothing: its picks are replayed eagerly) or when the padded features pass :data:`GRAPH_BYTES`."""
+        if torch.device(device).type not in self.devices:
+            return None
+        r_cap = max(16, 1 << max(r - 1, 0).bit_length())
+        if num_arms * r_cap * torch.finfo(dtype).bits // 8 > GRAPH_BYTES:
+            return None
+        key = (num_arms, r_cap, dtype, work, str(device), picks)
+        if key not in self._graphs:
+            if len(self._graphs) >= self.keep:
+                self._graphs.pop(next(iter(self._graphs)))
+            self._graphs[key] = PickGraph(num_arms, r_cap, dtype, work, device, picks)
+        return self._graphs[key]
