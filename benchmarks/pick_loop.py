@@ -5,7 +5,8 @@ host read; on a GPU each launch is microseconds of Python and driver time for mi
 times ``--chunk`` picks at a time, at Cadata's size (``--arms`` × ``--rank`` features, no stop: ``C̃`` unbounded):
 
 * ``eager`` -- the picks as the library runs them;
-* ``graph`` -- the same eager picks captured once in a CUDA graph and replayed (CUDA only);
+* ``graph`` -- the same picks replayed from a CUDA graph (:class:`~torchbkb.bandits.pick_graph.PickGraph`, the
+  library's; on the CPU the same chunk on its padded buffers, eagerly);
 * ``compiled`` -- the chunk through ``torch.compile(fullgraph=True)``;
 * ``compiled_graph`` -- the same with ``mode="reduce-overhead"`` (inductor's CUDA graphs; CUDA only).
 
@@ -75,25 +76,20 @@ def time_variant(name, run, state0, repeats, device):
     return statistics.median(times), first
 
 
-def graphed(chunk, Z, mean, rls0, state0, alpha, C):
-    """The chunk captured in a CUDA graph: static input state, replayed and copied back into it."""
-    static = type(state0)(*[t.clone() for t in state0])
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(2):
-            chunk(Z, mean, rls0, type(state0)(*[t.clone() for t in static]), alpha, C)
-    torch.cuda.current_stream().wait_stream(s)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out_ids, out_state = chunk(Z, mean, rls0, static, alpha, C)
+def replayed(Z, mean, rls0, V_inv, alpha, C, picks):
+    """The library's :class:`~torchbkb.bandits.pick_graph.PickGraph`: ``picks`` picks on static, padded buffers,
+    captured in a CUDA graph at the first replay; ``run`` loads the state and replays once."""
+    from torchbkb.bandits.pick_graph import PickGraphs
+
+    graph = PickGraphs(devices=("cpu", "cuda")).get(Z.shape[0], Z.shape[1], Z.dtype, V_inv.dtype, Z.device, picks)
+    graph.load(Z, mean, rls0, V_inv, alpha, C)
+    graph.replay()  # the capture
 
     def run(state):
-        for dst, src in zip(static, state):
-            if dst.data_ptr() != src.data_ptr():
-                dst.copy_(src)
-        graph.replay()
-        return out_ids.clone(), out_state
+        for dst, src in zip(graph.state, state):
+            (dst[: src.shape[0], : src.shape[1]] if dst.dim() == 2 else dst).copy_(src)
+        ids, _ = graph.replay()
+        return ids, graph.state
 
     return run
 
@@ -115,14 +111,14 @@ def main(argv=None):
     state0 = start_state(Z, mean, rls, V_inv, alpha)
     rows, ref = [], None
     for name in args.variants:
-        if name in ("graph", "compiled_graph") and device.type != "cuda":
+        if name == "compiled_graph" and device.type != "cuda":
             continue
         t0 = time.perf_counter()
         try:
             if name == "eager":
                 run = lambda st: chunk(Z, mean, rls, st, alpha, C)  # noqa: E731
             elif name == "graph":
-                run = graphed(chunk, Z, mean, rls, state0, alpha, C)
+                run = replayed(Z, mean, rls, V_inv, alpha, C, args.chunk)
             else:
                 mode = "reduce-overhead" if name == "compiled_graph" else None
                 fn = torch.compile(chunk, fullgraph=True, mode=mode)
