@@ -316,10 +316,58 @@ def test_discards_exclusions_and_readmissions_make_the_eager_choices(cls, device
     assert runs[0] == runs[1]
 
 
-@pytest.mark.parametrize("limits", [{"row_cache_bytes": 0}, {"kernel_cache_bytes": 1}])
-def test_without_cached_rows_the_eager_update_runs(limits, device):
-    """No pulled-row cache (its budget is 0) or streamed dictionary rows: the fixed-capacity update steps aside."""
+def test_streamed_dictionary_rows_run_the_eager_update(device):
+    """Dictionary rows past ``kernel_cache_bytes`` are streamed: the fixed-capacity update steps aside."""
     arms, f = _problem(13, device)
-    eager, _ = _run(BKB, arms, f, fixed=False, T=60, seed=13, **limits)
-    fixed, b = _run(BKB, arms, f, fixed=True, T=60, seed=13, **limits)
+    eager, _ = _run(BKB, arms, f, fixed=False, T=60, seed=13, kernel_cache_bytes=1)
+    fixed, b = _run(BKB, arms, f, fixed=True, T=60, seed=13, kernel_cache_bytes=1)
     assert fixed == eager and b.dictionary_size > 0
+
+
+@pytest.mark.parametrize("cls", [BKB, BBKB])
+def test_without_cached_pulled_rows_the_update_computes_the_dictionary_rows(cls, device):
+    """Many arms: once the pulled arms' rows outgrow ``row_cache_bytes`` (0 here) the fixed-capacity update computes
+    the dictionary's rows from the arms, at fixed shapes still: the eager update's choices; a BKB ``ask`` reads
+    nothing and ``tell`` the rewards and the flags (beside the accuracy checks)."""
+    arms, f = _problem(13, device)
+    eager, be = _run(cls, arms, f, fixed=False, T=120, seed=13, row_cache_bytes=0)
+    fixed, bf = _run(cls, arms, f, fixed=True, T=120, seed=13, row_cache_bytes=0)
+    assert fixed == eager and torch.equal(bf.dictionary, be.dictionary)
+    torch.testing.assert_close(bf.scores()[0], be.scores()[0], rtol=1e-8, atol=1e-8)
+    b = BKB(arms, GaussianKernel(0.2), noise=0.01, q_bar=2.0, beta=0.5, seed=13, row_cache_bytes=0)
+    b.fixed_capacity = True
+    picks, asks, tells = _counted_run(b, f, 120, _noise(13), host_rewards=False)
+    assert picks == _run(BKB, arms, f, fixed=False, T=120, seed=13, row_cache_bytes=0)[0]
+    checks = 2 + math.ceil(math.log(b.dictionary_size) / math.log(1.25))
+    assert set(asks[1:]) == {0} and sum(t > 2 for t in tells[1:]) <= checks, tells
+
+
+def test_non_finite_kernel_rows_raise_a_typed_error(device):
+    """A kernel that returns NaN for some arms: the fixed-capacity update computing the dictionary's rows says so
+    (a typed error) before adopting the update."""
+    from torchbkb.errors import NumericsError
+
+    arms, f = _problem(14, device)
+
+    class Broken(GaussianKernel):
+        def forward(self, x1, x2, **kw):
+            K = super().forward(x1, x2, **kw)
+            return torch.where((x2[:, 0] > 0.95).unsqueeze(0), torch.nan, K) if x1.shape[0] > 1 else K
+
+    b = BKB(arms, Broken(0.2), noise=0.01, q_bar=2.0, beta=0.5, seed=14, row_cache_bytes=0)
+    b.fixed_capacity = True
+    with pytest.raises(NumericsError, match="finite"):
+        _drive(b, f, 40, _noise(14), [])
+
+
+def test_computed_dictionary_rows_compile_as_one_graph(device):
+    """The kernel call inside the update traces with ``fullgraph=True`` (no fallback warning) and gives the eager
+    update's picks."""
+    import warnings
+
+    arms, f = _problem(15, device)
+    eager, _ = _run(BKB, arms, f, fixed=False, T=80, seed=15, row_cache_bytes=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        compiled, b = _run(BKB, arms, f, fixed=True, T=80, seed=15, row_cache_bytes=0, setup=_compiled("eager"))
+    assert compiled == eager and b.engine.compiled

@@ -30,17 +30,20 @@ from typing import NamedTuple
 
 import torch
 
+from torchbkb.errors import NumericsError
 from torchbkb.gp.functional import fit_kernel_row_operator_ex, score_kernel_columns
 from torchbkb.gp.linalg import compute_dtype
 from torchbkb.gp.scoring_chunk import scoring_chunk
 from torchbkb.sampling.rls_dictionary import RLSDictionary, inclusion_probability
 from torchbkb.utils.host_copy import to_device
 
-__all__ = ["FixedUpdate", "FixedCapacityEngine", "FixedCapacityUpdates", "MIN_CAPACITY", "capacity_for",
+__all__ = ["FixedUpdate", "FixedCapacityEngine", "FixedCapacityUpdates", "HEAD", "MIN_CAPACITY", "capacity_for",
            "compact_slots", "fixed_update"]
 
 #: the smallest capacity of the pulled arms and of the dictionary's slots.
 MIN_CAPACITY = 16
+#: the flags before the slots in :attr:`FixedUpdate.flags`.
+HEAD = 6
 
 
 def capacity_for(n: int) -> int:
@@ -58,8 +61,8 @@ class FixedUpdate(NamedTuple):
     Ma: torch.Tensor  #: `(m_cap + 1, m_cap)` ``[M; aᵀ]`` on kernel rows
     mean: torch.Tensor  #: `(A,)` ``μ̃``
     rls: torch.Tensor  #: `(A,)` ``σ̃²`` (RLS scale)
-    #: `(5 + m_cap,)` float64: ``m``, ``K_S`` factored by Cholesky, ``V`` factored, the dictionary changed, the next
-    #: UCB pick (-1: none asked); then the slots
+    #: `(HEAD + m_cap,)` float64: ``m``, ``K_S`` factored by Cholesky, ``V`` factored, the dictionary changed, the
+    #: next UCB pick (-1: none asked), every score finite; then the slots
     flags: torch.Tensor
 
 
@@ -81,15 +84,16 @@ def compact_slots(keep: torch.Tensor, m_cap: int) -> tuple[torch.Tensor, torch.T
     return torch.where(valid, positions, 0), valid, m
 
 
-def fixed_update(K_P: torch.Tensor, asc_row: torch.Tensor, asc_arm: torch.Tensor, counts: torch.Tensor,
+def fixed_update(K_P: torch.Tensor | None, asc_row: torch.Tensor, asc_arm: torch.Tensor, counts: torch.Tensor,
                  reward_sums: torch.Tensor, u: torch.Tensor, rls_prev: torch.Tensor, kdiag: torch.Tensor,
                  prev_slots: torch.Tensor, prev_m: torch.Tensor, q_bar: torch.Tensor, inclusion: str, lam: float,
-                 m_cap: int, chunk: int, width: float | None = None,
-                 excluded: torch.Tensor | None = None) -> FixedUpdate:
+                 m_cap: int, chunk: int, width: float | None = None, excluded: torch.Tensor | None = None,
+                 kernel=None, arms: torch.Tensor | None = None) -> FixedUpdate:
     """Resample the dictionary from the pulled arms, refit the DTC posterior, score every arm: fixed shapes only.
 
     Args:
-        K_P: `(B, A)` kernel rows of the pulled arms, each computed alone.
+        K_P: `(B, A)` kernel rows of the pulled arms, each computed alone; or ``None``: the dictionary's rows are
+            computed here as ``kernel(arms[slots], arms)`` (many arms, whose pulled rows are not cached).
         asc_row, asc_arm: `(P,)` long, the pulled arms ascending (padded) and their rows in ``K_P``.
         counts: `(A,)` pull counts (the padding's read as 0); reward_sums: `(A,)` float64.
         u: `(P,)` float64 draws, arm ``j`` kept when ``u_j < p_j``: 2 marks the padding, -1 forces an arm in and
@@ -101,6 +105,7 @@ def fixed_update(K_P: torch.Tensor, asc_row: torch.Tensor, asc_arm: torch.Tensor
         lam: ``λ``; m_cap: dictionary slots; chunk: arms per scoring product.
         width, excluded: with a width, the next UCB pick ``argmax μ̃ + width·σ̃`` over the arms not ``excluded``
             `(A,)` is made here too (BKB with a constant width: its next ``ask`` reads nothing more).
+        kernel, arms: the kernel and the arms `(A, d)`, when ``K_P`` is ``None``.
     """
     valid_p = u < 1.5  # the padding carries u = 2
     n = torch.where(valid_p, counts.index_select(0, asc_arm).to(torch.float64), 0.0)
@@ -108,10 +113,13 @@ def fixed_update(K_P: torch.Tensor, asc_row: torch.Tensor, asc_arm: torch.Tensor
     keep = keep & valid_p
     positions, valid, m = compact_slots(keep, m_cap)
     slots = torch.where(valid, asc_arm.index_select(0, positions), 0)
-    dt = K_P.dtype
+    # (m_cap, A): the unused slots hold some arm's row, never read -- every small matrix is masked below instead
+    if K_P is None:
+        K_SA = kernel(arms.index_select(0, slots), arms)
+    else:
+        K_SA = K_P.index_select(0, asc_row.index_select(0, positions))
+    dt = K_SA.dtype
     vf = valid.to(dt)
-    # (m_cap, A): the unused slots hold some pulled row, never read -- every small matrix is masked below instead
-    K_SA = K_P.index_select(0, asc_row.index_select(0, positions))
     cd = compute_dtype(dt, m_cap)
     vc = vf.to(cd)
     K_SS = K_SA.index_select(1, slots).T.to(cd) * (vc.unsqueeze(1) * vc) + torch.diag(1.0 - vc)
@@ -131,7 +139,8 @@ def fixed_update(K_P: torch.Tensor, asc_row: torch.Tensor, asc_arm: torch.Tensor
     pick = torch.full_like(m, -1)
     if width is not None:  # the selection's own expression, so the same pick
         pick = torch.argmax((mean + width * rls.sqrt()).masked_fill(excluded, -torch.inf))
-    head = torch.stack([m, chol_ok.long(), (info_v == 0).long(), changed.long(), pick])
+    finite = torch.isfinite(mean).all() & torch.isfinite(rls).all()  # no NaN enters the state, from any row
+    head = torch.stack([m, chol_ok.long(), (info_v == 0).long(), changed.long(), pick, finite.long()])
     flags = torch.cat([head, slots]).to(torch.float64)
     return FixedUpdate(K_SA, slots, W, V_inv, Ma, mean, rls, flags)
 
@@ -176,17 +185,18 @@ class FixedCapacityEngine:
         out[:p] = to_device(u, out.device)  # queued: the draws come from the host's generator
         return out
 
-    def update(self, K_P: torch.Tensor, counts: torch.Tensor, reward_sums: torch.Tensor, u: torch.Tensor,
+    def update(self, K_P: torch.Tensor | None, counts: torch.Tensor, reward_sums: torch.Tensor, u: torch.Tensor,
                rls_prev: torch.Tensor, kdiag: torch.Tensor, sampler: RLSDictionary, lam: float,
-               chunk: int, width: float | None = None,
-               excluded: torch.Tensor | None = None) -> tuple[FixedUpdate, list[float]]:
+               chunk: int, width: float | None = None, excluded: torch.Tensor | None = None,
+               kernel=None, arms: torch.Tensor | None = None) -> tuple[FixedUpdate, list[float]]:
         """Run :func:`fixed_update` with ``u`` `(P,)` from :meth:`draws`; returns it and its flags read on the host
-        (``[m, cholesky ok, V ok, changed, pick, slots...]``), after growing ``m_cap`` until the dictionary fits."""
+        (``[m, cholesky ok, V ok, changed, pick, finite, slots...]``), after growing ``m_cap`` until the dictionary
+        fits."""
         _, asc_row, asc_arm = self._pulled
         while True:
             prev_slots, prev_m = self._previous(asc_arm.device)
             args = (K_P, asc_row, asc_arm, counts, reward_sums, u, rls_prev, kdiag, prev_slots, prev_m, sampler.q_bar,
-                    sampler.inclusion, lam, self.m_cap, chunk, width, excluded)
+                    sampler.inclusion, lam, self.m_cap, chunk, width, excluded, kernel, arms)
             out = self._run(args)
             flags = out.flags.tolist()  # the one host read of an update
             if flags[0] <= self.m_cap:
@@ -224,20 +234,22 @@ class FixedCapacityEngine:
 
 class FixedCapacityUpdates:
     """The update of a :class:`~torchbkb.bandits.sketched.SketchedKernelBandit` through :class:`FixedCapacityEngine`
-    (mixed into it): used while ``fixed_capacity`` is on (the default on every device but the CPU), the pulled arms'
-    rows are cached and the dictionary's rows fit ``kernel_cache_bytes``; otherwise, and for an update whose ``K_S``
-    needs the eigendecomposition, the eager update runs from the same draws. Every arm is scored (no pruning: the
-    same choices)."""
+    (mixed into it): used while ``fixed_capacity`` is on (the default on every device but the CPU) and the
+    dictionary's rows fit ``kernel_cache_bytes`` -- gathered from the pulled arms' cached rows, or, once those outgrew
+    ``row_cache_bytes`` (many arms), computed from the arms at every update; otherwise, and for an update whose
+    ``K_S`` needs the eigendecomposition, the eager update runs from the same draws. Every arm is scored (no pruning:
+    the same choices)."""
 
     def _fixed_applies(self) -> bool:
-        if not self.fixed_capacity or not self.rows.caches_pulled_rows:
-            return False
-        return self.rows.caches(self.engine.m_cap)
+        return self.fixed_capacity and self.rows.caches(self.engine.m_cap)
 
     def _update_fixed(self, pulled: torch.Tensor, n: torch.Tensor, forced: torch.Tensor | None) -> None:
         """Resample (or take the arms ``forced`` `(k,)`: the first update, a checkpoint), refit and rescore."""
         self._fused_pick = None
-        K_P, where = self.rows.pulled_rows(pulled)
+        if self.rows.caches_pulled_rows:  # the dictionary's rows gathered from the pulled arms' rows
+            K_P, where, kernel, arms = *self.rows.pulled_rows(pulled), None, None
+        else:  # computed from the arms (many arms: the pulled rows outgrew row_cache_bytes)
+            K_P, where, kernel, arms = None, torch.zeros_like(pulled), self.kernel, self.arms
         if self._fixed_pulled is not pulled:
             self.engine.set_pulled(pulled, where)
             self._fixed_pulled = pulled
@@ -248,7 +260,9 @@ class FixedCapacityUpdates:
         chunk = scoring_chunk(self.score_chunk_size, self.engine.m_cap, self.arms.device, self.arms.dtype)
         width = None if self.exclusions else self._fused_pick_width()
         out, flags = self.engine.update(K_P, self.counts, self.reward_sums, self.engine.draws(u), self._rls,
-                                        self.kdiag, self.sampler, self.lam, chunk, width, self.excluded)
+                                        self.kdiag, self.sampler, self.lam, chunk, width, self.excluded, kernel, arms)
+        if not flags[5]:
+            raise NumericsError("kernel: expected finite values k(a, ·), got NaN/inf scores from the dictionary rows")
         m = int(flags[0])
         new_dict = out.slots[:m]
         self.engine.remember(new_dict)
@@ -256,7 +270,7 @@ class FixedCapacityUpdates:
             self._rebuild(new_dict, pulled=pulled, counts=n)  # the eager update, on the dictionary drawn here
             return
         with torch.no_grad():
-            self.rows.adopt([int(a) for a in flags[5 : 5 + m]], new_dict, out.K_SA)
+            self.rows.adopt([int(a) for a in flags[HEAD : HEAD + m]], new_dict, out.K_SA)
             self._W, self._V_inv, self._Z, self._posterior = out.W[:m, :m], out.V_inv[:m, :m], None, None
             dt = self.arms.dtype
             M = out.Ma[:m, :m].to(dt)
