@@ -2,23 +2,30 @@
 # The measurements of one lent GPU run (docs/gpu.md), from the repository root: each piece time-guarded, in the
 # order of what matters most, its results tarred into $OUT after each piece so that a run stopped at its limit
 # still returns them. `_fixed` cases run the GPU's defaults (the fixed-capacity update, BBKB's device loop with its
-# picks replayed from CUDA graphs), `_eager` ones the CPU's (the eager update, the lazy loop), on the same machine.
+# picks replayed from CUDA graphs), `_eager` ones the CPU's (the eager update, the lazy loop), on the same machine;
+# `--compiled` compiles the update and the replayed picks.
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
 R=/tmp/res; mkdir -p $R
 finish() { (cd /tmp && tar czf "$OUT/res.tgz" res); }
 nvidia-smi -L; python -c "import torch, botorch, gpytorch; print(torch.__version__, botorch.__version__, gpytorch.__version__)"
 L="python -m benchmarks.launches --device cuda"
+for A in 1000000 10000000; do
+  timeout 80 $L --cases bkb_large_fixed bkb_large_eager --arms $A --steps 10 --timed-steps 30 --out $R/l$A 2>&1 | tail -3
+  finish
+done
+timeout 120 python -m benchmarks.pick_loop --device cuda --variants eager graph graph_compiled --out $R/pl 2>&1 | tail -5
+finish
 timeout 60 $L --cases bbkb_cadata_fixed bbkb_cadata_eager --warmup 40 --steps 10 --timed-steps 10 --out $R/lc \
-  2>&1 | tail -4
+  2>&1 | tail -3
+finish
+timeout 90 $L --cases bbkb_cadata_fixed bkb_anchor_fixed --compiled --warmup 40 --steps 10 --timed-steps 10 \
+  --out $R/lcc 2>&1 | tail -3
 finish
 for dev in cuda cpu; do
   timeout 50 python -m benchmarks.batch --device $dev --threads 2 --methods BBKB:constant --seeds 3 \
     --out $R/batch_$dev 2>&1 | grep -E "median_wall|BBKB \(" | tail -4
   finish
 done
-timeout 70 $L --cases bkb_anchor_fixed bkb_anchor_eager bkb_large_fixed --arms 1000000 --steps 10 --timed-steps 30 \
-  --out $R/la 2>&1 | tail -5
-finish
 timeout 120 python -m pytest -q -n 16 -p no:cacheprovider -o addopts="" --timeout 60 tests > $R/pytest.txt 2>&1
 tail -4 $R/pytest.txt; grep FAILED $R/pytest.txt | head; finish
 python - <<'P'

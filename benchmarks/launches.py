@@ -22,7 +22,8 @@ Cases (steps counted after a warm-up, the median per step over the measured wind
 * ``*_fixed`` / ``*_eager`` -- the same bandit as on a GPU (the fixed-capacity update, ``fixed_capacity = True``:
   one host read per update, every arm scored; BBKB's device loop) or as on the CPU (the eager update with its
   data-dependent shapes and pruning; the lazy loop), whatever the device; ``--compiled`` runs the fixed-capacity
-  update through ``torch.compile`` (``bandit.engine.compiled``).
+  update through ``torch.compile`` (``bandit.engine.compiled``) and BBKB's replayed picks too
+  (``PickGraphs(compiled=True)``).
 
 Beside the counts, each case times its steps without the profiler (the median over ``--timed-steps`` steps)
 and, interleaved with them, its **arithmetic floor**: the ``(A × m)·(m × m)`` product that scores every arm at
@@ -70,6 +71,10 @@ def bandit(case: str, device, dtype, arms_large: int, chunk_size: int | None = N
         if hasattr(b, "device_loop"):
             b.device_loop = b.fixed_capacity
     b.engine.compiled = compiled
+    if compiled and getattr(b, "pick_graphs", None) is not None:
+        from torchbkb.bandits.pick_graph import PickGraphs
+
+        b.pick_graphs = PickGraphs(compiled=True)
     return b, values, noise_std
 
 

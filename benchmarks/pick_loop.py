@@ -7,6 +7,8 @@ times ``--chunk`` picks at a time, at Cadata's size (``--arms`` × ``--rank`` fe
 * ``eager`` -- the picks as the library runs them;
 * ``graph`` -- the same picks replayed from a CUDA graph (:class:`~torchbkb.bandits.pick_graph.PickGraph`, the
   library's; on the CPU the same chunk on its padded buffers, eagerly);
+* ``graph_compiled`` -- the library's graph of compiled picks (``PickGraphs(compiled=True)``: 8 picks per
+  compiled call, captured together; on the CPU compiled, not captured);
 * ``compiled`` -- the chunk through ``torch.compile(fullgraph=True)``;
 * ``compiled_graph`` -- the same with ``mode="reduce-overhead"`` (inductor's CUDA graphs; CUDA only).
 
@@ -76,12 +78,13 @@ def time_variant(name, run, state0, repeats, device):
     return statistics.median(times), first
 
 
-def replayed(Z, mean, rls0, V_inv, alpha, C, picks):
+def replayed(Z, mean, rls0, V_inv, alpha, C, picks, compiled=False):
     """The library's :class:`~torchbkb.bandits.pick_graph.PickGraph`: ``picks`` picks on static, padded buffers,
     captured in a CUDA graph at the first replay; ``run`` loads the state and replays once."""
     from torchbkb.bandits.pick_graph import PickGraphs
 
-    graph = PickGraphs(devices=("cpu", "cuda")).get(Z.shape[0], Z.shape[1], Z.dtype, V_inv.dtype, Z.device, picks)
+    graphs = PickGraphs(devices=("cpu", "cuda"), compiled=compiled)
+    graph = graphs.get(Z.shape[0], Z.shape[1], Z.dtype, V_inv.dtype, Z.device, picks)
     graph.load(Z, mean, rls0, V_inv, alpha, C)
     graph.replay()  # the capture
 
@@ -100,7 +103,7 @@ def main(argv=None):
     p.add_argument("--rank", type=int, default=40)
     p.add_argument("--chunk", type=int, default=32)
     p.add_argument("--repeats", type=int, default=30)
-    p.add_argument("--variants", nargs="*", default=["eager", "graph", "compiled", "compiled_graph"])
+    p.add_argument("--variants", nargs="*", default=["eager", "graph", "graph_compiled", "compiled", "compiled_graph"])
     args = p.parse_args(argv)
     device, dtype = setup(args, default_threads=1)
     if args.quick:
@@ -117,8 +120,8 @@ def main(argv=None):
         try:
             if name == "eager":
                 run = lambda st: chunk(Z, mean, rls, st, alpha, C)  # noqa: E731
-            elif name == "graph":
-                run = replayed(Z, mean, rls, V_inv, alpha, C, args.chunk)
+            elif name in ("graph", "graph_compiled"):
+                run = replayed(Z, mean, rls, V_inv, alpha, C, args.chunk, compiled=name == "graph_compiled")
             else:
                 mode = "reduce-overhead" if name == "compiled_graph" else None
                 fn = torch.compile(chunk, fullgraph=True, mode=mode)

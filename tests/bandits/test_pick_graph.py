@@ -98,3 +98,39 @@ def test_bbkb_with_replayed_picks_makes_the_lazy_loops_choices_and_copies(device
     assert torch.equal(drive(replayed, 600), rest) and torch.equal(drive(twin, 600), rest)
     assert torch.equal(drive(thawed, 600), rest)
     assert max(lazy.batch_sizes) > 1
+
+
+def test_compiled_picks_trace_as_one_graph_and_equal_the_eager_loop(device):
+    """``compiled=True`` traces each call of 8 picks with ``fullgraph=True`` (backend ``eager`` here: the tracing,
+    not the code generation) -- no fallback warning -- and gives the eager loop's batch."""
+    import warnings
+
+    Z, mean, rls, V_inv = _problem(300, 9, 3, device)
+    eager = run_batch_on_device(Z, mean, rls, V_inv, 1.1, 6.0, first_check=20)
+    graphs = PickGraphs(devices=("cpu", "cuda"), compiled=True, backend="eager")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        _same(run_batch_on_device(Z, mean, rls, V_inv, 1.1, 6.0, first_check=20, graphs=graphs), eager)
+    assert graphs.get(300, 9, Z.dtype, V_inv.dtype, Z.device, 32).compiled  # the graph the batch used
+
+
+def test_a_compilation_that_fails_warns_once_and_the_picks_run_eagerly(monkeypatch):
+    import warnings
+
+    import torchbkb.bandits.pick_graph as pg
+
+    def broken(fn, **kw):
+        def fail(*args, **kwargs):
+            raise RuntimeError("no compiler here")
+        return fail
+
+    monkeypatch.setattr(pg.torch, "compile", broken)
+    monkeypatch.setattr(pg, "_COMPILED", {})
+    Z, mean, rls, V_inv = _problem(200, 6, 4, "cpu")
+    eager = run_batch_on_device(Z, mean, rls, V_inv, 1.0, 5.0)
+    graphs = PickGraphs(devices=("cpu",), compiled=True, backend="eager")
+    with pytest.warns(RuntimeWarning, match="compiled picks failed"):
+        _same(run_batch_on_device(Z, mean, rls, V_inv, 1.0, 5.0, graphs=graphs), eager)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # no second warning: the picks run eagerly now
+        _same(run_batch_on_device(Z, mean, rls, V_inv, 1.0, 5.0, graphs=graphs), eager)

@@ -10,6 +10,11 @@ new batch only copies its inputs in. The chunk writes its state back into the bu
 On the CPU (no graph) :meth:`PickGraph.replay` runs the same chunk eagerly on the same buffers: the arithmetic a
 graph replays, testable anywhere.
 
+Inside the graph each pick is still ~20 small kernels of a few µs. ``compiled=True`` runs the chunk as calls of
+:data:`COMPILED_PICKS` picks through ``torch.compile(fullgraph=True)`` (fewer, fused kernels) before capturing it;
+off by default: a compilation takes tens of seconds per shape, and its gain on a GPU is not measured yet. A
+compilation or capture that fails says so once and the eager picks are captured instead.
+
 Example:
     >>> import torch
     >>> Z = torch.eye(3, dtype=torch.float64)
@@ -23,24 +28,49 @@ Example:
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 
 from torchbkb.bandits.device_batch import PickState, pick_step
 
-__all__ = ["PickGraph", "PickGraphs", "GRAPH_BYTES"]
+__all__ = ["PickGraph", "PickGraphs", "GRAPH_BYTES", "COMPILED_PICKS", "pick_steps"]
 
 #: the most bytes of padded features a graph's buffers may hold; past it the eager loop runs.
 GRAPH_BYTES = 2**30
+#: picks per call of the compiled chunk (a graph of more picks calls it several times).
+COMPILED_PICKS = 8
+_COMPILED: dict[str, object] = {}  # backend -> torch.compile(pick_steps), shared by every graph
+
+
+def pick_steps(Z: torch.Tensor, mean: torch.Tensor, rls0: torch.Tensor, state: PickState, alpha: torch.Tensor,
+               C: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, PickState]:
+    """``k`` picks of :func:`~torchbkb.bandits.device_batch.pick_step` (no cap, the stall check on): their arms
+    `(k,)`, their ``σ̃²`` when picked `(k,)`, and the state after them."""
+    ids, rls_in = [], []
+    for _ in range(k):
+        i, s_i, state = pick_step(Z, mean, rls0, state, alpha, C, True, False)
+        ids.append(i)
+        rls_in.append(s_i)
+    return torch.stack(ids), torch.stack(rls_in), state
 
 
 class PickGraph:
     """Static buffers for ``num_arms`` arms and ``r_cap`` feature columns, and ``picks`` picks of
-    :func:`~torchbkb.bandits.device_batch.pick_step` on them, captured in a CUDA graph on a CUDA device."""
+    :func:`~torchbkb.bandits.device_batch.pick_step` on them, captured in a CUDA graph on a CUDA device.
+
+    Args:
+        num_arms, r_cap: the buffers' arms and feature columns; dtype: the features'; work: ``V⁻¹``'s dtype.
+        device: where the buffers live (a graph on CUDA only); picks: picks per replay.
+        compiled: run the picks through ``torch.compile(fullgraph=True, backend=backend)``, :data:`COMPILED_PICKS`
+            per call (``picks`` a multiple of it; otherwise eager).
+    """
 
     def __init__(self, num_arms: int, r_cap: int, dtype: torch.dtype, work: torch.dtype, device: torch.device,
-                 picks: int = 32):
+                 picks: int = 32, compiled: bool = False, backend: str = "inductor"):
         zeros = lambda *shape, dt=dtype: torch.zeros(*shape, dtype=dt, device=device)  # noqa: E731
         self.picks, self.device = int(picks), torch.device(device)
+        self.compiled, self.backend = bool(compiled) and self.picks % COMPILED_PICKS == 0, backend
         self.Z, self.mean, self.rls0 = zeros(num_arms, r_cap), zeros(num_arms), zeros(num_arms)
         self.alpha, self.C = zeros(()), zeros((), dt=work)
         self.state = PickState(cur=zeros(num_arms), ucb=zeros(num_arms), V_inv=zeros(r_cap, r_cap, dt=work),
@@ -74,47 +104,88 @@ class PickGraph:
 
     def _chunk(self) -> tuple[torch.Tensor, torch.Tensor]:
         """``picks`` picks from the buffers' state, written back into it; their arms and ``σ̃²`` when picked."""
-        state, ids, rls_in = self.state, [], []
-        for _ in range(self.picks):
-            i, s_i, state = pick_step(self.Z, self.mean, self.rls0, state, self.alpha, self.C, True, False)
-            ids.append(i)
-            rls_in.append(s_i)
+        args = (self.Z, self.mean, self.rls0)
+        if self.compiled:
+            if self.backend not in _COMPILED:
+                _COMPILED[self.backend] = torch.compile(pick_steps, fullgraph=True, backend=self.backend)
+            state, ids, rls_in = self.state, [], []
+            for _ in range(self.picks // COMPILED_PICKS):
+                i, s_i, state = _COMPILED[self.backend](*args, state, self.alpha, self.C, COMPILED_PICKS)
+                ids.append(i)
+                rls_in.append(s_i)
+            ids, rls_in = torch.cat(ids), torch.cat(rls_in)
+        else:
+            ids, rls_in, state = pick_steps(*args, self.state, self.alpha, self.C, self.picks)
         for dst, src in zip(self.state, state):
             dst.copy_(src)
-        return torch.stack(ids), torch.stack(rls_in)
+        return ids, rls_in
 
     def replay(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The next ``picks`` picks `(picks,)` and their ``σ̃²`` `(picks,)` (copies: the next replay overwrites the
         graph's outputs); on a CUDA device from the graph, captured at the first call."""
         if self.device.type != "cuda":
-            return self._chunk()
+            return self._run_chunk()
         if self._graph is None:
             self._capture()
         self._graph.replay()
         return self._out[0].clone(), self._out[1].clone()
 
+    def _run_chunk(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`_chunk`; a compiled chunk whose compilation fails warns once and runs eagerly from then on."""
+        if not self.compiled:
+            return self._chunk()
+        saved = [t.clone() for t in self.state]
+        try:
+            return self._chunk()
+        except Exception as err:  # noqa: BLE001 - any compiler failure; the eager chunk raises real errors
+            self._give_up_compiling(err)
+            for dst, src in zip(self.state, saved):
+                dst.copy_(src)
+            return self._chunk()
+
+    def _give_up_compiling(self, err: Exception) -> None:
+        self.compiled = False
+        warnings.warn(f"PickGraph: the compiled picks failed ({type(err).__name__}: {str(err)[:200]}); "
+                      f"replaying the eager picks", RuntimeWarning, stacklevel=4)
+
     def _capture(self) -> None:
+        saved = [t.clone() for t in self.state]
+        try:
+            self._out, self._graph = self._captured()
+        except Exception as err:  # noqa: BLE001 - a compiled chunk that cannot be captured: the eager one is
+            if not self.compiled:
+                raise
+            self._give_up_compiling(err)
+            for dst, src in zip(self.state, saved):
+                dst.copy_(src)
+            self._out, self._graph = self._captured()
+        for dst, src in zip(self.state, saved):
+            dst.copy_(src)
+
+    def _captured(self):
         saved = [t.clone() for t in self.state]
         side = torch.cuda.Stream(self.device)
         side.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(side):  # warm up (cuBLAS workspaces) outside the capture, as CUDA graphs require
+        with torch.cuda.stream(side):  # warm up (cuBLAS workspaces, a compilation) outside the capture
             self._chunk()
         torch.cuda.current_stream(self.device).wait_stream(side)
         for dst, src in zip(self.state, saved):
             dst.copy_(src)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            self._out = self._chunk()
-        self._graph = graph
+            out = self._chunk()
+        return out, graph
 
 
 class PickGraphs:
     """The :class:`PickGraph` of each shape a bandit meets (a few: ``r_cap`` is a power of two), kept while it
-    lives (at most ``keep``), on the device types ``devices``; none is pickled or copied (it is rebuilt when
-    needed)."""
+    lives (at most ``keep``), on the device types ``devices``, with their picks compiled when ``compiled`` (through
+    ``backend``); none is pickled or copied (it is rebuilt when needed)."""
 
-    def __init__(self, keep: int = 4, devices: tuple[str, ...] = ("cuda",)):
+    def __init__(self, keep: int = 4, devices: tuple[str, ...] = ("cuda",), compiled: bool = False,
+                 backend: str = "inductor"):
         self.keep, self.devices = int(keep), tuple(devices)
+        self.compiled, self.backend = bool(compiled), backend
         self._graphs: dict[tuple, PickGraph] = {}
 
     def __getstate__(self) -> dict:
@@ -136,5 +207,5 @@ class PickGraphs:
         if key not in self._graphs:
             if len(self._graphs) >= self.keep:
                 self._graphs.pop(next(iter(self._graphs)))
-            self._graphs[key] = PickGraph(num_arms, r_cap, dtype, work, device, picks)
+            self._graphs[key] = PickGraph(num_arms, r_cap, dtype, work, device, picks, self.compiled, self.backend)
         return self._graphs[key]
