@@ -134,3 +134,28 @@ def test_a_compilation_that_fails_warns_once_and_the_picks_run_eagerly(monkeypat
     with warnings.catch_warnings():
         warnings.simplefilter("error", RuntimeWarning)  # no second warning: the picks run eagerly now
         _same(run_batch_on_device(Z, mean, rls, V_inv, 1.0, 5.0, graphs=graphs), eager)
+
+
+def test_pruned_candidates_are_picked_without_a_graph():
+    """The eager update's pruned candidates change in number from batch to batch: the device loop picks among them
+    eagerly (a graph per count would be captured and dropped each batch), with the lazy loop's choices."""
+    import torchbkb.datasets
+    from torchbkb import BBKB
+    from torchbkb.gp.kernels import GaussianKernel
+
+    arms, _ = torchbkb.datasets.load("cadata", dtype=torch.float64)
+    _, values = torchbkb.datasets.load("cadata", dtype=torch.float64, standardize_rewards=False)
+    arms, values = arms[:3000], values[:3000]
+    runs = []
+    for device_loop in (False, True):
+        b = BBKB(arms, GaussianKernel.from_width(5.0), noise=0.2, beta=0.894, batch_bound=2.0, seed=2, prune=True)
+        b.device_loop, b.pick_graphs = device_loop, PickGraphs(keep=100, devices=("cpu", "cuda"))
+        picks = []
+        while b.t < 300:
+            idx = b.ask()
+            b.tell(idx, values[idx])
+            picks.append(idx)
+        runs.append((torch.cat(picks), b.arms_scored_total, len(b.pick_graphs)))
+    assert torch.equal(runs[0][0], runs[1][0])
+    assert runs[1][1] < 3000 * len(b.batch_sizes) / 2  # mostly pruned
+    assert len(b.batch_sizes) > 10 and runs[1][2] <= 2  # graphs only over every arm (a width or two of features)

@@ -183,7 +183,8 @@ class BBKB(SketchedKernelBandit):
         self.batch_size = None if batch_size is None else check_q(batch_size, self.num_arms)
         self.lazy = bool(lazy)
         self.device_loop = device_batch.use_device_loop(self.arms.device)
-        #: the device loop's CUDA graphs (``None``: eager picks); unused off CUDA
+        #: the device loop's CUDA graphs over every arm (``None``: eager picks); unused off CUDA and for pruned
+        #: candidates (their number changes from batch to batch: a graph each)
         self.pick_graphs: PickGraphs | None = PickGraphs()
         if self.beta_mode == "theory":
             warn_unmet_preconditions("BBKB", q_bar=self.q_bar, lam=self.lam, delta=self.delta, horizon=horizon,
@@ -260,7 +261,7 @@ class BBKB(SketchedKernelBandit):
                         first = min(int(1.25 * last) + 2, cap) if last else None
                         out = device_batch.run_batch_on_device(Z, mean, rls, V_inv, self.beta, self.batch_bound,
                                                                self.max_batch_size, first_check=first, pick_limit=cap,
-                                                               graphs=self.pick_graphs)
+                                                               graphs=self.pick_graphs if scored is None else None)
                     if out is not None:
                         sel, ids = out
                         self._selected_ids = ids if scored is None else None  # ask reads no more
