@@ -72,9 +72,9 @@ def test_a_skipped_arm_is_never_the_argmax(seed, T, width):
     _run(bandit, f, T)
     mean, rls = bandit.scores()
     exact_ucb = mean + width * rls.sqrt()
-    if bandit._scored is not None:
+    if bandit.scored_arms is not None:
         skipped = torch.ones(X.shape[0], dtype=torch.bool)
-        skipped[bandit._scored] = False
+        skipped[bandit.scored_arms] = False
         assert not bool(skipped[bandit.counts > 0].any())
         assert bool((exact_ucb[skipped] < mean.max()).all())
         assert bool((rls <= bandit.kdiag / LAM).all())  # σ̃² never above the prior's
@@ -85,12 +85,12 @@ def test_scores_fill_in_the_skipped_variances_exactly():
     bandit = _bandit(BKB, X, k, prune=True)
     _run(bandit, f, 300)
     assert bandit.arms_scored < X.shape[0]
-    partial = bandit._rls.clone()
+    partial = bandit.arm_rls.clone()
     mean, rls = bandit.scores()
     post = bandit.posterior  # the DTC posterior on the same dictionary and pulls (float64 reference)
     ref_mean, ref_var = post(X)
     assert close(mean, ref_mean, 1e-9) and close(rls, ref_var / LAM, 1e-7)
-    assert torch.equal(rls[bandit._scored], partial[bandit._scored])  # the scored ones are not recomputed
+    assert torch.equal(rls[bandit.scored_arms], partial[bandit.scored_arms])  # the scored ones are not recomputed
     assert bandit.scores()[1] is rls  # computed once per update
 
 
@@ -182,7 +182,8 @@ def test_pruning_backs_off_when_most_arms_pass(monkeypatch):
     pass more than scoring in one product: after each failed attempt the next 1, 2, 4, ... (at most
     PRUNE_MAX_BACKOFF) updates do not try; the choices stay those of scoring every arm, and a checkpoint taken
     in the middle of a back-off resumes identically (the refit on loading repeats the saved scoring path)."""
-    from torchbkb.bandits import pruning as pruning_module, sketched as sketched_module
+    from torchbkb.bandits import pruning as pruning_module
+    from torchbkb.gp import kernel_row_posterior as scoring_module
 
     X, k, f = _problem(A=400)
     a = _bandit(BKB, X, k, prune=True, beta=50.0)
@@ -206,8 +207,8 @@ def test_pruning_backs_off_when_most_arms_pass(monkeypatch):
         a2.tell(i, f[i])
     b = _bandit(BKB, X, k, prune=True, beta=50.0, seed=77)
     calls = []
-    one_product = sketched_module.score_kernel_columns
-    monkeypatch.setattr(sketched_module, "score_kernel_columns", lambda *args: calls.append(1) or one_product(*args))
+    one_product = scoring_module.score_kernel_columns
+    monkeypatch.setattr(scoring_module, "score_kernel_columns", lambda *args: calls.append(1) or one_product(*args))
     b.load_state_dict(a2.state_dict())
     assert calls == [1]  # the refit on loading scored in one product, as the saved run's last update did
     assert torch.equal(a2.arm_means, b.arm_means) and b.pruning.wait == a2.pruning.wait > 0

@@ -259,7 +259,8 @@ class FixedCapacityUpdates:
             u = torch.where(torch.isin(pulled, forced), -1.0, 1.25).to(torch.float64)  # in, or out but observed
         chunk = scoring_chunk(self.score_chunk_size, self.engine.m_cap, self.arms.device, self.arms.dtype)
         width = None if self.exclusions else self._fused_pick_width()
-        out, flags = self.engine.update(K_P, self.counts, self.reward_sums, self.engine.draws(u), self._rls,
+        post = self.row_posterior
+        out, flags = self.engine.update(K_P, self.counts, self.reward_sums, self.engine.draws(u), post.rls,
                                         self.kdiag, self.sampler, self.lam, chunk, width, self.excluded, kernel, arms)
         if not flags[5]:
             raise NumericsError("kernel: expected finite values k(a, ·), got NaN/inf scores from the dictionary rows")
@@ -271,21 +272,18 @@ class FixedCapacityUpdates:
             return
         with torch.no_grad():
             self.rows.adopt([int(a) for a in flags[HEAD : HEAD + m]], new_dict, out.K_SA)
-            self._W, self._V_inv, self._Z, self._posterior = out.W[:m, :m], out.V_inv[:m, :m], None, None
-            dt = self.arms.dtype
-            M = out.Ma[:m, :m].to(dt)
+            M = out.Ma[:m, :m].to(self.arms.dtype)
             if flags[3]:
                 self.embeddings_computed += 1
                 self._check_accuracy(self.rows.rows(), M, pulled, n)
-            self._mean, self._rls, self._M = out.mean, out.rls, M
-            self._scored = self._K_scored = self._rls_full = None
-            self.arms_scored = self.num_arms
+            post.adopt(out.W[:m, :m], out.V_inv[:m, :m], M, out.mean, out.rls)
+            self._posterior = None
             self.arms_scored_total += self.num_arms
         self.dictionary = new_dict
-        self._deff, self._deff_inputs = None, (pulled, n, self._rls)
+        self._deff, self._deff_inputs = None, (pulled, n, post.rls)
         if width is not None:  # ask takes it while nothing it depends on has changed
             pick = out.flags[4:5].long()  # (1,) on the device: no copy from the host
-            self._fused_pick = (int(flags[4]), pick, width, self.excluded._version, self._mean, self._rls)
+            self._fused_pick = (int(flags[4]), pick, width, self.excluded._version, post.mean, post.rls)
 
     def _fused_pick_width(self) -> float | None:
         """The width of a next selection that is one UCB argmax, known at the update (``None``: none)."""
@@ -298,7 +296,8 @@ class FixedCapacityUpdates:
         if fused is None or self.exclusions:
             return None
         host, pick, w, version, mean, rls = fused
-        if w != width or version != self.excluded._version or mean is not self._mean or rls is not self._rls:
+        post = self.row_posterior
+        if w != width or version != self.excluded._version or mean is not post.mean or rls is not post.rls:
             return None
         self._selected_ids = [host]
         return pick

@@ -43,11 +43,12 @@ from torchbkb.bandits.base import KernelBandit
 from torchbkb.bandits.fixed_capacity import FixedCapacityEngine, FixedCapacityUpdates
 from torchbkb.bandits.sketched_checkpoint import SketchedCheckpoint
 from torchbkb.bandits.kernel_row_cache import ROW_CACHE_BYTES, KernelRowCache
-from torchbkb.bandits.kernel_rows import FeatureRows, StreamedKernelRows
+from torchbkb.bandits.kernel_rows import FeatureRows
 from torchbkb.bandits.pruning import PruningSchedule, ucb_survivors
 from torchbkb.gp.dtc_posterior import DTCPosterior
 from torchbkb.errors import TorchBKBError, check_int, check_positive
-from torchbkb.gp.functional import fit_kernel_row_operator, rls_kernel_columns, score_kernel_columns
+from torchbkb.gp.functional import rls_kernel_columns
+from torchbkb.gp.kernel_row_posterior import KernelRowPosterior
 from torchbkb.gp.nystrom import DEFAULT_CHUNK, NystromEmbedding
 from torchbkb.gp.scoring_chunk import check_chunk_size, scoring_chunk
 from torchbkb.sampling.rls_dictionary import DEFAULT_INCLUSION, RLSDictionary, check_inclusion
@@ -89,6 +90,8 @@ class SketchedKernelBandit(FixedCapacityUpdates, SketchedCheckpoint, KernelBandi
         fixed_capacity: update through :class:`~torchbkb.bandits.fixed_capacity.FixedCapacityEngine` (fixed shapes,
             one host read per update; default on every device but the CPU, where the eager update prunes).
         engine: that engine (``engine.compiled = True`` compiles its update with ``fullgraph=True``).
+        row_posterior: the DTC state both updates write, a :class:`~torchbkb.gp.kernel_row_posterior.KernelRowPosterior`
+            (``W``, ``V⁻¹``, the scoring operator, the arms' scores).
     """
 
     def __init__(
@@ -130,7 +133,7 @@ class SketchedKernelBandit(FixedCapacityUpdates, SketchedCheckpoint, KernelBandi
         self.arms_scored_total = 0  # (arms_scored: set with the empty posterior below)
         self._pulled: torch.Tensor | None = None  # (p,) the pulled arms, ascending (None: to be found again)
         self._pulled_set: set[int] = set()
-        self._prior_rls = self.kdiag / self.lam  # (A,) prior σ̃² = k(a, a)/λ, the largest σ̃² can be
+        self.row_posterior = KernelRowPosterior(self.kdiag, self.lam)
         self._bonus_cache: tuple[float, torch.Tensor] | None = None  # (width, width·√(k/λ)) for the UCB bound
         # variances vs a float64 reference, as the dictionary grows
         self._accuracy = AccuracyMonitor(type(self).__name__)
@@ -146,14 +149,8 @@ class SketchedKernelBandit(FixedCapacityUpdates, SketchedCheckpoint, KernelBandi
         """The prior: an empty dictionary, ``z ≡ 0``."""
         self.rows.clear()
         self.engine.remember(self._long([]))
-        self._W: torch.Tensor | None = None  # (r, m) whitening of K_S in slot order (Wᵀ W = K_S⁺)
-        self._V_inv: torch.Tensor | None = None  # (r, r) V⁻¹, V = Zᵀ N Z + λ I on the pulled arms
-        self._Z: torch.Tensor | None = None  # (A, r) the arms' features, formed on demand
+        self.row_posterior.clear()
         self._posterior: DTCPosterior | None = None  # built on demand
-        self._mean = torch.zeros(self.num_arms, dtype=self.arms.dtype, device=self.arms.device)
-        self._rls = self._prior_rls.clone()  # σ̃²; exact for the scored arms, the prior bound for the others
-        self._scored = self._rls_full = self._M = self._K_scored = None
-        self.arms_scored = 0
 
     # ------------------------------------------------------------------ read-outs
     @property
@@ -177,25 +174,30 @@ class SketchedKernelBandit(FixedCapacityUpdates, SketchedCheckpoint, KernelBandi
     @property
     def arm_means(self) -> torch.Tensor:
         """`(A,)` ``μ̃_t`` of every arm."""
-        return self._mean
+        return self.row_posterior.mean
 
     @property
     def arm_rls(self) -> torch.Tensor:
         """`(A,)` ``σ̃²_t`` (RLS scale) of the :attr:`scored_arms`; the others hold the prior bound ``k(a,a)/λ``
         (:meth:`scores` fills them in)."""
-        return self._rls
+        return self.row_posterior.rls
 
     @property
     def scored_arms(self) -> torch.Tensor | None:
         """`(k,)` ascending, the arms whose variance the last update computed (``None``: every arm)."""
-        return self._scored
+        return self.row_posterior.scored
+
+    @property
+    def arms_scored(self) -> int:
+        """How many arm variances the last update computed (``A`` when nothing was skipped)."""
+        return self.row_posterior.arms_scored
 
     @property
     def posterior(self) -> DTCPosterior | None:
         """The current DTC posterior as a :class:`~torchbkb.DTCPosterior` on the dictionary and all pulls
         (``None`` while the dictionary is empty); built (one embedding and one fit) on first access after each
         update."""
-        if self._posterior is None and self._W is not None:
+        if self._posterior is None and self.row_posterior.fitted:
             pulled = (self.counts > 0).nonzero().squeeze(1)
             emb = NystromEmbedding(self.kernel, self.arms[self.rows.order_index], chunk_size=self.chunk_size)
             n = self.counts[pulled].to(self.arms.dtype)
@@ -207,39 +209,26 @@ class SketchedKernelBandit(FixedCapacityUpdates, SketchedCheckpoint, KernelBandi
     def scores(self) -> tuple[torch.Tensor, torch.Tensor]:
         """``(μ̃_t, σ̃²_t)`` of all arms, `(A,)` each (RLS scale); the variances the last update skipped are
         computed here, once per update."""
-        if self._scored is None:
-            return self._mean, self._rls
-        if self._rls_full is None:
-            with torch.no_grad():
-                rest = torch.ones_like(self.excluded)
-                rest[self._scored] = False
-                rest = rest.nonzero().squeeze(1)  # (A - k,)
-                rls = self._rls.clone()
-                rls[rest] = rls_kernel_columns(self.rows.rows()[:, rest], self.kdiag[rest], self._M, self.lam,
-                                               self._scoring_chunk())
-                self._rls_full = rls
-        return self._mean, self._rls_full
+        if self.row_posterior.scored is None:
+            return self.row_posterior.mean, self.row_posterior.rls
+        return self.row_posterior.full_scores(self.rows.rows(), self._scoring_chunk())
 
     def arm_features(self) -> torch.Tensor:
         """`(A, r)` Nyström features ``z(arms)`` of the current dictionary (one `(A × m)·(m × r)` product, kept
         until the dictionary changes)."""
-        if self._Z is None:
-            self._Z = self.feature_rows()[:]  # (A, r)
-        return self._Z
+        return self.row_posterior.features(lambda: self.feature_rows()[:])  # (A, r)
 
     def feature_rows(self, index: torch.Tensor | None = None) -> FeatureRows:
         """The arms' features as :class:`~torchbkb.bandits.kernel_rows.FeatureRows`: ``rows[idx]`` is ``z(arms[idx])``
         `(M, r)`, computed on demand (`M·m·r`); with ``index`` `(k,)`, row ``i`` is ``z(arms[index[i]])``."""
         self._check_dictionary()
-        return FeatureRows(self.rows.rows(), self._W, index)
+        return FeatureRows(self.rows.rows(), self.row_posterior.W, index)
 
     def scored_features(self) -> torch.Tensor:
         """`(k, r)` features of the :attr:`scored_arms`, from the kernel columns the update kept."""
-        if self._scored is None or self._W is None:
+        if self.row_posterior.scored is None:
             raise TorchBKBError(f"{type(self).__name__}: expected an update that skipped arms (prune), got none")
-        if isinstance(self._K_scored, StreamedKernelRows):
-            return FeatureRows(self._K_scored, self._W)[:]  # (k, r)
-        return self._K_scored.T @ self._W.T.to(self._K_scored.dtype)  # (k, m)·(m, r)
+        return self.row_posterior.scored_features(lambda K, W: FeatureRows(K, W)[:])  # (k, r)
 
     def candidate_features(self) -> tuple[FeatureRows | torch.Tensor, torch.Tensor]:
         """``(Z, V⁻¹)`` for a selection: the features of the arms it may pick -- the :attr:`scored_arms` in order, or
@@ -257,11 +246,10 @@ class SketchedKernelBandit(FixedCapacityUpdates, SketchedCheckpoint, KernelBandi
     def V_inverse(self) -> torch.Tensor:
         """`(r, r)` ``V⁻¹`` of the current posterior (``V = Zᵀ N Z + λ I`` on the pulled arms' features)."""
         self._check_dictionary()
-        return self._V_inv
+        return self.row_posterior.V_inv
 
     def _check_dictionary(self) -> None:
-        if self._W is None:
-            raise TorchBKBError(f"{type(self).__name__}: expected a dictionary (after the first reward), got none")
+        self.row_posterior.require_fit(type(self).__name__)
 
     # ------------------------------------------------------------------ resparsification
     def _update(self) -> None:
@@ -275,7 +263,7 @@ class SketchedKernelBandit(FixedCapacityUpdates, SketchedCheckpoint, KernelBandi
         if first:
             new_dict = self.last_told[0][:1]  # S_1 = {x_1}
         else:
-            keep = self.sampler.resample(self._rls[pulled].to(torch.float64), n, validate=False)
+            keep = self.sampler.resample(self.row_posterior.rls[pulled].to(torch.float64), n, validate=False)
             new_dict = pulled[keep]  # ascending, like pulled
         self._rebuild(new_dict, pulled=pulled, counts=n)
 
@@ -304,22 +292,21 @@ class SketchedKernelBandit(FixedCapacityUpdates, SketchedCheckpoint, KernelBandi
             if new_dict.numel() == 0:  # S = ∅: z ≡ 0, the DTC posterior is the prior
                 self._clear_posterior()
             else:
-                changed = self._W is None or not torch.equal(new_dict, self.dictionary)
+                changed = not self.row_posterior.fitted or not torch.equal(new_dict, self.dictionary)
+                W = self.row_posterior.W
                 if changed:
                     self.rows.set_dictionary(new_dict, order, blocks)
                     K_SS = self.rows.rows().T[self.rows.order_index]  # (m, m): a row gather of the transposed view
-                    self._W = inv_sqrt_factor(K_SS, name="K_S")  # (r, m): one m×m factorization
-                    self._Z = None
+                    W = inv_sqrt_factor(K_SS, name="K_S")  # (r, m): one m×m factorization
                     self.embeddings_computed += 1
                 K_SA = self.rows.rows()  # (m, A), cached or streamed
-                Zt = self._W @ K_SA.T[pulled].to(self._W.dtype).T  # (r, p) features of the pulled arms
-                Ma, self._V_inv = fit_kernel_row_operator(self._W, Zt, n, self.reward_sums[pulled], self.lam)
+                Ma = self.row_posterior.refit(K_SA, W, pulled, n, self.reward_sums[pulled])
                 if changed:
                     self._check_accuracy(K_SA, Ma[:-1].to(K_SA.dtype), pulled, n)
                 self._score(K_SA, Ma.to(K_SA.dtype), pulled)
                 self._posterior = None
         self.dictionary = new_dict
-        self._deff, self._deff_inputs = None, (pulled, n, self._rls)  # read only by the widths that need it
+        self._deff, self._deff_inputs = None, (pulled, n, self.row_posterior.rls)  # read by the widths that need it
 
     def _check_accuracy(self, K_SA, M: torch.Tensor, pulled: torch.Tensor, n: torch.Tensor) -> None:
         """Warn once (:class:`~torchbkb.errors.NumericsWarning`) when the variances at the dictionary points, scored as
@@ -340,26 +327,15 @@ class SketchedKernelBandit(FixedCapacityUpdates, SketchedCheckpoint, KernelBandi
     def _score(self, K_SA, Ma: torch.Tensor, pulled: torch.Tensor) -> None:
         """``μ̃`` of every arm and ``σ̃²`` of the arms that can still be selected and of the pulled ones: every arm
         in one `(m + 1, m)·(m, A)` product, or the means first and the variances of the arms that pass the bound."""
-        M, a = Ma[:-1], Ma[-1]
         width = self._ucb_width() if self.prune else None
         attempt = self.pruning.should_attempt(width is not None)
-        idx = K_scored = None
+        idx = mean = None
         if attempt:
-            mean = a @ K_SA  # (A,)
+            mean = Ma[-1] @ K_SA  # (A,)
             if self._bonus_cache is None or self._bonus_cache[0] != width:  # width·√(k/λ), the largest bonus
-                self._bonus_cache = (width, width * self._prior_rls.sqrt())
+                self._bonus_cache = (width, width * self.row_posterior.prior_rls.sqrt())
             idx = ucb_survivors(mean, self._bonus_cache[1], self.excluded, pulled)  # (k,) ascending
             if not self.pruning.record_attempt(idx.numel(), self.num_arms):
                 idx = None
-        if idx is not None:
-            rls = self._prior_rls.clone()  # σ̃² <= k/λ for the arms not scored
-            K_scored = K_SA.index_select(1, idx)  # (m, k): kept for the scored arms' features
-            rls[idx] = rls_kernel_columns(K_scored, self.kdiag[idx], M, self.lam, self._scoring_chunk())
-        elif attempt:  # the means are there already
-            rls = rls_kernel_columns(K_SA, self.kdiag, M, self.lam, self._scoring_chunk())
-        else:
-            mean, rls = score_kernel_columns(K_SA, self.kdiag, Ma, self.lam, self._scoring_chunk())
-        self._mean, self._rls, self._scored, self._K_scored = mean, rls, idx, K_scored
-        self._M, self._rls_full = M, None
-        self.arms_scored = self.num_arms if idx is None else int(idx.numel())
+        self.row_posterior.score(K_SA, Ma, self._scoring_chunk(), survivors=idx, mean=mean)
         self.arms_scored_total += self.arms_scored

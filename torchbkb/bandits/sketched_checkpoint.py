@@ -27,8 +27,8 @@ class SketchedCheckpoint:
             "order": list(self.rows.order),
             "blocks": self.rows.blocks(),
             "beta": self.beta,
-            "rls": self._rls.cpu().clone(),
-            "scored": None if self._scored is None else self._scored.cpu().clone(),
+            "rls": self.row_posterior.rls.cpu().clone(),
+            "scored": None if self.scored_arms is None else self.scored_arms.cpu().clone(),
             "embeddings_computed": self.embeddings_computed,
             "arms_scored_total": self.arms_scored_total,
             "prune": self.pruning.state(),
@@ -57,12 +57,10 @@ class SketchedCheckpoint:
             finally:
                 self.pruning.forced = None
         self.pruning.load(saved)
-        self._rls = state["rls"].to(self.arms.device)
         scored = state["scored"]
-        self._scored = None if scored is None else scored.to(self.arms.device)
-        if self._scored is not None:  # the refit above found the same arms; their kernel columns, to be sure
-            self._K_scored = self.rows.rows().index_select(1, self._scored)
-        self._rls_full = None
+        # the refit above found the same arms; their kernel columns read again, to be sure
+        self.row_posterior.restore_scores(state["rls"].to(self.arms.device),
+                                          None if scored is None else scored.to(self.arms.device), self.rows.rows())
         self.beta = float(state["beta"])
         self.embeddings_computed = int(state["embeddings_computed"])
         self.arms_scored_total = int(state["arms_scored_total"])

@@ -1,0 +1,154 @@
+"""The DTC posterior of a fixed arm set, held as what its dictionary's kernel rows need: the one owner of that state.
+
+A sketched bandit scores its ``A`` arms from the dictionary's kernel rows ``K_{S,A}`` `(m, A)`: with ``W`` the
+whitening of ``K_S`` (``Wᵀ W = K_S⁺``), ``Z = K_{S,A}ᵀ Wᵀ`` the arms' features, ``V = Zᵀ N Z + λ I`` on the
+pulled arms and the scoring operator ``[M; aᵀ]`` (:func:`~torchbkb.gp.functional.fit_kernel_row_operator`)::
+
+    μ̃(a) = aᵀ k_S(a),    σ̃²(a) = k(a, a)/λ - k_S(a)ᵀ M k_S(a)
+
+This object keeps that state -- ``W``, ``V⁻¹``, ``M``, the scores and which arms were scored -- and is written only
+by its methods: :meth:`refit` and :meth:`score` (the eager update, which may score a subset of the arms: pruning),
+:meth:`adopt` (the fixed-capacity update, which scores every arm), :meth:`clear` (the prior). Where the rows come
+from (cached, streamed) is the caller's; the algebra is :mod:`torchbkb.gp.functional`'s.
+
+Example:
+    >>> import torch
+    >>> from torchbkb.gp.kernels import GaussianKernel
+    >>> from torchbkb.gp.linalg import inv_sqrt_factor
+    >>> arms = torch.rand(50, 2, dtype=torch.float64); k = GaussianKernel(0.5)
+    >>> post = KernelRowPosterior(torch.ones(50, dtype=torch.float64), lam=0.1)
+    >>> S, pulled = torch.tensor([3, 7, 11]), torch.tensor([3, 7, 11, 20])
+    >>> K_SA = k(arms[S], arms)
+    >>> Ma = post.refit(K_SA, inv_sqrt_factor(K_SA[:, S]), pulled, torch.ones(4, dtype=torch.float64),
+    ...                 torch.tensor([1.0, 0.5, 0.2, 0.1], dtype=torch.float64))
+    >>> post.score(K_SA, Ma, chunk=16)
+    >>> tuple(post.mean.shape), bool((post.rls >= 0).all()), post.scored is None
+    ((50,), True, True)
+"""
+
+from __future__ import annotations
+
+import torch
+
+from torchbkb.errors import TorchBKBError
+from torchbkb.gp.functional import fit_kernel_row_operator, rls_kernel_columns, score_kernel_columns
+
+__all__ = ["KernelRowPosterior"]
+
+
+class KernelRowPosterior:
+    """The DTC state of ``A`` arms scored from kernel rows (module docstring).
+
+    Args:
+        kdiag: `(A,)` ``k(a, a)`` of the arms.
+        lam: ``λ > 0``.
+
+    Attributes:
+        W: `(r, m)` whitening of ``K_S`` in the rows' slot order (``None``: the prior, no dictionary).
+        V_inv: `(r, r)` ``V⁻¹``.
+        M: `(m, m)` the variance operator on kernel rows, in the rows' dtype.
+        mean: `(A,)` ``μ̃``; rls: `(A,)` ``σ̃²`` (RLS scale) of the :attr:`scored` arms, the prior bound
+            ``k(a, a)/λ`` of the others.
+        scored: `(k,)` ascending, the arms whose variance was scored (``None``: every arm).
+        arms_scored: how many variances the last scoring computed.
+    """
+
+    def __init__(self, kdiag: torch.Tensor, lam: float):
+        self.kdiag, self.lam = kdiag, float(lam)
+        self.prior_rls = kdiag / self.lam  # the largest σ̃² can be
+        self.clear()
+
+    def clear(self) -> None:
+        """The prior: no dictionary, ``z ≡ 0``, ``μ̃ = 0``, ``σ̃² = k/λ``."""
+        self.W: torch.Tensor | None = None
+        self.V_inv: torch.Tensor | None = None
+        self.M: torch.Tensor | None = None
+        self.mean = torch.zeros_like(self.kdiag)
+        self.rls = self.prior_rls.clone()
+        self.scored: torch.Tensor | None = None
+        self._K_scored = None  # (m, k) the scored arms' kernel columns, for their features
+        self._rls_full: torch.Tensor | None = None
+        self._Z: torch.Tensor | None = None
+        self.arms_scored = 0
+
+    @property
+    def fitted(self) -> bool:
+        """Whether there is a dictionary (``W`` set)."""
+        return self.W is not None
+
+    def require_fit(self, owner: str) -> None:
+        """A :class:`~torchbkb.errors.TorchBKBError` naming ``owner`` while there is no dictionary."""
+        if self.W is None:
+            raise TorchBKBError(f"{owner}: expected a dictionary (after the first reward), got none")
+
+    def refit(self, K_SA, W: torch.Tensor, pulled: torch.Tensor, counts: torch.Tensor,
+              reward_sums: torch.Tensor) -> torch.Tensor:
+        """Set ``W`` `(r, m)` and refit ``V⁻¹`` from the pulled arms `(p,)` (float64 ``counts`` and ``reward_sums``
+        `(p,)`) with rows ``K_SA`` `(m, A)` (a tensor or streamed rows); returns ``[M; aᵀ]`` `(m + 1, m)` float64
+        for :meth:`score`. The features formed from an older ``W`` are dropped."""
+        if W is not self.W:
+            self._Z = None
+        self.W = W
+        Zt = W @ K_SA.T[pulled].to(W.dtype).T  # (r, p) features of the pulled arms
+        Ma, self.V_inv = fit_kernel_row_operator(W, Zt, counts, reward_sums, self.lam)
+        return Ma
+
+    def score(self, K_SA, Ma: torch.Tensor, chunk: int, survivors: torch.Tensor | None = None,
+              mean: torch.Tensor | None = None) -> None:
+        """Score from ``K_SA`` `(m, A)` and ``Ma`` `(m + 1, m)` in the rows' dtype: every arm's mean and variance,
+        or, with ``survivors`` `(k,)` ascending (and their ``mean`` `(A,)` computed already), the variances of
+        those arms only."""
+        M = Ma[:-1]
+        K_scored = None
+        if survivors is not None:
+            rls = self.prior_rls.clone()  # σ̃² <= k/λ for the arms not scored
+            K_scored = K_SA.index_select(1, survivors)  # (m, k): kept for the scored arms' features
+            rls[survivors] = rls_kernel_columns(K_scored, self.kdiag[survivors], M, self.lam, chunk)
+        elif mean is not None:
+            rls = rls_kernel_columns(K_SA, self.kdiag, M, self.lam, chunk)
+        else:
+            mean, rls = score_kernel_columns(K_SA, self.kdiag, Ma, self.lam, chunk)
+        self.mean, self.rls, self.scored, self._K_scored = mean, rls, survivors, K_scored
+        self.M, self._rls_full = M, None
+        self.arms_scored = self.kdiag.numel() if survivors is None else int(survivors.numel())
+
+    def adopt(self, W: torch.Tensor, V_inv: torch.Tensor, M: torch.Tensor, mean: torch.Tensor,
+              rls: torch.Tensor) -> None:
+        """Take a state computed elsewhere that scored every arm (the fixed-capacity update)."""
+        self.W, self.V_inv, self.M, self.mean, self.rls = W, V_inv, M, mean, rls
+        self.scored = self._K_scored = self._rls_full = self._Z = None
+        self.arms_scored = self.kdiag.numel()
+
+    def restore_scores(self, rls: torch.Tensor, scored: torch.Tensor | None, K_SA) -> None:
+        """Set the variances and the scored arms as saved (a checkpoint), their kernel columns read from ``K_SA``."""
+        self.rls, self.scored, self._rls_full = rls, scored, None
+        self._K_scored = None if scored is None else K_SA.index_select(1, scored)
+
+    def full_scores(self, K_SA, chunk: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(μ̃, σ̃²)`` of every arm `(A,)` each; the variances :meth:`score` skipped are computed once."""
+        if self.scored is None:
+            return self.mean, self.rls
+        if self._rls_full is None:
+            with torch.no_grad():
+                rest = torch.ones_like(self.kdiag, dtype=torch.bool)
+                rest[self.scored] = False
+                rest = rest.nonzero().squeeze(1)  # (A - k,)
+                rls = self.rls.clone()
+                rls[rest] = rls_kernel_columns(K_SA[:, rest], self.kdiag[rest], self.M, self.lam, chunk)
+                self._rls_full = rls
+        return self.mean, self._rls_full
+
+    def features(self, rows_of) -> torch.Tensor:
+        """`(A, r)` the arms' features, formed once per ``W`` by ``rows_of()`` (a callable giving them)."""
+        if self._Z is None:
+            self._Z = rows_of()
+        return self._Z
+
+    def scored_features(self, streamed_rows_of) -> torch.Tensor:
+        """`(k, r)` features of the :attr:`scored` arms from the kernel columns kept by :meth:`score` (streamed
+        columns are read through ``streamed_rows_of(columns, W)``)."""
+        if self.scored is None or self.W is None:
+            raise TorchBKBError("KernelRowPosterior: expected a scoring that skipped arms (prune), got none")
+        if not isinstance(self._K_scored, torch.Tensor):
+            return streamed_rows_of(self._K_scored, self.W)
+        return self._K_scored.T @ self.W.T.to(self._K_scored.dtype)  # (k, m)·(m, r)
