@@ -149,7 +149,8 @@ def run_batch_on_device(
     if graphs is not None and cap is None:
         graph = graphs.get(A, Z.shape[1], dt, work, dev, check_every)
     if graph is not None:
-        return _run_graph(graph, Z, mean_c, rls0, V_inv, alpha, C, first_check, pick_limit, rls.dtype)
+        graph.load(Z, mean_c, rls0, V_inv, alpha, C)
+        return _run_graph(graph, A, Z.shape[1], first_check=first_check, pick_limit=pick_limit, rls_dtype=rls.dtype)
     cur = rls0.clone()
     state = PickState(
         cur=cur,
@@ -189,10 +190,10 @@ def run_batch_on_device(
     return selection, ids[:n]
 
 
-def _run_graph(graph, Z, mean, rls0, V_inv, alpha, C, first_check, pick_limit, rls_dtype):
-    """:func:`run_batch_on_device`'s loop on a :class:`~torchbkb.bandits.pick_graph.PickGraph`: replays of
-    ``graph.picks`` picks, the first read after ``first_check`` picks (rounded up to whole replays)."""
-    graph.load(Z, mean, rls0, V_inv, alpha, C)
+def _run_graph(graph, A: int, r: int, *, first_check, pick_limit, rls_dtype):
+    """:func:`run_batch_on_device`'s loop on a loaded :class:`~torchbkb.bandits.pick_graph.PickGraph` (``A`` arms,
+    ``r`` feature columns): replays of ``graph.picks`` picks, the first read after ``first_check`` picks (rounded up
+    to whole replays)."""
     per, picks, in_batch, ids = graph.picks, [], [], []
     replays = -(-max(int(first_check), 1) // per) if first_check is not None else 1
     t = n = 0
@@ -212,12 +213,11 @@ def _run_graph(graph, Z, mean, rls0, V_inv, alpha, C, first_check, pick_limit, r
         if pick_limit is not None and t >= pick_limit:
             return None
     idx = torch.cat(picks)[:n]
-    r = Z.shape[1]
     selection = BatchSelection(
         indices=idx,
-        rls_start=rls0[idx].to(rls_dtype),
+        rls_start=graph.rls0[idx].to(rls_dtype),
         rls_in_batch=torch.cat(in_batch)[:n].to(rls_dtype),
-        ucb_evaluations=Z.shape[0] * n,
+        ucb_evaluations=A * n,
         V_inv=graph.state.V_inv[:r, :r].clone(),
     )
     return selection, ids[:n]

@@ -187,7 +187,7 @@ class FixedCapacityEngine:
 
     def update(self, K_P: torch.Tensor | None, counts: torch.Tensor, reward_sums: torch.Tensor, u: torch.Tensor,
                rls_prev: torch.Tensor, kdiag: torch.Tensor, sampler: RLSDictionary, lam: float,
-               chunk: int, width: float | None = None, excluded: torch.Tensor | None = None,
+               chunk: int, *, width: float | None = None, excluded: torch.Tensor | None = None,
                kernel=None, arms: torch.Tensor | None = None) -> tuple[FixedUpdate, list[float]]:
         """Run :func:`fixed_update` with ``u`` `(P,)` from :meth:`draws`; returns it and its flags read on the host
         (``[m, cholesky ok, V ok, changed, pick, finite, slots...]``), after growing ``m_cap`` until the dictionary
@@ -261,7 +261,8 @@ class FixedCapacityUpdates:
         width = None if self.exclusions else self._fused_pick_width()
         post = self.row_posterior
         out, flags = self.engine.update(K_P, self.counts, self.reward_sums, self.engine.draws(u), post.rls,
-                                        self.kdiag, self.sampler, self.lam, chunk, width, self.excluded, kernel, arms)
+                                        self.kdiag, self.sampler, self.lam, chunk, width=width,
+                                        excluded=self.excluded, kernel=kernel, arms=arms)
         if not flags[5]:
             raise NumericsError("kernel: expected finite values k(a, ·), got NaN/inf scores from the dictionary rows")
         m = int(flags[0])
