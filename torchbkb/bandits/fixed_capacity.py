@@ -37,7 +37,8 @@ from torchbkb.gp.scoring_chunk import scoring_chunk
 from torchbkb.sampling.rls_dictionary import RLSDictionary, inclusion_probability
 from torchbkb.utils.host_copy import to_device
 
-__all__ = ["FixedUpdate", "FixedCapacityEngine", "FixedCapacityUpdates", "HEAD", "MIN_CAPACITY", "capacity_for",
+__all__ = ["FixedUpdate", "FixedCapacityEngine", "FixedCapacityUpdates", "LaunchedUpdate", "HEAD", "MIN_CAPACITY",
+           "capacity_for",
            "compact_slots", "fixed_update"]
 
 #: the smallest capacity of the pulled arms and of the dictionary's slots.
@@ -145,6 +146,16 @@ def fixed_update(K_P: torch.Tensor | None, asc_row: torch.Tensor, asc_arm: torch
     return FixedUpdate(K_SA, slots, W, V_inv, Ma, mean, rls, flags)
 
 
+class LaunchedUpdate(NamedTuple):
+    """An update queued on the device and not read yet (:meth:`FixedCapacityUpdates._launch_fixed`)."""
+
+    out: FixedUpdate  #: its outputs, flags included
+    inputs: tuple  #: the positional inputs of :meth:`FixedCapacityEngine.launch`, to run it again in more slots
+    extra: dict  #: its keyword inputs
+    pulled: torch.Tensor  #: `(p,)` the pulled arms ascending
+    n: torch.Tensor  #: `(p,)` their float64 counts
+
+
 class FixedCapacityEngine:
     """The host side of :func:`fixed_update`: the padded pulled arms, the dictionary's capacity, one read per update.
 
@@ -192,16 +203,31 @@ class FixedCapacityEngine:
         """Run :func:`fixed_update` with ``u`` `(P,)` from :meth:`draws`; returns it and its flags read on the host
         (``[m, cholesky ok, V ok, changed, pick, finite, slots...]``), after growing ``m_cap`` until the dictionary
         fits."""
-        _, asc_row, asc_arm = self._pulled
         while True:
-            prev_slots, prev_m = self._previous(asc_arm.device)
-            args = (K_P, asc_row, asc_arm, counts, reward_sums, u, rls_prev, kdiag, prev_slots, prev_m, sampler.q_bar,
-                    sampler.inclusion, lam, self.m_cap, chunk, width, excluded, kernel, arms)
-            out = self._run(args)
+            out = self.launch(K_P, counts, reward_sums, u, rls_prev, kdiag, sampler, lam, chunk, width=width,
+                              excluded=excluded, kernel=kernel, arms=arms)
             flags = out.flags.tolist()  # the one host read of an update
-            if flags[0] <= self.m_cap:
+            if not self.outgrown(flags):
                 return out, flags
-            self.m_cap = capacity_for(int(flags[0]))
+
+    def launch(self, K_P: torch.Tensor | None, counts: torch.Tensor, reward_sums: torch.Tensor, u: torch.Tensor,
+               rls_prev: torch.Tensor, kdiag: torch.Tensor, sampler: RLSDictionary, lam: float, chunk: int, *,
+               width: float | None = None, excluded: torch.Tensor | None = None, kernel=None,
+               arms: torch.Tensor | None = None) -> FixedUpdate:
+        """:func:`fixed_update` at the current ``m_cap``, not read: its flags may say the dictionary outgrew it
+        (:meth:`outgrown`)."""
+        _, asc_row, asc_arm = self._pulled
+        prev_slots, prev_m = self._previous(asc_arm.device)
+        return self._run((K_P, asc_row, asc_arm, counts, reward_sums, u, rls_prev, kdiag, prev_slots, prev_m,
+                          sampler.q_bar, sampler.inclusion, lam, self.m_cap, chunk, width, excluded, kernel, arms))
+
+    def outgrown(self, flags: list[float]) -> bool:
+        """Whether the update whose flags were read on the host needs more slots; if so ``m_cap`` grows to hold
+        them (run it again with the same draws)."""
+        if flags[0] <= self.m_cap:
+            return False
+        self.m_cap = capacity_for(int(flags[0]))
+        return True
 
     def remember(self, dictionary: torch.Tensor) -> None:
         """The dictionary `(m,)` ascending that the next update compares with (to flag a change)."""
@@ -245,6 +271,11 @@ class FixedCapacityUpdates:
 
     def _update_fixed(self, pulled: torch.Tensor, n: torch.Tensor, forced: torch.Tensor | None) -> None:
         """Resample (or take the arms ``forced`` `(k,)`: the first update, a checkpoint), refit and rescore."""
+        launched = self._launch_fixed(pulled, n, forced)
+        self._complete_fixed(launched, launched.out.flags.tolist())  # the one host read of an update
+
+    def _launch_fixed(self, pulled: torch.Tensor, n: torch.Tensor, forced: torch.Tensor | None) -> LaunchedUpdate:
+        """:meth:`_update_fixed` up to its host read: the update queued on the device, nothing adopted."""
         self._fused_pick = None
         if self.rows.caches_pulled_rows:  # the dictionary's rows gathered from the pulled arms' rows
             K_P, where, kernel, arms = *self.rows.pulled_rows(pulled), None, None
@@ -259,10 +290,19 @@ class FixedCapacityUpdates:
             u = torch.where(torch.isin(pulled, forced), -1.0, 1.25).to(torch.float64)  # in, or out but observed
         chunk = scoring_chunk(self.score_chunk_size, self.engine.m_cap, self.arms.device, self.arms.dtype)
         width = None if self.exclusions else self._fused_pick_width()
+        inputs = (K_P, self.counts, self.reward_sums, self.engine.draws(u), self.row_posterior.rls, self.kdiag,
+                   self.sampler, self.lam, chunk)
+        extra = {"width": width, "excluded": self.excluded, "kernel": kernel, "arms": arms}
+        return LaunchedUpdate(self.engine.launch(*inputs, **extra), inputs, extra, pulled, n)
+
+    def _complete_fixed(self, launched: LaunchedUpdate, flags: list[float]) -> bool:
+        """Adopt a launched update given its flags read on the host: ``True`` when adopted as launched, ``False``
+        when it was run again in more slots (reading again) or handed to the eager update."""
+        out, pulled, n, width = launched.out, launched.pulled, launched.n, launched.extra["width"]
+        as_launched = not self.engine.outgrown(flags)
+        if not as_launched:
+            out, flags = self.engine.update(*launched.inputs, **launched.extra)
         post = self.row_posterior
-        out, flags = self.engine.update(K_P, self.counts, self.reward_sums, self.engine.draws(u), post.rls,
-                                        self.kdiag, self.sampler, self.lam, chunk, width=width,
-                                        excluded=self.excluded, kernel=kernel, arms=arms)
         if not flags[5]:
             raise NumericsError("kernel: expected finite values k(a, ·), got NaN/inf scores from the dictionary rows")
         m = int(flags[0])
@@ -270,7 +310,7 @@ class FixedCapacityUpdates:
         self.engine.remember(new_dict)
         if m == 0 or not (flags[1] and flags[2]) or not self.rows.caches(m):
             self._rebuild(new_dict, pulled=pulled, counts=n)  # the eager update, on the dictionary drawn here
-            return
+            return False
         with torch.no_grad():
             self.rows.adopt([int(a) for a in flags[HEAD : HEAD + m]], new_dict, out.K_SA)
             M = out.Ma[:m, :m].to(self.arms.dtype)
@@ -285,6 +325,7 @@ class FixedCapacityUpdates:
         if width is not None:  # ask takes it while nothing it depends on has changed
             pick = out.flags[4:5].long()  # (1,) on the device: no copy from the host
             self._fused_pick = (int(flags[4]), pick, width, self.excluded._version, post.mean, post.rls)
+        return as_launched
 
     def _fused_pick_width(self) -> float | None:
         """The width of a next selection that is one UCB argmax, known at the update (``None``: none)."""
