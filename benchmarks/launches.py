@@ -20,10 +20,10 @@ Cases (steps counted after a warm-up, the median per step over the measured wind
 * ``bbkb_cadata`` -- BBKB on Cadata (A = 20,640, d = 8) at ``benchmarks.batch``'s settings (constant width,
   C̃ = 2): per pick, as ``bbkb_anchor``; its synchronizations per batch are ``syncs_per_pick × picks_per_step``;
 * ``*_fixed`` / ``*_eager`` -- the same bandit as on a GPU (the fixed-capacity update, ``fixed_capacity = True``:
-  one host read per update, every arm scored; BBKB's device loop) or as on the CPU (the eager update with its
-  data-dependent shapes and pruning; the lazy loop), whatever the device; ``--compiled`` runs the fixed-capacity
-  update through ``torch.compile`` (``bandit.engine.compiled``) and BBKB's replayed picks too
-  (``PickGraphs(compiled=True)``).
+  one host read per update, every arm scored; BBKB's device loop, replayed picks and deferred update) or as on the
+  CPU (the eager update with its data-dependent shapes and pruning; the lazy loop), whatever the device;
+  ``--compiled`` runs the fixed-capacity update through ``torch.compile`` (``bandit.engine.compiled``) and BBKB's
+  replayed picks too (``PickGraphs(compiled=True)``).
 
 Beside the counts, each case times its steps without the profiler (the median over ``--timed-steps`` steps)
 and, interleaved with them, its **arithmetic floor**: the ``(A × m)·(m × m)`` product that scores every arm at
@@ -71,10 +71,11 @@ def bandit(case: str, device, dtype, arms_large: int, chunk_size: int | None = N
         if hasattr(b, "device_loop"):
             b.device_loop = b.fixed_capacity
     b.engine.compiled = compiled
-    if compiled and getattr(b, "pick_graphs", None) is not None:
+    if base != case and getattr(b, "pick_graphs", None) is not None:
         from torchbkb.bandits.pick_graph import PickGraphs
 
-        b.pick_graphs = PickGraphs(compiled=True)
+        # as on a GPU: replayed picks (eagerly off CUDA, on the same buffers), the batch end's update deferred
+        b.pick_graphs = PickGraphs(devices=("cpu", "cuda"), compiled=compiled) if b.fixed_capacity else None
     return b, values, noise_std
 
 

@@ -220,24 +220,22 @@ def test_the_update_compiles_as_one_graph_and_equals_the_eager_update(dtype, dev
 
 @pytest.mark.parametrize("width", [0.5, "theory"])
 def test_a_bbkb_batch_reads_the_device_once_to_select_and_once_to_update(width, device):
-    """With the device loop and the fixed-capacity update (a GPU's defaults, forced here on any device): ``ask``
-    reads its batch once when it ends within the first check (a little over the last batch's length; whole replays
-    of 32 picks where they come from a CUDA graph), once more per 32 picks past it, and the theory width once more
-    (its sum); ``tell`` with ask's own tensor reads the rewards (nothing on a GPU when they come from the host), the
-    new arms' kernel rows' finiteness (when there are new arms) and the update's flags, once each -- beside the
-    float64 accuracy check of the variances, which runs when the dictionary has grown by a quarter (a few times a
-    run); the same batches as the CPU's loops."""
+    """With the device loop and the fixed-capacity update (forced here on any device) and eager picks (no CUDA graph,
+    so no deferred update: ``tests/bandits/test_deferred_update.py`` counts that one): ``ask`` reads its batch once
+    when it ends within the first check (a little over the last batch's length), once more per 32 picks past it, and
+    the theory width once more (its sum); ``tell`` with ask's own tensor reads the rewards (nothing on a GPU when
+    they come from the host), the new arms' kernel rows' finiteness (when there are new arms) and the update's
+    flags, once each -- beside the float64 accuracy check of the variances, which runs when the dictionary has grown
+    by a quarter (a few times a run); the same batches as the CPU's loops."""
     arms, f = _problem(8, device)
     lazy, _ = _run(BBKB, arms, f, fixed=False, T=200, seed=8, batch_bound=3.0, beta=width)
     b = BBKB(arms, GaussianKernel(0.2), noise=0.01, q_bar=2.0, beta=width, seed=8, batch_bound=3.0)
-    b.fixed_capacity, b.device_loop = True, True
+    b.fixed_capacity, b.device_loop, b.pick_graphs = True, True, None
     picks, asks, tells = _counted_run(b, f, 200, _noise(8), host_rewards=True)
     assert picks == lazy
     sizes = b.batch_sizes
-    replayed = torch.device(device).type in b.pick_graphs.devices  # picks replayed 32 at a time from a graph
     for k in range(1, len(sizes)):
         first = int(1.25 * sizes[k - 1]) + 2
-        first = -(-first // 32) * 32 if replayed else first
         extra = max(0, -(-(sizes[k] - first) // 32))
         assert asks[k] == 1 + extra + (width == "theory"), (k, sizes[k - 1], sizes[k])
     checks = 2 + math.ceil(math.log(b.dictionary_size) / math.log(1.25))  # growths by a quarter, at most

@@ -47,6 +47,7 @@ class BanditCheckpoint:
 
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to resume with an identical continuation (plain Python + tensors)."""
+        self._settle()  # a deferred update draws from the generator: run it before anything is saved
         return {
             "class": type(self).__name__,
             "num_arms": self.num_arms,
@@ -63,6 +64,9 @@ class BanditCheckpoint:
             "exclusions": dict(self.exclusions),
             "algorithm": self._algorithm_state(),
         }
+
+    def _settle(self) -> None:
+        """Run work deferred to the next ``ask`` now (nothing here; BBKB on a GPU defers its batch-end update)."""
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore a :meth:`state_dict` of a bandit built with the same arguments. Every field and the

@@ -60,6 +60,7 @@ from torchbkb.bandits.batch_selection import BatchSelection, check_batch_limits,
 from torchbkb.bandits.confidence import bbkb_beta, bbkb_practical_beta
 from torchbkb.bandits import device_batch
 from torchbkb.bandits.pick_graph import PickGraphs
+from torchbkb.bandits.deferred_update import DeferredBatchUpdate
 from torchbkb.bandits.fantasy_batch import FeatureReader, check_q, select_fixed_batch
 from torchbkb.sampling.rls_dictionary import DEFAULT_INCLUSION
 from torchbkb.bandits.theorems import warn_unmet_preconditions
@@ -67,7 +68,7 @@ from torchbkb.bandits.theorems import warn_unmet_preconditions
 __all__ = ["BBKB"]
 
 
-class BBKB(SketchedKernelBandit):
+class BBKB(DeferredBatchUpdate, SketchedKernelBandit):
     """Batch budgeted kernel bandit (BBKB).
 
     Args:
@@ -201,6 +202,8 @@ class BBKB(SketchedKernelBandit):
     # ------------------------------------------------------------------ widths
     @property
     def log_sum(self) -> float:
+        if self._owed_update:
+            self._settle()
         self._sums[0] = float(self._sums[0])  # read once (a float from then on)
         return self._sums[0]
 
@@ -210,8 +213,32 @@ class BBKB(SketchedKernelBandit):
 
     @property
     def practical_sum(self) -> float:
+        if self._owed_update:
+            self._settle()
         self._sums[1] = float(self._sums[1])
         return self._sums[1]
+
+    @property
+    def num_resparsifications(self) -> int:
+        """Dictionary resamplings (one per completed batch)."""
+        if self._owed_update:
+            self._settle()
+        return self._num_resparsifications
+
+    @num_resparsifications.setter
+    def num_resparsifications(self, value: int) -> None:
+        self._num_resparsifications = value
+
+    @property
+    def time_resparsify(self) -> float:
+        """Seconds spent at batch ends (resampling, kernel rows and ``K_S``, refit, rescoring)."""
+        if self._owed_update:
+            self._settle()
+        return self._time_resparsify
+
+    @time_resparsify.setter
+    def time_resparsify(self, value: float) -> None:
+        self._time_resparsify = value
 
     @practical_sum.setter
     def practical_sum(self, value: float) -> None:
@@ -242,6 +269,10 @@ class BBKB(SketchedKernelBandit):
         if self.t == 0:  # Algorithm 1, line 1: x_1 uniform
             idx = self._random_arm()
             self.last_selection = None
+        elif self._owed_update and (sel := self._update_and_select()) is not None:
+            idx = sel.indices
+            self.last_selection = sel
+            self.ucb_evaluations += sel.ucb_evaluations
         else:
             scored = self.scored_arms  # the arms that can be picked (prune), or None: every arm
             Z, V_inv = self.candidate_features()
@@ -302,16 +333,25 @@ class BBKB(SketchedKernelBandit):
                                   excluded=~torch.isfinite(mean))
 
     def _update(self) -> None:
+        if self._defers_update():  # the next ask runs it with its batch: one host read for both
+            self._owed_update = True
+            return
+        self._run_update()
+
+    def _run_update(self) -> None:
         start = time.perf_counter()
+        self._add_told_to_sums()
+        super()._update()  # resample S with q̄ σ̃²_fb, update kernel rows if S changed, refit, rescore
+        self.num_resparsifications += 1
+        self.time_resparsify += time.perf_counter() - start
+
+    def _add_told_to_sums(self) -> None:
         told = self.last_told[0]
         if told.numel():  # σ̃²_fb of the told picks: their variance when the batch started (summed on the device)
             rls = self.arm_rls[told].to(torch.float64)
             self._sums[0] = self._sums[0] + torch.log1p(3.0 * rls).sum()
             if self.t > told.numel():  # not the first told batch (the initialization)
                 self._sums[1] = self._sums[1] + torch.log1p(rls).sum()
-        super()._update()  # resample S with q̄ σ̃²_fb, update kernel rows if S changed, refit, rescore
-        self.num_resparsifications += 1
-        self.time_resparsify += time.perf_counter() - start
 
     # ------------------------------------------------------------------ checkpoints
     def _algorithm_state(self) -> dict[str, Any]:

@@ -117,6 +117,7 @@ def run_batch_on_device(
     first_check: int | None = None,
     pick_limit: int | None = None,
     graphs=None,
+    extra: tuple[torch.Tensor, list] | None = None,
 ) -> tuple[BatchSelection, list[int]] | None:
     """One BBKB batch (the ``"sum"`` stop rule) with no host read inside a pick, and its picks on the host: the done
     flag, the count and the picks so far are read together, once per ``check_every`` picks.
@@ -135,6 +136,8 @@ def run_batch_on_device(
         pick_limit: give up (return ``None``) when the batch has not ended after this many picks.
         graphs: a :class:`~torchbkb.bandits.pick_graph.PickGraphs`: on its devices (CUDA) and with no cap, the
             picks are replayed ``check_every`` at a time from a CUDA graph (the same steps on padded features).
+        extra: ``(tensor, out)``: a float64 `(k,)` tensor read with the first read, its values appended to ``out``
+            (a caller's own flags: one read for both).
 
     Returns:
         ``(selection, ids)``: a :class:`~torchbkb.bandits.batch_selection.BatchSelection` (``ucb_evaluations``
@@ -150,7 +153,8 @@ def run_batch_on_device(
         graph = graphs.get(A, Z.shape[1], dt, work, dev, check_every)
     if graph is not None:
         graph.load(Z, mean_c, rls0, V_inv, alpha, C)
-        return _run_graph(graph, A, Z.shape[1], first_check=first_check, pick_limit=pick_limit, rls_dtype=rls.dtype)
+        return _run_graph(graph, A, Z.shape[1], first_check=first_check, pick_limit=pick_limit, rls_dtype=rls.dtype,
+                          extra=extra)
     cur = rls0.clone()
     state = PickState(
         cur=cur,
@@ -172,7 +176,7 @@ def run_batch_on_device(
             in_batch.append(rls_i)
         picks += chunk
         head = torch.stack([state.done.long(), state.count])
-        read = torch.cat([head, torch.stack(chunk)]).tolist()  # the one host read per check_every picks
+        read, extra = _read(torch.cat([head, torch.stack(chunk)]), extra)  # the one read per check_every picks
         ids += read[2:]
         n = read[1]
         if read[0]:
@@ -190,7 +194,17 @@ def run_batch_on_device(
     return selection, ids[:n]
 
 
-def _run_graph(graph, A: int, r: int, *, first_check, pick_limit, rls_dtype):
+def _read(values: torch.Tensor, extra: tuple[torch.Tensor, list] | None) -> tuple[list[int], None]:
+    """``values`` (long) on the host, with ``extra``'s tensor in the same read (its values appended to its list)."""
+    if extra is None:
+        return values.tolist(), None
+    flags, out = extra
+    both = torch.cat([flags.to(torch.float64), values.to(torch.float64)]).tolist()
+    out += both[: flags.numel()]
+    return [int(v) for v in both[flags.numel():]], None
+
+
+def _run_graph(graph, A: int, r: int, *, first_check, pick_limit, rls_dtype, extra=None):
     """:func:`run_batch_on_device`'s loop on a loaded :class:`~torchbkb.bandits.pick_graph.PickGraph` (``A`` arms,
     ``r`` feature columns): replays of ``graph.picks`` picks, the first read after ``first_check`` picks (rounded up
     to whole replays)."""
@@ -205,7 +219,7 @@ def _run_graph(graph, A: int, r: int, *, first_check, pick_limit, rls_dtype):
             t += per
         replays = 1
         read = torch.cat([torch.stack([graph.state.done.long(), graph.state.count]), *picks[len(ids) // per:]])
-        read = read.tolist()  # the one host read per replay (or per the first replays)
+        read, extra = _read(read, extra)  # the one host read per replay (or per the first replays)
         ids += read[2:]
         n = read[1]
         if read[0]:

@@ -38,7 +38,7 @@ from torchbkb.sampling.rls_dictionary import RLSDictionary, inclusion_probabilit
 from torchbkb.utils.host_copy import to_device
 
 __all__ = ["FixedUpdate", "FixedCapacityEngine", "FixedCapacityUpdates", "LaunchedUpdate", "HEAD", "MIN_CAPACITY",
-           "capacity_for",
+           "capacity_for", "padded_features",
            "compact_slots", "fixed_update"]
 
 #: the smallest capacity of the pulled arms and of the dictionary's slots.
@@ -144,6 +144,14 @@ def fixed_update(K_P: torch.Tensor | None, asc_row: torch.Tensor, asc_arm: torch
     head = torch.stack([m, chol_ok.long(), (info_v == 0).long(), changed.long(), pick, finite.long()])
     flags = torch.cat([head, slots]).to(torch.float64)
     return FixedUpdate(K_SA, slots, W, V_inv, Ma, mean, rls, flags)
+
+
+def padded_features(out: FixedUpdate, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(Z, V⁻¹)`` of an update not read yet, in its ``m_cap`` slots: `(A, m_cap)` features in ``dtype``, zero past
+    the dictionary's ``m`` (compared on the device), and `(m_cap, m_cap)` ``V⁻¹``: ``V⁻¹ z`` and ``zᵀ V⁻¹ z``
+    are those of the first ``m`` columns, what a selection needs."""
+    valid = torch.arange(out.W.shape[0], device=out.W.device) < out.flags[0]
+    return (out.K_SA.T @ out.W.T.to(dtype)) * valid.to(dtype), out.V_inv
 
 
 class LaunchedUpdate(NamedTuple):

@@ -135,20 +135,25 @@ class KernelRowCache:
         return together + [[a] for a, b in zip(self.order, self._slot_block) if b == -1]
 
     # ------------------------------------------------------------------ writing
-    def add_pulled(self, arms: list[int]) -> None:
+    def add_pulled(self, arms: list[int], check: bool = True) -> tuple[list[int], torch.Tensor] | None:
         """Add ``k(x, arms)`` of newly pulled arms, each row computed alone (a resumed run recomputes it
-        bitwise); drop the pulled-row cache for good when it would outgrow ``row_cache_bytes``."""
+        bitwise); drop the pulled-row cache for good when it would outgrow ``row_cache_bytes``.
+
+        With ``check`` (default) a non-finite row raises before it is recorded (one host read). Without, the rows
+        are recorded at once and ``(new arms, finite)`` returned -- ``finite`` a 0-d bool on the device for the
+        caller to read with something else, and to :meth:`reject_pulled` the arms when it is false; ``None`` when
+        no row was added."""
         if self._P_pos is None:
-            return
+            return None
         new = [a for a in dict.fromkeys(arms) if a not in self._P_pos]
         if not new:
-            return
+            return None
         A, size = self.arms.shape[0], self.arms.element_size()
         n = len(self._P_pos) + len(new)
         if n * A * size > self.row_cache_bytes:
             self._P_buf, self._P_pos = None, None
             self._P_row.fill_(-1)
-            return
+            return None
         buf = self._P_buf
         if buf is None or buf.shape[0] < n:  # grow geometrically, within the budget
             cap = min(max(16, 2 * n), max(n, self.row_cache_bytes // (A * size)))
@@ -160,10 +165,23 @@ class KernelRowCache:
             first = len(self._P_pos)
             for j, a in enumerate(new):  # each row alone; checked together (one host read), then recorded
                 buf[first + j] = self.kernel(self.arms[a : a + 1], self.arms)[0]
-            finite_rows(buf[first : first + len(new)], new)
+            if check:
+                finite_rows(buf[first : first + len(new)], new)
             for j, a in enumerate(new):
                 self._P_pos[a] = first + j
             self._P_row[self._long(new)] = torch.arange(first, first + len(new), device=self.arms.device)
+        return None if check else (new, torch.isfinite(buf[first : first + len(new)]).all())
+
+    def reject_pulled(self, arms: list[int]) -> None:
+        """Drop the rows of ``arms``, the last ones :meth:`add_pulled` added (``check=False``), found not finite --
+        the cache as before that call -- and raise the :class:`~torchbkb.errors.NumericsError` naming them."""
+        first = min(self._P_pos[a] for a in arms)
+        rows = self._P_buf[first : first + len(arms)]
+        for a in arms:
+            del self._P_pos[a]
+        self._P_row[self._long(arms)] = -1
+        finite_rows(rows, arms)
+        raise TorchBKBError(f"KernelRowCache: expected non-finite rows for {arms}, got finite ones")
 
     def set_dictionary(self, dictionary: torch.Tensor, order: list[int] | None = None,
                        blocks: list[list[int]] | None = None) -> None:

@@ -40,6 +40,7 @@ from collections.abc import Callable
 import torch
 
 from torchbkb.bandits.base import KernelBandit
+from torchbkb.bandits.deferred_update import SettlingReadouts
 from torchbkb.bandits.fixed_capacity import FixedCapacityEngine, FixedCapacityUpdates
 from torchbkb.bandits.sketched_checkpoint import SketchedCheckpoint
 from torchbkb.bandits.kernel_row_cache import ROW_CACHE_BYTES, KernelRowCache
@@ -58,7 +59,7 @@ from torchbkb.gp.linalg import inv_sqrt_factor
 __all__ = ["SketchedKernelBandit"]
 
 
-class SketchedKernelBandit(FixedCapacityUpdates, SketchedCheckpoint, KernelBandit):
+class SketchedKernelBandit(SettlingReadouts, FixedCapacityUpdates, SketchedCheckpoint, KernelBandit):
     """A kernel bandit on the DTC posterior of an adaptively resampled dictionary (subclasses: ``_select``).
 
     Args:
@@ -156,11 +157,15 @@ class SketchedKernelBandit(FixedCapacityUpdates, SketchedCheckpoint, KernelBandi
     @property
     def dictionary_size(self) -> int:
         """``m = |S_t|``."""
+        if self._owed_update:
+            self._settle()
         return int(self.dictionary.numel())
 
     @property
     def deff(self) -> float:
         """``Σ_i n_i σ̃²_t(x_i)`` over the pulled arms at the last update, the estimate of ``d_eff`` (000 Eq. 5)."""
+        if self._owed_update:
+            self._settle()
         if self._deff is None:
             pulled, n, rls = self._deff_inputs
             self._deff = float((n * rls[pulled].to(torch.float64)).sum())
@@ -169,6 +174,8 @@ class SketchedKernelBandit(FixedCapacityUpdates, SketchedCheckpoint, KernelBandi
     @property
     def streams_kernel_rows(self) -> bool:
         """Whether the dictionary's kernel rows are recomputed on demand (they exceed ``kernel_cache_bytes``)."""
+        if self._owed_update:
+            self._settle()
         return self.rows.streams
 
     @property
@@ -197,6 +204,8 @@ class SketchedKernelBandit(FixedCapacityUpdates, SketchedCheckpoint, KernelBandi
         """The current DTC posterior as a :class:`~torchbkb.DTCPosterior` on the dictionary and all pulls
         (``None`` while the dictionary is empty); built (one embedding and one fit) on first access after each
         update."""
+        if self._owed_update:
+            self._settle()
         if self._posterior is None and self.row_posterior.fitted:
             pulled = (self.counts > 0).nonzero().squeeze(1)
             emb = NystromEmbedding(self.kernel, self.arms[self.rows.order_index], chunk_size=self.chunk_size)
@@ -209,6 +218,8 @@ class SketchedKernelBandit(FixedCapacityUpdates, SketchedCheckpoint, KernelBandi
     def scores(self) -> tuple[torch.Tensor, torch.Tensor]:
         """``(μ̃_t, σ̃²_t)`` of all arms, `(A,)` each (RLS scale); the variances the last update skipped are
         computed here, once per update."""
+        if self._owed_update:
+            self._settle()
         if self.row_posterior.scored is None:
             return self.row_posterior.mean, self.row_posterior.rls
         return self.row_posterior.full_scores(self.rows.rows(), self._scoring_chunk())
@@ -221,6 +232,8 @@ class SketchedKernelBandit(FixedCapacityUpdates, SketchedCheckpoint, KernelBandi
     def feature_rows(self, index: torch.Tensor | None = None) -> FeatureRows:
         """The arms' features as :class:`~torchbkb.bandits.kernel_rows.FeatureRows`: ``rows[idx]`` is ``z(arms[idx])``
         `(M, r)`, computed on demand (`M·m·r`); with ``index`` `(k,)`, row ``i`` is ``z(arms[index[i]])``."""
+        if self._owed_update:
+            self._settle()
         self._check_dictionary()
         return FeatureRows(self.rows.rows(), self.row_posterior.W, index)
 

@@ -153,7 +153,17 @@ def run(
         deadline=deadline, timeout=timeout, transient=transient,
     )  # fmt: skip
 
+    owed: list[int] = []  # history rows whose dictionary size is read after the next ask (a deferred update)
+
+    def fill_sizes() -> None:
+        if owed:
+            size = bandit.dictionary_size
+            for k in owed:
+                hist.dictionary_size[k] = -1 if size is None else int(size)
+            owed.clear()
+
     def save() -> None:
+        fill_sizes()
         if checkpoint is not None:
             state = getattr(objective, "state_dict", None) if not isinstance(objective, torch.Tensor) else None
             save_checkpoint(checkpoint,
@@ -176,6 +186,7 @@ def run(
             a0 = time.perf_counter()
             idx = bandit.ask()
             algo += time.perf_counter() - a0
+            fill_sizes()  # the ask ran the deferred update: its size is known without a read of its own
             room = budget - len(hist)
             todo, extra = idx[:room].tolist(), idx[room:]
             batch = bandit.batch_id - 1
@@ -189,7 +200,8 @@ def run(
                             torch.tensor([out.rewards[j] for j in ok], dtype=torch.float64))
             algo += time.perf_counter() - a0
             now, a_now = t_offset + time.perf_counter() - start, a_offset + algo
-            dsize = bandit.dictionary_size
+            deferred = getattr(bandit, "update_deferred", False)
+            dsize = None if deferred else bandit.dictionary_size  # a deferred update's size: after the next ask
             regrets = (best - f64[told]).tolist() if f is not None else [float("nan")] * len(ok)  # one read per batch
             for j, i, r in zip(ok, told, regrets):
                 hist.index.append(i)
@@ -199,6 +211,8 @@ def run(
                 hist.time.append(now)
                 hist.algo_time.append(a_now)
                 hist.batch.append(batch)
+                if deferred:
+                    owed.append(len(hist.dictionary_size))
                 hist.dictionary_size.append(-1 if dsize is None else int(dsize))
                 hist.attempts.append(out.attempts[j])
             if out.outstanding:  # the infrastructure gave up: keep what arrived, blame no arm
