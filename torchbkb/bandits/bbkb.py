@@ -60,7 +60,7 @@ from torchbkb.bandits.batch_selection import BatchSelection, check_batch_limits,
 from torchbkb.bandits.confidence import bbkb_beta, bbkb_practical_beta
 from torchbkb.bandits import device_batch
 from torchbkb.bandits.pick_graph import PickGraphs
-from torchbkb.bandits.deferred_update import DeferredBatchUpdate
+from torchbkb.bandits.deferred_update import DeferredBatchUpdate, SettledAttribute
 from torchbkb.bandits.fantasy_batch import FeatureReader, check_q, select_fixed_batch
 from torchbkb.sampling.rls_dictionary import DEFAULT_INCLUSION
 from torchbkb.bandits.theorems import warn_unmet_preconditions
@@ -199,6 +199,10 @@ class BBKB(DeferredBatchUpdate, SketchedKernelBandit):
         self.time_resparsify = 0.0
         self.last_selection: BatchSelection | None = None
 
+    num_resparsifications = SettledAttribute("dictionary resamplings (one per completed batch)")
+    time_resparsify = SettledAttribute("seconds spent at batch ends (resampling, kernel rows and ``K_S``, refit, "
+                                       "rescoring)")
+
     # ------------------------------------------------------------------ widths
     @property
     def log_sum(self) -> float:
@@ -217,28 +221,6 @@ class BBKB(DeferredBatchUpdate, SketchedKernelBandit):
             self._settle()
         self._sums[1] = float(self._sums[1])
         return self._sums[1]
-
-    @property
-    def num_resparsifications(self) -> int:
-        """Dictionary resamplings (one per completed batch)."""
-        if self._owed_update:
-            self._settle()
-        return self._num_resparsifications
-
-    @num_resparsifications.setter
-    def num_resparsifications(self, value: int) -> None:
-        self._num_resparsifications = value
-
-    @property
-    def time_resparsify(self) -> float:
-        """Seconds spent at batch ends (resampling, kernel rows and ``K_S``, refit, rescoring)."""
-        if self._owed_update:
-            self._settle()
-        return self._time_resparsify
-
-    @time_resparsify.setter
-    def time_resparsify(self, value: float) -> None:
-        self._time_resparsify = value
 
     @practical_sum.setter
     def practical_sum(self, value: float) -> None:

@@ -22,9 +22,28 @@ import torch
 from torchbkb.bandits import device_batch
 from torchbkb.bandits.batch_selection import BatchSelection
 from torchbkb.bandits.fixed_capacity import padded_features
-from torchbkb.gp.kernel_row_posterior import KernelRowPosterior
 
-__all__ = ["SettlingReadouts", "DeferredBatchUpdate"]
+__all__ = ["SettledAttribute", "SettlingReadouts", "DeferredBatchUpdate"]
+
+
+class SettledAttribute:
+    """A bandit attribute that runs an owed update before it is read (stored as ``_<name>``; set as usual)."""
+
+    def __init__(self, doc: str):
+        self.__doc__ = doc
+
+    def __set_name__(self, owner, name: str) -> None:
+        self.private = "_" + name
+
+    def __get__(self, obj, objtype=None):
+        if obj is None:
+            return self
+        if obj._owed_update:
+            obj._settle()
+        return getattr(obj, self.private)
+
+    def __set__(self, obj, value) -> None:
+        setattr(obj, self.private, value)
 
 
 class SettlingReadouts:
@@ -41,49 +60,11 @@ class SettlingReadouts:
         read-out of the posterior runs it first)."""
         return self._owed_update
 
-    @property
-    def dictionary(self) -> torch.Tensor:
-        """`(m,)` long, arm indices of the current dictionary (ascending)."""
-        if self._owed_update:
-            self._settle()
-        return self._dictionary
-
-    @dictionary.setter
-    def dictionary(self, value: torch.Tensor) -> None:
-        self._dictionary = value
-
-    @property
-    def embeddings_computed(self) -> int:
-        """How many times the dictionary changed (kernel rows updated, ``K_S`` refactored)."""
-        if self._owed_update:
-            self._settle()
-        return self._embeddings_computed
-
-    @embeddings_computed.setter
-    def embeddings_computed(self, value: int) -> None:
-        self._embeddings_computed = value
-
-    @property
-    def arms_scored_total(self) -> int:
-        """The arm variances computed, summed over all updates."""
-        if self._owed_update:
-            self._settle()
-        return self._arms_scored_total
-
-    @arms_scored_total.setter
-    def arms_scored_total(self, value: int) -> None:
-        self._arms_scored_total = value
-
-    @property
-    def row_posterior(self) -> KernelRowPosterior:
-        """The DTC state both updates write (:class:`~torchbkb.gp.kernel_row_posterior.KernelRowPosterior`)."""
-        if self._owed_update:
-            self._settle()
-        return self._row_posterior
-
-    @row_posterior.setter
-    def row_posterior(self, value: KernelRowPosterior) -> None:
-        self._row_posterior = value
+    dictionary = SettledAttribute("`(m,)` long, arm indices of the current dictionary (ascending)")
+    embeddings_computed = SettledAttribute("how many times the dictionary changed (rows updated, ``K_S`` refactored)")
+    arms_scored_total = SettledAttribute("the arm variances computed, summed over all updates")
+    row_posterior = SettledAttribute("the DTC state both updates write (a "
+                                     ":class:`~torchbkb.gp.kernel_row_posterior.KernelRowPosterior`)")
 
 
 class DeferredBatchUpdate:
