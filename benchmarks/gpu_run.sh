@@ -2,7 +2,8 @@
 # The measurements of one lent GPU run (docs/gpu.md), from the repository root: each piece time-guarded, in the
 # order of what matters most, its results tarred into $OUT after each piece so that a run stopped at its limit
 # still returns them. `_fixed` cases run the GPU's defaults (the fixed-capacity update, BBKB's device loop with its
-# picks replayed from CUDA graphs), `_eager` ones the CPU's (the eager update, the lazy loop), on the same machine;
+# picks replayed from CUDA graphs and its batch-end update read with the next batch), `_eager` ones the CPU's (the
+# eager update, the lazy loop), on the same machine;
 # `--compiled` compiles the update and the replayed picks.
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
 R=/tmp/res; mkdir -p $R
