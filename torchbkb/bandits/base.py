@@ -237,7 +237,7 @@ class Bandit(BanditCheckpoint):
             ids = idx.tolist()  # the one read of the indices: range, pending and history all use the host copy
         if ids and (min(ids) < 0 or max(ids) >= self.num_arms):
             raise InputDataError(f"{name}: expected arm indices in [0, {self.num_arms}), got {ids}")
-        return idx.to(device=self.arms.device, dtype=torch.long), ids
+        return to_device(idx.to(dtype=torch.long), self.arms.device), ids  # host indices: queued, no wait
 
     def _check_pending(self, ids: list[int]) -> list[int]:
         """The pending arms left once the arms ``ids`` are taken out -- each index takes out one pending
@@ -277,7 +277,7 @@ class Bandit(BanditCheckpoint):
         if not ids:
             raise InputDataError("indices: expected at least one arm index, got none")
         remaining = self._check_pending(ids)
-        return idx, ids, y.to(device=self.arms.device), ys, remaining
+        return idx, ids, to_device(y, self.arms.device), ys, remaining  # host rewards: queued, no wait
 
 
 class KernelBandit(Bandit):
