@@ -95,3 +95,27 @@ def spy_factorizations(monkeypatch) -> list:
 
             monkeypatch.setattr(module, name, spy)
     return sizes
+
+
+class HostReads:
+    """Within ``with HostReads() as r:``, ``r.calls`` names every host read of a tensor (``tolist``, ``item``,
+    ``bool``, ``int``, ``float``) -- what a GPU waits for, counted on any device."""
+
+    NAMES = ("tolist", "item", "__bool__", "__int__", "__float__")
+
+    def __enter__(self):
+        self.calls, self.original = [], {n: getattr(torch.Tensor, n) for n in self.NAMES}
+
+        def counting(name):
+            def read(tensor, *args):
+                self.calls.append(name)
+                return self.original[name](tensor, *args)
+            return read
+
+        for name in self.NAMES:
+            setattr(torch.Tensor, name, counting(name))
+        return self
+
+    def __exit__(self, *exc):
+        for name, fn in self.original.items():
+            setattr(torch.Tensor, name, fn)

@@ -7,6 +7,7 @@ import pickle
 
 import pytest
 import torch
+from helpers import HostReads
 
 from torchbkb import BBKB
 from torchbkb.bandits.pick_graph import PickGraphs
@@ -46,29 +47,6 @@ def _drive(b, values, T, picks=None, every=None):
     return picks
 
 
-class _Reads:
-    """Count the host reads of tensors (``tolist``, ``item``, ``bool``, ``int``, ``float``) inside a ``with``."""
-
-    NAMES = ("tolist", "item", "__bool__", "__int__", "__float__")
-
-    def __enter__(self):
-        self.calls, self.original = 0, {n: getattr(torch.Tensor, n) for n in self.NAMES}
-
-        def counting(name):
-            def read(tensor, *args):
-                self.calls += 1
-                return self.original[name](tensor, *args)
-            return read
-
-        for name in self.NAMES:
-            setattr(torch.Tensor, name, counting(name))
-        return self
-
-    def __exit__(self, *exc):
-        for name, fn in self.original.items():
-            setattr(torch.Tensor, name, fn)
-
-
 def test_the_deferred_update_makes_the_eager_choices(device):
     arms, values = _cadata(device)
     eager, deferred = _bandit(arms, False), _bandit(arms, True)
@@ -90,13 +68,13 @@ def test_a_batch_reads_the_device_once(device):
     asks, tells = [], []
     while b.t < T:
         last = b.batch_sizes[-1]
-        with _Reads() as r:
+        with HostReads() as r:
             idx = b.ask()
-        asks.append((r.calls, last, int(idx.numel())))
+        asks.append((len(r.calls), last, int(idx.numel())))
         y = values[idx].cpu().tolist()
-        with _Reads() as r:
+        with HostReads() as r:
             b.tell(idx, y)
-        tells.append(r.calls)
+        tells.append(len(r.calls))
     assert set(tells) == {1}  # the rewards' host copy, made from the host list given (no device read)
     extra = [calls - 1 - max(0, -(-(n - -(-(int(1.25 * last) + 2) // 32) * 32) // 32)) for calls, last, n in asks]
     assert min(extra) == 0 and sum(e > 0 for e in extra) <= 6, asks

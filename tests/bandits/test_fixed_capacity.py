@@ -8,6 +8,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from helpers import HostReads
 
 from torchbkb import BBKB, BKB
 from torchbkb.bandits.fixed_capacity import capacity_for, compact_slots, fixed_update
@@ -60,43 +61,20 @@ def _compiled(backend):
     return setup
 
 
-class _Reads:
-    """Count the host reads of tensors (``tolist``, ``item``, ``bool``, ``int``, ``float``) inside a ``with``."""
-
-    NAMES = ("tolist", "item", "__bool__", "__int__", "__float__")
-
-    def __enter__(self):
-        self.calls, self.original = [], {n: getattr(torch.Tensor, n) for n in self.NAMES}
-
-        def counting(name):
-            def read(tensor, *args):
-                self.calls.append(name)
-                return self.original[name](tensor, *args)
-            return read
-
-        for name in self.NAMES:
-            setattr(torch.Tensor, name, counting(name))
-        return self
-
-    def __exit__(self, *exc):
-        for name, fn in self.original.items():
-            setattr(torch.Tensor, name, fn)
-
-
 def _counted_run(b, f, T: int, g: torch.Generator, *, host_rewards: bool):
     """:func:`_drive` counting the host reads of every ``ask`` and of every ``tell`` (given ask's own tensor, and the
     rewards as a host list when ``host_rewards``), less the one read a ``tell`` that pulls new arms makes for their
     rows' finiteness; returns ``(picks, asks, tells)``."""
     picks, asks, tells = [], [], []
     while b.t < T:
-        with _Reads() as r:
+        with HostReads() as r:
             idx = b.ask()
         asks.append(len(r.calls))
         y = f[idx] + 0.1 * torch.randn(idx.shape, generator=g, dtype=torch.float64).to(f.device)
         y = y.cpu().tolist() if host_rewards else y
         new = bool(set(b.pending.tolist()) - set(picks))
         picks += b.pending.tolist()
-        with _Reads() as r:
+        with HostReads() as r:
             b.tell(idx, y)
         tells.append(len(r.calls) - new)
     return picks, asks, tells
