@@ -148,90 +148,66 @@ def run_batch_on_device(
     dt, work, dev = Z.dtype, V_inv.dtype, Z.device
     alpha = float(alpha)
     mean_c, rls0 = mean.to(dt), rls.to(dt)
+    limit = UNBOUNDED_PICKS if cap is None else cap
     graph = None
     if graphs is not None and cap is None:
         graph = graphs.get(A, Z.shape[1], dt, work, dev, check_every)
-    if graph is not None:
+    if graph is not None:  # replays of check_every picks, the first read after whole replays
         graph.load(Z, mean_c, rls0, V_inv, alpha, C)
-        return _run_graph(graph, A, Z.shape[1], first_check=first_check, pick_limit=pick_limit, rls_dtype=rls.dtype,
-                          extra=extra)
-    cur = rls0.clone()
-    state = PickState(
-        cur=cur,
-        ucb=mean_c + alpha * cur.clamp_min(0.0).sqrt(),
-        V_inv=V_inv.clone(),
-        level=torch.ones((), dtype=work, device=dev),
-        done=torch.zeros((), dtype=torch.bool, device=dev),
-        count=torch.zeros((), dtype=torch.long, device=dev),
-    )
+        per = graph.picks
+
+        def advance(k: int, t: int) -> tuple[torch.Tensor, torch.Tensor, PickState]:
+            out = [graph.replay() for _ in range(-(-k // per))]
+            return torch.cat([i for i, _ in out]), torch.cat([s for _, s in out]), graph.state
+    else:
+        state = PickState(
+            cur=rls0.clone(),
+            ucb=mean_c + alpha * rls0.clamp_min(0.0).sqrt(),
+            V_inv=V_inv.clone(),
+            level=torch.ones((), dtype=work, device=dev),
+            done=torch.zeros((), dtype=torch.bool, device=dev),
+            count=torch.zeros((), dtype=torch.long, device=dev),
+        )
+
+        def advance(k: int, t: int) -> tuple[torch.Tensor, torch.Tensor, PickState]:
+            nonlocal state
+            ids, rls_in = [], []
+            for j in range(k):
+                i, rls_i, state = pick_step(Z, mean_c, rls0, state, alpha, C, cap is None, t + j + 1 >= limit)
+                ids.append(i)
+                rls_in.append(rls_i)
+            return torch.stack(ids), torch.stack(rls_in), state
+
     picks, in_batch, ids = [], [], []
-    limit = UNBOUNDED_PICKS if cap is None else cap
+    size = check_every if first_check is None else max(int(first_check), 1)
     t = n = 0
     while t < limit:
-        chunk = []
-        for _ in range(min(check_every if t or first_check is None else max(int(first_check), 1), limit - t)):
-            t += 1
-            i, rls_i, state = pick_step(Z, mean_c, rls0, state, alpha, C, cap is None, t >= limit)
-            chunk.append(i)
-            in_batch.append(rls_i)
-        picks += chunk
-        head = torch.stack([state.done.long(), state.count])
-        read, extra = _read(torch.cat([head, torch.stack(chunk)]), extra)  # the one read per check_every picks
+        chunk, rls_in, last = advance(min(size, limit - t), t)
+        t += chunk.numel()
+        picks.append(chunk)
+        in_batch.append(rls_in)
+        read = torch.cat([torch.stack([last.done.long(), last.count]), chunk])
+        if extra is None:
+            read = read.tolist()  # the one host read per check_every picks (or per the first ones)
+        else:  # the caller's flags in the same read
+            flags, out = extra
+            both = torch.cat([flags.to(torch.float64), read.to(torch.float64)]).tolist()
+            out += both[: flags.numel()]
+            read, extra = [int(v) for v in both[flags.numel():]], None
         ids += read[2:]
         n = read[1]
         if read[0]:
             break
         if pick_limit is not None and t >= pick_limit:
             return None
-    idx = torch.stack(picks[:n])
+        size = check_every
+    idx = torch.cat(picks)[:n]
+    r = Z.shape[1]
     selection = BatchSelection(
         indices=idx,
         rls_start=rls0[idx].to(rls.dtype),
-        rls_in_batch=torch.stack(in_batch[:n]).to(rls.dtype),
+        rls_in_batch=torch.cat(in_batch)[:n].to(rls.dtype),
         ucb_evaluations=A * n,
-        V_inv=state.V_inv,
-    )
-    return selection, ids[:n]
-
-
-def _read(values: torch.Tensor, extra: tuple[torch.Tensor, list] | None) -> tuple[list[int], None]:
-    """``values`` (long) on the host, with ``extra``'s tensor in the same read (its values appended to its list)."""
-    if extra is None:
-        return values.tolist(), None
-    flags, out = extra
-    both = torch.cat([flags.to(torch.float64), values.to(torch.float64)]).tolist()
-    out += both[: flags.numel()]
-    return [int(v) for v in both[flags.numel():]], None
-
-
-def _run_graph(graph, A: int, r: int, *, first_check, pick_limit, rls_dtype, extra=None):
-    """:func:`run_batch_on_device`'s loop on a loaded :class:`~torchbkb.bandits.pick_graph.PickGraph` (``A`` arms,
-    ``r`` feature columns): replays of ``graph.picks`` picks, the first read after ``first_check`` picks (rounded up
-    to whole replays)."""
-    per, picks, in_batch, ids = graph.picks, [], [], []
-    replays = -(-max(int(first_check), 1) // per) if first_check is not None else 1
-    t = n = 0
-    while t < UNBOUNDED_PICKS:
-        for _ in range(replays):
-            i, s_i = graph.replay()
-            picks.append(i)
-            in_batch.append(s_i)
-            t += per
-        replays = 1
-        read = torch.cat([torch.stack([graph.state.done.long(), graph.state.count]), *picks[len(ids) // per:]])
-        read, extra = _read(read, extra)  # the one host read per replay (or per the first replays)
-        ids += read[2:]
-        n = read[1]
-        if read[0]:
-            break
-        if pick_limit is not None and t >= pick_limit:
-            return None
-    idx = torch.cat(picks)[:n]
-    selection = BatchSelection(
-        indices=idx,
-        rls_start=graph.rls0[idx].to(rls_dtype),
-        rls_in_batch=torch.cat(in_batch)[:n].to(rls_dtype),
-        ucb_evaluations=A * n,
-        V_inv=graph.state.V_inv[:r, :r].clone(),
+        V_inv=last.V_inv[:r, :r].clone() if graph is not None else last.V_inv,
     )
     return selection, ids[:n]
