@@ -103,7 +103,8 @@ class PickGraph:
         s.count.zero_()
 
     def _chunk(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """``picks`` picks from the buffers' state, written back into it; their arms and ``σ̃²`` when picked."""
+        """``picks`` picks from the buffers' state, written back into it after the last one (a failure before
+        leaves it as it was); their arms and ``σ̃²`` when picked."""
         args = (self.Z, self.mean, self.rls0)
         if self.compiled:
             if self.backend not in _COMPILED:
@@ -134,13 +135,10 @@ class PickGraph:
         """:meth:`_chunk`; a compiled chunk whose compilation fails warns once and runs eagerly from then on."""
         if not self.compiled:
             return self._chunk()
-        saved = [t.clone() for t in self.state]
         try:
             return self._chunk()
         except Exception as err:  # noqa: BLE001 - any compiler failure; the eager chunk raises real errors
-            self._give_up_compiling(err)
-            for dst, src in zip(self.state, saved):
-                dst.copy_(src)
+            self._give_up_compiling(err)  # the state is as it was (_chunk writes it back last)
             return self._chunk()
 
     def _give_up_compiling(self, err: Exception) -> None:
@@ -149,18 +147,13 @@ class PickGraph:
                       f"replaying the eager picks", RuntimeWarning, stacklevel=4)
 
     def _capture(self) -> None:
-        saved = [t.clone() for t in self.state]
         try:
             self._out, self._graph = self._captured()
         except Exception as err:  # noqa: BLE001 - a compiled chunk that cannot be captured: the eager one is
             if not self.compiled:
                 raise
-            self._give_up_compiling(err)
-            for dst, src in zip(self.state, saved):
-                dst.copy_(src)
+            self._give_up_compiling(err)  # the state is as it was (_captured restores it after its warm-up)
             self._out, self._graph = self._captured()
-        for dst, src in zip(self.state, saved):
-            dst.copy_(src)
 
     def _captured(self):
         saved = [t.clone() for t in self.state]
