@@ -51,19 +51,6 @@ def start_state(Z, mean, rls, V_inv, alpha):
                      count=torch.zeros((), dtype=torch.long, device=dev))
 
 
-def make_chunk(k: int):
-    from torchbkb.bandits.device_batch import pick_step
-
-    def chunk(Z, mean, rls0, state, alpha: float, C: float):
-        ids = []
-        for _ in range(k):
-            i, _, state = pick_step(Z, mean, rls0, state, alpha, C, True, False)
-            ids.append(i)
-        return torch.stack(ids), state
-
-    return chunk
-
-
 def time_variant(name, run, state0, repeats, device):
     """``run(state) -> (ids, state)``; returns (seconds per chunk, first chunk's ids on the host)."""
     ids, state = run(state0)
@@ -110,7 +97,12 @@ def main(argv=None):
         args.arms, args.repeats = 2000, 3
     Z, mean, rls, V_inv = problem(args.arms, args.rank, device, dtype)
     alpha, C = 0.894, 1e30
-    chunk = make_chunk(args.chunk)
+    from torchbkb.bandits.pick_graph import pick_steps
+
+    def chunk(Z, mean, rls0, state, alpha, C):  # the library's k picks, without their variances
+        ids, _, state = pick_steps(Z, mean, rls0, state, alpha, C, args.chunk)
+        return ids, state
+
     state0 = start_state(Z, mean, rls, V_inv, alpha)
     rows, ref = [], None
     for name in args.variants:
