@@ -157,8 +157,6 @@ class SketchedKernelBandit(SettlingReadouts, FixedCapacityUpdates, SketchedCheck
     @property
     def dictionary_size(self) -> int:
         """``m = |S_t|``."""
-        if self._owed_update:
-            self._settle()
         return int(self.dictionary.numel())
 
     @property
@@ -218,8 +216,6 @@ class SketchedKernelBandit(SettlingReadouts, FixedCapacityUpdates, SketchedCheck
     def scores(self) -> tuple[torch.Tensor, torch.Tensor]:
         """``(μ̃_t, σ̃²_t)`` of all arms, `(A,)` each (RLS scale); the variances the last update skipped are
         computed here, once per update."""
-        if self._owed_update:
-            self._settle()
         if self.row_posterior.scored is None:
             return self.row_posterior.mean, self.row_posterior.rls
         return self.row_posterior.full_scores(self.rows.rows(), self._scoring_chunk())
@@ -232,8 +228,6 @@ class SketchedKernelBandit(SettlingReadouts, FixedCapacityUpdates, SketchedCheck
     def feature_rows(self, index: torch.Tensor | None = None) -> FeatureRows:
         """The arms' features as :class:`~torchbkb.bandits.kernel_rows.FeatureRows`: ``rows[idx]`` is ``z(arms[idx])``
         `(M, r)`, computed on demand (`M·m·r`); with ``index`` `(k,)`, row ``i`` is ``z(arms[index[i]])``."""
-        if self._owed_update:
-            self._settle()
         self._check_dictionary()
         return FeatureRows(self.rows.rows(), self.row_posterior.W, index)
 
