@@ -13,7 +13,9 @@ Setting (001 Sec. 4): features standardized, Gaussian kernel of width σ² = 5 (
 Reported per ``n``: min/median wall time over repeats (after a warm-up call), peak memory of one iteration
 measured in a fresh interpreter (CPU: rise of the resident-set high-water mark over the state just before
 the iteration, reset through ``/proc/self/clear_refs``; CUDA: ``torch.cuda.max_memory_allocated``), the dictionary size,
-whether both picked the same row, and the speed ratio of the medians. Writes ``results/botorch_peer.json`` and
+whether both picked the same row, the speed ratio of the medians, and the operators called from Python (a GPU's
+kernel launches) and host synchronizations of one iteration (measured on CUDA, forecast from the data-dependent
+operators elsewhere). Writes ``results/botorch_peer.json`` and
 ``results/botorch_peer.png``.
 
 Usage::
@@ -37,6 +39,7 @@ import platform
 import statistics
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -144,10 +147,10 @@ def timed(fn, device, repeats):
 def _memory_in_fresh_process(which: str, n: int, args) -> float:
     """Peak memory (MB) of one iteration, measured in a new interpreter so that no freed-but-resident
     memory of earlier runs can hide the allocation."""
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--_memory", which, str(n), "--device", args.device]
+    cmd = [sys.executable, "-m", "benchmarks.botorch_peer", "--_memory", which, str(n), "--device", args.device]
     if args.threads:
         cmd += ["--threads", str(args.threads)]
-    res = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    res = subprocess.run(cmd, capture_output=True, text=True, check=True, cwd=Path(__file__).resolve().parents[1])
     return float(res.stdout.strip().splitlines()[-1])
 
 
@@ -159,6 +162,28 @@ def _memory_child(which: str, n: int, device) -> None:
     with PeakMemory(device) as mem:
         one_iteration(make, X, Y, choices)
     print(mem.peak_mb)
+
+
+def launches(make, X, Y, choices, device) -> dict:
+    """Operators called from Python (a GPU's kernel launches) and host synchronizations of one iteration:
+    measured with ``set_sync_debug_mode`` on CUDA, forecast from the data-dependent operators elsewhere."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from benchmarks.launches import SYNC_OPS, counted_tolist, top_level_ops
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+            torch.cuda.set_sync_debug_mode("warn")
+        with profile(activities=[ProfilerActivity.CPU]) as prof, counted_tolist() as lists:
+            one_iteration(make, X, Y, choices)
+        if device.type == "cuda":
+            torch.cuda.set_sync_debug_mode("default")
+    names = top_level_ops(prof)
+    syncs = (sum(1 for w in caught if "synchroniz" in str(w.message).lower()) if device.type == "cuda"
+             else sum(1 for n in names if n in SYNC_OPS) + lists[0])
+    return {"ops": len(names), "syncs": syncs}
 
 
 def main(argv=None):
@@ -196,6 +221,8 @@ def main(argv=None):
         mem_bkb = _memory_in_fresh_process("bkb", n, args)
         t_gp, _ = timed(lambda X=X, Y=Y: one_iteration(make_gp, X, Y, choices), device, gp_rep)
         t_bkb, _ = timed(lambda X=X, Y=Y: one_iteration(make_bkb, X, Y, choices), device, bkb_rep)
+        counts = {"singletaskgp": launches(make_gp, X, Y, choices, device),
+                  "bkbmodel": launches(make_bkb, X, Y, choices, device)}
         row = {
             "n": n,
             "singletaskgp_s": {"min": min(t_gp), "median": statistics.median(t_gp), "repeats": len(t_gp)},
@@ -204,14 +231,16 @@ def main(argv=None):
             "peak_mem_mb": {"singletaskgp": mem_gp, "bkbmodel": mem_bkb},
             "dictionary_size": model.num_inducing,
             "same_pick": bool(torch.equal(cand_gp, cand_bkb)),
+            "launches": counts,
+            "sync_kind": "measured (set_sync_debug_mode)" if device.type == "cuda" else "forecast (data-dependent ops)",
         }
         rows.append(row)
         print(
             f"n={n:5d}  SingleTaskGP {row['singletaskgp_s']['median']:8.3f}s  BKBModel "
             f"{row['bkbmodel_s']['median']:7.3f}s "
             f"(m={row['dictionary_size']})  ratio {row['ratio_median']:6.1f}x  peak MB {mem_gp:8.1f} vs {mem_bkb:7.1f} "
-            f" "
-            f"same pick: {row['same_pick']}",
+            f" same pick: {row['same_pick']}  ops {counts['singletaskgp']['ops']} vs {counts['bkbmodel']['ops']}, "
+            f"syncs {counts['singletaskgp']['syncs']} vs {counts['bkbmodel']['syncs']}",
             flush=True,
         )
 

@@ -57,7 +57,7 @@ CHUNK = 4096  # columns of a cache-resident slice of the floor product, timed an
 BASE_CASES = ("bkb_anchor", "bbkb_anchor", "bkb_large", "bkb_large_all", "bbkb_cadata")
 CASES = BASE_CASES + tuple(c + s for s in ("_fixed", "_eager") for c in BASE_CASES)
 SYNC_OPS = ("aten::_local_scalar_dense", "aten::nonzero", "aten::masked_select", "aten::unique", "aten::_unique2",
-            "aten::is_nonzero", "aten::item")
+            "aten::is_nonzero", "aten::item", "aten::equal")
 
 
 def bandit(case: str, device, dtype, arms_large: int, chunk_size: int | None = None, compiled: bool = False):

@@ -119,3 +119,20 @@ class HostReads:
     def __exit__(self, *exc):
         for name, fn in self.original.items():
             setattr(torch.Tensor, name, fn)
+
+
+class DeviceReads(TorchDispatchMode):
+    """Within ``with DeviceReads() as r:``, ``r.names`` lists every operator that makes the host wait for a GPU
+    (a value read, a data-dependent shape, ``torch.equal``) -- counted on any device, inside operators too."""
+
+    SYNC = ("aten::_local_scalar_dense", "aten::nonzero", "aten::equal", "aten::masked_select", "aten::_unique2",
+            "aten::unique_consecutive")
+
+    def __init__(self):
+        super().__init__()
+        self.names: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func._schema.name in self.SYNC:
+            self.names.append(func._schema.name)
+        return func(*args, **(kwargs or {}))

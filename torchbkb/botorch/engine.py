@@ -209,9 +209,14 @@ class ModelEngine:
         points are grouped: without batched training data every point is scored in one `(N, d)` call (a
         kernel over a batch of 2,048 `(1, d)` queries is several times slower than over one `(2048, d)` block)."""
         if X.dim() > 2 and self.batch_shape == torch.Size():
-            mean, var = self._active(X.reshape(-1, X.shape[-1]))
+            mean, var = self._marginals(X.reshape(-1, X.shape[-1]))
             return mean.reshape(X.shape[:-1]), var.reshape(X.shape[:-1])
-        return self._active(X)
+        return self._marginals(X)
+
+    def _marginals(self, X: Tensor) -> tuple[Tensor, Tensor]:
+        if self.exact_state is not None:
+            return self.exact_state(X)
+        return self._dtc(X, validate=False)  # the model checked the query (once per posterior, one host read)
 
     def joint(self, X: Tensor) -> tuple[Tensor, Tensor]:
         """Mean `(*b', q)` and joint covariance `(*b', q, q)` at `(*b, q, d)` ``X``."""

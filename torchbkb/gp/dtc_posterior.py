@@ -90,8 +90,13 @@ class DTCPosterior(DTCScoring, nn.Module):
 
     @property
     def lam(self) -> float:
-        """``λ`` as a Python float."""
-        return float(self.noise)
+        """``λ`` as a Python float, read from the device once per value of :attr:`noise` (a new tensor or an
+        in-place write reads it again)."""
+        noise, cached = self.noise, self.__dict__.get("_lam_cache")  # (tensor, its version, value)
+        if cached is None or cached[0] is not noise or cached[1] != noise._version:
+            cached = (noise, noise._version, float(noise))
+            self.__dict__["_lam_cache"] = cached
+        return cached[2]
 
     @property
     def num_train(self) -> int:
@@ -237,10 +242,11 @@ class DTCPosterior(DTCScoring, nn.Module):
         return result
 
     # ------------------------------------------------------------------ prediction
-    def forward(self, Xq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, Xq: torch.Tensor, *, validate: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
         """Posterior mean and **GP-scale** variance ``λ·σ̃²`` at `(*b, q, d)` ``Xq`` (dtype/device of the inducing
-        points): ``(mean, var)``, each `(*b, q)` in ``Xq``'s dtype, differentiable w.r.t. ``Xq``."""
-        mean, rls = self._mean_rls(Xq)
+        points): ``(mean, var)``, each `(*b, q)` in ``Xq``'s dtype, differentiable w.r.t. ``Xq``.
+        ``validate=False`` skips the checks of ``Xq`` (a caller that made them: their host read)."""
+        mean, rls = self._mean_rls(Xq, validate)
         return mean, rls * self.lam
 
     def rls(self, Xq: torch.Tensor) -> torch.Tensor:
@@ -321,9 +327,10 @@ class DTCPosterior(DTCScoring, nn.Module):
         return (self.rls(self.train_X) * self.train_counts).sum(-1)
 
     # ------------------------------------------------------------------ internals
-    def _mean_rls(self, Xq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _mean_rls(self, Xq: torch.Tensor, validate: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
         self._check_fresh()
-        self.embedding.check_input(Xq, "Xq")
+        if validate:
+            self.embedding.check_input(Xq, "Xq")
         return chunked(lambda i, j: self._score_points(Xq[..., i:j, :]), Xq.shape[-2], self.chunk_size)
 
     def _build(self, X, y, counts, n_observed: int | None = None, features: torch.Tensor | None = None) -> dict:

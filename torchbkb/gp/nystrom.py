@@ -100,23 +100,27 @@ class NystromEmbedding(nn.Module):
         """``d``, the input dimension."""
         return int(self.inducing_points.shape[-1])
 
-    def set_inducing_points(self, inducing_points: torch.Tensor) -> None:
+    def set_inducing_points(self, inducing_points: torch.Tensor, *, validate: bool = True) -> None:
         """Replace the dictionary (one ``m × m`` factorization). On error nothing changes.
 
         Args:
             inducing_points: `(m', d)` new dictionary.
+            validate: check shape, finiteness, dtype and device (``False``: rows the caller took from data it
+                checked, e.g. a dictionary replay; skips the finiteness scan and its host read).
         """
-        S, W = self._factorize(inducing_points, ref=self.inducing_points)
+        S, W = self._factorize(inducing_points, ref=self.inducing_points, validate=validate)
         self.inducing_points = S
         self.projection = W
         self.version += 1
 
-    def _factorize(self, S: torch.Tensor, ref: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        check_matrix(S, "inducing_points", min_rows=1, d=None if ref is None else ref.shape[-1])
-        if S.dim() != 2:
-            raise InputDataError(f"inducing_points: expected shape (m, d), got shape {tuple(S.shape)}")
-        if ref is not None:
-            check_same_device_dtype(ref, S, "inducing_points", "the current inducing points")
+    def _factorize(self, S: torch.Tensor, ref: torch.Tensor | None = None,
+                   validate: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+        if validate:
+            check_matrix(S, "inducing_points", min_rows=1, d=None if ref is None else ref.shape[-1])
+            if S.dim() != 2:
+                raise InputDataError(f"inducing_points: expected shape (m, d), got shape {tuple(S.shape)}")
+            if ref is not None:
+                check_same_device_dtype(ref, S, "inducing_points", "the current inducing points")
         S = S.detach()
         with torch.no_grad():
             K = self.kernel(S, S)  # (m, m)
@@ -128,7 +132,7 @@ class NystromEmbedding(nn.Module):
         return keep_dtype_on_apply(self, ("projection",), fn, recurse, super()._apply)
 
     # ------------------------------------------------------------------ embedding
-    def forward(self, X: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, X: torch.Tensor, out: torch.Tensor | None = None, *, validate: bool = True) -> torch.Tensor:
         """Embed points.
 
         Args:
@@ -136,11 +140,13 @@ class NystromEmbedding(nn.Module):
             out: optional preallocated `(*b, n, r)` output (same dtype and device, contiguous), written
                 chunk by chunk with ``matmul(out=)``; not for autograd. Embedding 10⁶ points repeatedly
                 into one buffer saves the page faults of a fresh `(n, r)` output.
+            validate: check ``X`` (``False``: points the caller checked already; skips a host read).
 
         Returns:
             `(*b, n, r)` features ``z(X)`` (``out`` if given); differentiable w.r.t. ``X`` when ``out`` is not.
         """
-        self.check_input(X)
+        if validate:
+            self.check_input(X)
         batch, d = X.shape[:-1], X.shape[-1]
         flat = X.reshape(-1, d)  # (B*n, d): rows are independent
         W_T = self.projection.to(X.dtype).T  # (m, r)

@@ -17,7 +17,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from torchbkb.errors import InputDataError, check_positive
+from torchbkb.errors import InputDataError, check_finite, check_positive
 from torchbkb.gp.nystrom import NystromEmbedding
 from torchbkb.sampling.rls_dictionary import DEFAULT_INCLUSION, RLSDictionary, check_inclusion
 from torchbkb.gp.stable_scoring import feature_rls
@@ -93,6 +93,7 @@ def sample_dictionary(
     dic = RLSDictionary(q_bar, generator=generator if generator is not None else _fresh_generator(X.device),
                         inclusion=check_inclusion(inclusion))
     flat = X.detach().reshape(-1, *X.shape[-2:])  # (B, n, d): one history per batch
+    check_finite(flat, "X")  # once: the rounds embed and factorize rows of it unchecked
     if counts is None:
         w = flat.new_ones(flat.shape[:-1])
     else:
@@ -137,14 +138,14 @@ def _row_groups(X: Tensor, dic: RLSDictionary) -> Tensor | None:
     return groups if int(groups.max()) + 1 < X.shape[0] else None
 
 
-def _resample(dic: RLSDictionary, rls: Tensor, groups: Tensor | None = None) -> Tensor:
+def _resample(dic: RLSDictionary, rls: Tensor, groups: Tensor | None = None, validate: bool = True) -> Tensor:
     """`(n,)` bool: each point kept with its inclusion probability; if none is, the one of largest ``σ̃²``.
 
     With ``groups`` (the rows' distinct-point ids) a point given ``c`` times is drawn once, at its first row,
-    with its count ``c`` (``"count_scaled"``)."""
+    with its count ``c`` (``"count_scaled"``). ``validate=False`` skips the variances' checks (their host reads)."""
     rls = rls.clamp_min(0.0)
     if groups is None:
-        keep = dic.resample(rls)
+        keep = dic.resample(rls, validate=validate)
     else:
         n = rls.shape[0]
         counts = torch.bincount(groups, minlength=int(groups.max()) + 1)
@@ -152,9 +153,9 @@ def _resample(dic: RLSDictionary, rls: Tensor, groups: Tensor | None = None) -> 
         present = (counts > 0).nonzero().squeeze(1)
         rows = first[present]
         keep = torch.zeros(n, dtype=torch.bool, device=rls.device)
-        keep[rows[dic.resample(rls[rows], counts[present].to(rls.dtype))]] = True
-    if not bool(keep.any()):
-        keep[int(rls.argmax())] = True
+        keep[rows[dic.resample(rls[rows], counts[present].to(rls.dtype), validate=validate)]] = True
+    first = torch.arange(keep.numel(), device=keep.device) == rls.argmax()  # (n,) the largest σ̃² (lowest index)
+    keep |= first & ~keep.any()  # kept when no point is; no host read
     return keep
 
 
@@ -170,7 +171,9 @@ def _sample_one(kernel, X: Tensor, w: Tensor, lam: float, dic: RLSDictionary, co
             new_end = n if final else min(n, 2 * end)
             last_next = new_end >= emb.chunk_size  # past a chunk: the last round follows, on this round's dictionary
             rls = _round_rls(emb, X, w, lam, end, new_end)
-            idx = _resample(dic, rls, None if groups is None else groups[:new_end]).nonzero().squeeze(-1)
+            # the variances come from checked data: checked once, in the last round (a NaN there raises)
+            keep = _resample(dic, rls, None if groups is None else groups[:new_end], validate=final)
+            idx = keep.nonzero().squeeze(-1)
             if final and drawn is not None:
                 drawn.append(int(idx.numel()))
             if max_size is not None and idx.numel() > max_size:
@@ -180,13 +183,14 @@ def _sample_one(kernel, X: Tensor, w: Tensor, lam: float, dic: RLSDictionary, co
             if final:
                 return X[idx]
             if complete_above is not None:
-                kept = float(dic.inclusion_probability(rls[:end].clamp_min(0.0)).mean())  # of the points conditioned on
+                p_kept = dic.inclusion_probability(rls[:end].clamp_min(0.0), validate=False)  # points conditioned on
+                kept = float(p_kept.mean())
                 if 8 * end >= n or last_next:  # predict the last round's fraction: its trend over the doublings to come
                     if kept * (kept / max(previous, 1e-12)) ** math.log2(n / end) >= complete_above:
                         return None
                     complete_above = None  # sparse: replay to the end
                 previous = kept
-            emb.set_inducing_points(X[idx])
+            emb.set_inducing_points(X[idx], validate=False)
             end = n if last_next else new_end
 
 
@@ -196,8 +200,8 @@ def _round_rls(emb: NystromEmbedding, X: Tensor, w: Tensor, lam: float, end: int
     ``(k - ‖z‖²)/λ + ‖L⁻¹z‖²``; embedded once per round, or twice in chunks past the embedding's
     ``chunk_size`` (no `(n, r)` features then)."""
     c = emb.chunk_size
-    Z = emb(X[:new_end]) if new_end <= c else None  # (new_end, r)
-    rows = (lambda i, j: Z[i:j]) if Z is not None else (lambda i, j: emb(X[i:j]))
+    Z = emb(X[:new_end], validate=False) if new_end <= c else None  # (new_end, r); X was checked by the caller
+    rows = (lambda i, j: Z[i:j]) if Z is not None else (lambda i, j: emb(X[i:j], validate=False))
     dtype = compute_dtype(X.dtype, emb.rank)
     V = torch.eye(emb.rank, dtype=dtype, device=X.device) * lam
     for i in range(0, end, c):

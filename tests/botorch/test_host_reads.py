@@ -1,0 +1,83 @@
+"""How often a BKBModel makes the host wait for the device: a GPU's synchronizations, counted on any device.
+
+A BoTorch iteration builds the model (a dictionary replay: ``⌈log₂ n⌉`` doubling rounds) and scores its candidates
+in chunks of 2,048 points; every value the host reads stalls a GPU's queue. The counts below are contracts: a read
+added inside a round or a chunk fails them."""
+
+import math
+
+import pytest
+import torch
+
+from helpers import DeviceReads
+from torchbkb import DTCPosterior, NystromEmbedding
+from torchbkb.botorch import BKBModel, sample_dictionary
+from torchbkb.errors import InputDataError
+from torchbkb.gp.kernels import GaussianKernel
+
+F64 = torch.float64
+
+
+def _model(n: int, seed: int = 0) -> BKBModel:
+    """No outcome transform: BoTorch's ``Standardize`` reads a value of its own per posterior."""
+    g = torch.Generator().manual_seed(seed)
+    X = torch.rand(n, 4, generator=g, dtype=F64)
+    return BKBModel(X, torch.sin(6 * X).sum(-1, keepdim=True), kernel=GaussianKernel(1.0), noise=0.05, seed=seed,
+                    outcome_transform=None)
+
+
+def test_a_replay_reads_the_device_at_most_four_times_a_round():
+    n = 2_000
+    model = _model(n)
+    with DeviceReads() as reads:
+        engine = model.engine
+    assert not engine.is_exact  # the sparse posterior: every round of the replay ran
+    # per round (⌈log₂ n⌉ + 1 of them): the chosen rows (nonzero), V's Cholesky check, the sparsity forecast; the
+    # data are checked once
+    assert len(reads.names) <= 4 * (math.ceil(math.log2(n)) + 1), reads.names
+
+
+def test_a_posterior_chunk_reads_the_device_twice():
+    model = _model(2_000)
+    Xq = torch.rand(2_048, 1, 4, generator=torch.Generator().manual_seed(1), dtype=F64)
+    model.posterior(Xq)  # the first call derives the scoring operator once
+    with DeviceReads() as reads:
+        post = model.posterior(Xq)
+    # the query's finiteness and the hyperparameters' snapshot; nothing per point or per dictionary row
+    assert sorted(reads.names) == ["aten::_local_scalar_dense", "aten::equal"], reads.names
+    assert post.mean.shape == (2_048, 1, 1)
+
+
+def test_a_query_with_nan_still_raises_once_checked_by_the_model_only():
+    model = _model(300)
+    Xq = torch.rand(5, 1, 4, dtype=F64)
+    Xq[3, 0, 2] = float("nan")
+    with pytest.raises(InputDataError, match="X: expected finite values"):
+        model.posterior(Xq)
+
+
+@pytest.mark.parametrize("row", [0, 1, 37, 299])
+def test_a_replay_over_data_with_nan_raises_wherever_the_row_is(row):
+    X = torch.rand(300, 2, generator=torch.Generator().manual_seed(0), dtype=F64)
+    X[row, 1] = float("nan")
+    with pytest.raises(InputDataError, match="finite"):
+        sample_dictionary(GaussianKernel(0.3), X, 0.1, generator=torch.Generator().manual_seed(0))
+
+
+def test_dtc_posterior_reads_its_noise_once_and_follows_every_change_of_it():
+    X = torch.rand(40, 2, generator=torch.Generator().manual_seed(0), dtype=F64)
+    post = DTCPosterior(NystromEmbedding(GaussianKernel(0.4), X[:10]), noise=0.1).fit(X, X.sum(-1))
+    Xq = torch.rand(7, 2, dtype=F64)
+    assert post.lam == 0.1
+    post(Xq)  # the first call derives the scoring operator (once per fit)
+    with DeviceReads() as reads:
+        mean, var = post(Xq, validate=False)
+    assert reads.names == []  # λ cached, the query not checked: no read at all
+    assert torch.equal(var, post(Xq)[1]) and torch.equal(mean, post(Xq)[0])
+    with torch.no_grad():
+        post.noise.fill_(0.2)  # an in-place write
+    assert post.lam == 0.2
+    post.load_state_dict({**post.state_dict(), "noise": torch.tensor(0.3, dtype=F64)})
+    assert post.lam == 0.3
+    post.noise = torch.tensor(0.4, dtype=F64)  # a new tensor
+    assert post.lam == 0.4
