@@ -38,6 +38,7 @@ MOVED = {
     "torchbkb.rls_dictionary": "torchbkb.sampling.rls_dictionary",
     "torchbkb.recursive_rls": "torchbkb.sampling.recursive_rls",
     "torchbkb.botorch.dictionary_sampling": "torchbkb.sampling.dictionary_replay",
+    "torchbkb.botorch.exact_state": "torchbkb.gp.exact_gp_state",
     "torchbkb.confidence": "torchbkb.bandits.confidence",
     "torchbkb.theorems": "torchbkb.bandits.theorems",
     "torchbkb.batch_selection": "torchbkb.bandits.batch_selection",

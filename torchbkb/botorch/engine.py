@@ -34,7 +34,7 @@ from torch import Tensor, nn
 from torchbkb.botorch.conditioning import dtc_condition, shallow_module_copy
 from torchbkb.botorch.defaults import EXACT_BELOW
 from torchbkb.sampling.dictionary_replay import draw_dictionary, sample_dictionary
-from torchbkb.botorch.exact_state import ExactGPState
+from torchbkb.gp.exact_gp_state import ExactGPState
 from torchbkb.botorch.model_data import ModelData
 from torchbkb.botorch.posterior_covariance import LAZY_JOINT, lazy_covariance
 from torchbkb.gp.dtc_posterior import DTCPosterior

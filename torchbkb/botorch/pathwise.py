@@ -35,7 +35,7 @@ from botorch.sampling.pathwise.utils import get_input_transform, get_output_tran
 from botorch.utils.sampling import draw_sobol_normal_samples
 from torch import Size, Tensor, nn
 
-from torchbkb.botorch.exact_state import ExactGPState
+from torchbkb.gp.exact_gp_state import ExactGPState
 from torchbkb.botorch.model import BKBModel
 from torchbkb.errors import InputDataError
 from torchbkb.gp.nystrom import NystromEmbedding

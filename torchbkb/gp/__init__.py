@@ -11,10 +11,11 @@ Example:
 """
 
 from torchbkb.gp.dtc_posterior import DTCPosterior
+from torchbkb.gp.exact_gp_state import ExactGPState
 from torchbkb.gp.exact_posterior import ExactPosterior
 from torchbkb.gp.kernel_row_posterior import KernelRowPosterior
 from torchbkb.gp.kernels import GaussianKernel, KernelAdapter, as_kernel
 from torchbkb.gp.nystrom import NystromEmbedding
 
 __all__ = ["GaussianKernel", "KernelAdapter", "as_kernel", "NystromEmbedding", "DTCPosterior", "ExactPosterior",
-           "KernelRowPosterior"]
+           "ExactGPState", "KernelRowPosterior"]

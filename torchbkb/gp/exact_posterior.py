@@ -4,10 +4,12 @@ For pulled points ``X`` (``n`` rows, row ``i`` standing for ``c_i`` pulls with m
 
     K̂ = K_XX + λ C⁻¹ = L Lᵀ,    μ(x) = k_X(x)ᵀ K̂⁻¹ y,    var(x) = k(x, x) - ‖L⁻¹ k_X(x)‖²
 
-(GP scale; ``rls = var / λ`` is the papers' ``σ²``). :meth:`ExactPosterior.update` appends rows to
-``L`` in ``O(n²)`` each, never refactorizing. :meth:`ExactPosterior.watch` keeps the mean and variance of
-a fixed point set (GP-UCB's arms) current by rank-one updates of ``Q = L⁻¹ K_{X,A}`` -- ``O(A·n)`` per
-new point instead of a refit.
+(GP scale; ``rls = var / λ`` is the papers' ``σ²``). The state -- ``X``, ``L``, ``L⁻¹ y``, the noise ``λ/c_i`` --
+is an :class:`~torchbkb.gp.exact_gp_state.ExactGPState` (:attr:`ExactPosterior.state`), the one object that holds
+an exact GP's state for the bandits and for BoTorch's :class:`~torchbkb.botorch.BKBModel`; this class adds the pull
+counts and the watched arms. :meth:`ExactPosterior.update` appends rows to ``L`` in ``O(n²)`` each, never
+refactorizing. :meth:`ExactPosterior.watch` keeps the mean and variance of a fixed point set (GP-UCB's arms) current
+by rank-one updates of ``Q = L⁻¹ K_{X,A}`` -- ``O(A·n)`` per new point instead of a refit.
 
 Example:
     >>> import torch
@@ -31,9 +33,10 @@ from torch import nn
 from torchbkb.errors import (
     InputDataError, NumericsError, check_finite, check_matrix, check_positive, check_same_device_dtype
 )
+from torchbkb.gp.exact_gp_state import ExactGPState
 from torchbkb.gp.kernels import as_kernel
 from torchbkb.gp.observations import check_targets
-from torchbkb.gp.linalg import compute_dtype, safe_cholesky
+from torchbkb.gp.linalg import compute_dtype
 
 __all__ = ["ExactPosterior"]
 
@@ -59,9 +62,8 @@ class ExactPosterior(nn.Module):
         super().__init__()
         self.kernel = as_kernel(kernel)
         self.register_buffer("noise", torch.tensor(check_positive(noise, "noise"), dtype=torch.float64))
-        self._n = 0
-        self._X = None  # (cap, d) in the input dtype
-        self._dtype = None  # the input dtype of the training data
+        self.__dict__["state"] = None  # the ExactGPState (not a submodule: no entries of its own in state_dict)
+        self._C = None  # (cap,) pull count of each row, compute dtype
         self._watch = None  # dict: X (A, d), Q (cap, A), mean (A,), var (A,)
 
     # ------------------------------------------------------------------ properties
@@ -73,22 +75,34 @@ class ExactPosterior(nn.Module):
     @property
     def num_train(self) -> int:
         """Number of rows ``n`` (observed and hallucinated)."""
-        return self._n
+        return 0 if self.state is None else self.state.num_train
 
     @property
     def train_X(self) -> torch.Tensor:
         """`(n, d)` the rows conditioned on."""
-        return self._X[: self._n]
+        self._require_fit()
+        return self.state.train_X
 
     @property
     def L(self) -> torch.Tensor:
         """`(n, n)` lower Cholesky factor of ``K_XX + λ C⁻¹`` (compute dtype)."""
-        return self._L[: self._n, : self._n]
+        self._require_fit()
+        return self.state.factor
 
     @property
     def Liy(self) -> torch.Tensor:
         """`(n,)` ``L⁻¹ y`` (hallucinated rows contribute 0)."""
-        return self._Liy[: self._n]
+        self._require_fit()
+        return self.state.whitened_targets
+
+    def _apply(self, fn, recurse: bool = True):
+        out = super()._apply(fn, recurse)
+        if self.state is not None:
+            self.state._apply(fn)
+            self._C = fn(self._C)
+            if self._watch is not None:
+                self._watch = {k: fn(v) if v.is_floating_point() else v for k, v in self._watch.items()}
+        return out
 
     # ------------------------------------------------------------------ fitting
     def fit(self, X: torch.Tensor, y: torch.Tensor, counts: torch.Tensor | None = None) -> ExactPosterior:
@@ -103,22 +117,12 @@ class ExactPosterior(nn.Module):
             ``self``.
         """
         X, y, counts = self._check(X, y, counts, "X", "y", fitting=True)
-        n, d = X.shape
+        n = X.shape[0]
         dtype = compute_dtype(X.dtype, max(n, 1))
-        K = self.kernel(X, X).to(dtype) if n else X.new_zeros((0, 0), dtype=dtype)
-        K = K + torch.diag(self.lam / counts.to(dtype))
-        L = safe_cholesky(K, name="K_XX + λI") if n else K
-        cap = max(16, n * 2)
-        self._X = X.new_zeros((cap, d))
-        self._X[:n] = X
-        self._L = X.new_zeros((cap, cap), dtype=dtype)
-        self._L[:n, :n] = L
-        self._Liy = X.new_zeros((cap,), dtype=dtype)
-        self._C = X.new_zeros((cap,), dtype=dtype)  # pull count of each row
+        state = ExactGPState(self.kernel, X, y.to(dtype), self.lam / counts.to(dtype))
+        self._C = X.new_zeros((max(16, n * 2),), dtype=dtype)  # pull count of each row
         self._C[:n] = counts.to(dtype)
-        if n:
-            self._Liy[:n] = torch.linalg.solve_triangular(L, y.to(dtype).unsqueeze(-1), upper=False).squeeze(-1)
-        self._n, self._dtype, self._watch = n, X.dtype, None
+        self.__dict__["state"], self._watch = state, None
         return self
 
     def watch(self, X: torch.Tensor) -> None:
@@ -130,11 +134,11 @@ class ExactPosterior(nn.Module):
             X: `(A, d)` points to watch (e.g. a bandit's arms).
         """
         self._require_fit()
-        check_matrix(X, "X", d=self._X.shape[-1])
+        check_matrix(X, "X", d=self.train_X.shape[-1])
         if X.dim() != 2:
             raise InputDataError(f"X: expected shape (A, d), got {tuple(X.shape)}")
-        check_same_device_dtype(self._X, X, "X", "the training data")
-        dtype, n, cap = self._L.dtype, self._n, self._L.shape[0]
+        check_same_device_dtype(self.train_X, X, "X", "the training data")
+        dtype, n, cap = self.L.dtype, self.num_train, self._C.shape[0]
         Q = X.new_zeros((cap, X.shape[0]), dtype=dtype)  # rows of L⁻¹ K_{X_train, A}
         if n:
             Q[:n] = torch.linalg.solve_triangular(self.L, self.kernel(self.train_X, X).to(dtype), upper=False)
@@ -186,27 +190,22 @@ class ExactPosterior(nn.Module):
             NumericsError: the new Schur complement is not positive (state unchanged).
         """
         self._require_fit()
-        n = self._n
+        n = self.num_train
         if n == 0:
             raise InputDataError("repeat_last: expected at least one row, got an empty posterior")
-        if bool(self._Liy[n - 1] != 0):
+        if bool(self.Liy[n - 1] != 0):
             raise InputDataError("repeat_last: expected a hallucinated last row (update(x, None)), got an observed one")
-        dtype = self._L.dtype
         c_old = self._C[n - 1]
-        l = self._L[n - 1, : n - 1]
-        kxx = self.kernel.diag(self._X[n - 1 : n]).to(dtype)[0]
-        d2 = kxx + self.lam / (c_old + 1) - (l * l).sum()
-        if not bool(d2 > 0):
-            raise NumericsError(f"ExactPosterior.repeat_last: expected a positive Schur complement, got "
-                                f"{float(d2):.3e}")
-        d_new = d2.sqrt()
+        try:
+            d_old, d_new = self.state.renoise_last_(self.lam / (c_old + 1))
+        except NumericsError as err:
+            raise NumericsError(f"ExactPosterior.repeat_last: {err}") from None
         if self._watch is not None:  # q = (k_A - l Q) / d: only its scale changes
             w = self._watch
             q = w["Q"][n - 1]
-            shrink = self._L[n - 1, n - 1] / d_new
+            shrink = d_old / d_new
             w["var"] += (q * q) * (1 - shrink * shrink)
             q.mul_(shrink)
-        self._L[n - 1, n - 1] = d_new
         self._C[n - 1] = c_old + 1
 
     def observe(self, rows: torch.Tensor, y: torch.Tensor) -> None:
@@ -221,22 +220,18 @@ class ExactPosterior(nn.Module):
             y: `(k,)` finite mean rewards (the training dtype).
         """
         self._require_fit()
-        n = self._n
+        n = self.num_train
         rows = torch.as_tensor(rows).reshape(-1)
         if rows.is_floating_point() or rows.dtype == torch.bool:
             raise InputDataError(f"rows: expected integer row positions, got dtype {rows.dtype}")
-        rows = rows.to(device=self._L.device, dtype=torch.long)
+        rows = rows.to(device=self.L.device, dtype=torch.long)
         if rows.numel() and (int(rows.min()) < 0 or int(rows.max()) >= n):
             raise InputDataError(f"rows: expected positions in [0, {n}), got {rows.tolist()}")
         if not isinstance(y, torch.Tensor) or y.shape != rows.shape:
             got = tuple(y.shape) if isinstance(y, torch.Tensor) else type(y).__name__
             raise InputDataError(f"y: expected shape {tuple(rows.shape)} (one per row), got {got}")
         check_finite(y, "y")
-        L = self.L
-        y_all = L @ self.Liy  # (n,): the current targets (hallucinated rows: their pseudo-reward)
-        y_all[rows] = y.to(device=L.device, dtype=L.dtype)
-        Liy = torch.linalg.solve_triangular(L, y_all.unsqueeze(-1), upper=False).squeeze(-1)
-        self._Liy[:n] = Liy
+        Liy = self.state.retarget_(rows, y)
         if self._watch is not None:
             self._watch["mean"] = self._watch["Q"][:n].T @ Liy  # (A,): O(A·n)
 
@@ -249,14 +244,14 @@ class ExactPosterior(nn.Module):
             n: rows to keep, ``0 <= n <= num_train``.
         """
         self._require_fit()
-        if isinstance(n, bool) or int(n) != n or not 0 <= int(n) <= self._n:
-            raise InputDataError(f"n: expected an integer in [0, {self._n}], got {n!r}")
-        n, old = int(n), self._n
+        if isinstance(n, bool) or int(n) != n or not 0 <= int(n) <= self.num_train:
+            raise InputDataError(f"n: expected an integer in [0, {self.num_train}], got {n!r}")
+        n, old = int(n), self.num_train
         if self._watch is not None and n < old:
             drop = self._watch["Q"][n:old]  # (k, A)
             self._watch["var"] += (drop * drop).sum(0)
-            self._watch["mean"] -= drop.T @ self._Liy[n:old]
-        self._n = n
+            self._watch["mean"] -= drop.T @ self.Liy[n:old]
+        self.state.truncate_(n)
 
     # ------------------------------------------------------------------ prediction
     def forward(self, Xq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -290,16 +285,16 @@ class ExactPosterior(nn.Module):
 
     def log_det(self) -> torch.Tensor:
         """``log det(I + K_XX / λ)`` for unit counts (the information gain ×2 of GP-UCB)."""
-        n = self._n
-        return 2.0 * torch.log(self.L.diagonal()).sum() - n * torch.log(self.noise.to(self._L.dtype))
+        n = self.num_train
+        return 2.0 * torch.log(self.L.diagonal()).sum() - n * torch.log(self.noise.to(self.L.dtype))
 
     # ------------------------------------------------------------------ internals
     def _solve_cross(self, Xq: torch.Tensor) -> torch.Tensor:
         self._require_fit()
-        check_matrix(Xq, "Xq", d=self._X.shape[-1])
-        check_same_device_dtype(self._X, Xq, "Xq", "the training data")
-        dtype = self._L.dtype
-        n = self._n
+        check_matrix(Xq, "Xq", d=self.train_X.shape[-1])
+        check_same_device_dtype(self.train_X, Xq, "Xq", "the training data")
+        dtype = self.L.dtype
+        n = self.num_train
         if n == 0:
             return Xq.new_zeros((*Xq.shape[:-2], 0, Xq.shape[-2]), dtype=dtype)
         Kxq = self.kernel(self.train_X, Xq).to(dtype)  # (*b, n, q)
@@ -307,57 +302,42 @@ class ExactPosterior(nn.Module):
         return torch.linalg.solve_triangular(L, Kxq, upper=False)  # (*b, n, q)
 
     def _grow(self, x: torch.Tensor, y: torch.Tensor | None, count: torch.Tensor) -> None:
-        n, dtype = self._n, self._L.dtype
-        if n + 1 > self._L.shape[0]:
+        n, dtype = self.num_train, self.L.dtype
+        try:
+            l, dnew, liy = self.state.grow_(x, y, self.lam / count.to(dtype))
+        except NumericsError as err:
+            raise NumericsError(f"ExactPosterior.update: {err}") from None
+        if n + 1 > self._C.shape[0]:
             self._reserve(2 * (n + 1))
-        x2 = x.unsqueeze(0)  # (1, d)
-        kx = self.kernel(self.train_X, x2).to(dtype)[:, 0] if n else x.new_zeros((0,), dtype=dtype)  # (n,)
-        l = torch.linalg.solve_triangular(self.L, kx.unsqueeze(-1), upper=False).squeeze(-1) if n else kx
-        d2 = self.kernel.diag(x2).to(dtype)[0] + self.lam / count.to(dtype) - (l * l).sum()
-        if not bool(d2 > 0):
-            raise NumericsError(f"ExactPosterior.update: expected a positive Schur complement, got {float(d2):.3e}")
-        dnew = d2.sqrt()
-        mean_x = (l * self.Liy).sum()
-        liy = torch.zeros((), dtype=dtype, device=x.device) if y is None else (y.to(dtype) - mean_x) / dnew
-        self._X[n] = x
-        self._L[n, :n] = l
-        self._L[n, n] = dnew
-        self._Liy[n] = liy
         self._C[n] = count.to(dtype)
         if self._watch is not None:
             w = self._watch
-            kA = self.kernel(x2, w["X"]).to(dtype)[0]  # (A,)
+            kA = self.kernel(x.unsqueeze(0), w["X"]).to(dtype)[0]  # (A,)
             q = (kA - l @ w["Q"][:n]) / dnew  # (A,): O(A·n)
             w["Q"][n] = q
             w["mean"] += q * liy
             w["var"] -= q * q
-        self._n = n + 1
 
     def _reserve(self, cap: int) -> None:
-        n = self._n
-        X = self._X.new_zeros((cap, self._X.shape[1]))
-        X[:n] = self._X[:n]
-        L = self._L.new_zeros((cap, cap))
-        L[:n, :n] = self.L
-        Liy = self._Liy.new_zeros((cap,))
-        Liy[:n] = self.Liy
+        """Room for ``cap`` rows in the counts and the watched ``Q`` (the state reserves its own)."""
+        n = self.num_train - 1  # called after the state grew: the rows written so far
         C = self._C.new_zeros((cap,))
         C[:n] = self._C[:n]
-        self._X, self._L, self._Liy, self._C = X, L, Liy, C
+        self._C = C
         if self._watch is not None:
             Q = self._watch["Q"].new_zeros((cap, self._watch["Q"].shape[1]))
             Q[:n] = self._watch["Q"][:n]
             self._watch["Q"] = Q
 
     def _require_fit(self) -> None:
-        if self._X is None:
+        if self.state is None:
             raise InputDataError("ExactPosterior: expected fit(X, y) to have been called, got an unfitted posterior")
 
     def _check(self, X, y, counts, xname, yname, fitting: bool):
-        check_matrix(X, xname, d=None if fitting else self._X.shape[-1])
+        check_matrix(X, xname, d=None if fitting else self.train_X.shape[-1])
         if X.dim() != 2:
             raise InputDataError(f"{xname}: expected shape (n, d), got {tuple(X.shape)}")
         if not fitting:
-            check_same_device_dtype(self._X, X, xname, "the training data")
+            check_same_device_dtype(self.train_X, X, xname, "the training data")
         y, counts = check_targets(X, y, counts, yname, xname=xname, allow_none_y=not fitting)
         return X.detach(), y, counts

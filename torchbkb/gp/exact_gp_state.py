@@ -1,8 +1,9 @@
-"""The exact GP posterior of :class:`~torchbkb.botorch.BKBModel` when its dictionary is (nearly) complete.
+"""The state of an exact GP posterior: the one object that holds it, for the bandits and for BoTorch.
 
-When variance sampling keeps (almost) every training point, the DTC algebra costs more than the exact solve
-it approximates; the model then computes exactly. The state is a sequence of blocks of observations, each
-whitened against the ones before it (a block Cholesky factorization)::
+:class:`~torchbkb.ExactPosterior` (GP-UCB's and GP-BUCB's engine) grows it one row at a time, in place;
+:class:`~torchbkb.botorch.BKBModel` computes with it when its dictionary is (nearly) complete, conditioning it on
+fantasies. The state is a sequence of blocks of observations, each whitened against the ones before it (a block
+Cholesky factorization)::
 
     U_1(x) = k(x, X_1) L_1⁻ᵀ,    U_j(x) = (k(x, X_j) - U_<j(x) B_jᵀ) C_j⁻ᵀ,    B_j = U_<j(X_j)
     C_j C_jᵀ = k(X_j, X_j) + N_j - B_j B_jᵀ,    β_j = C_j⁻¹ (y_j - B_j β_<j)
@@ -13,7 +14,9 @@ differentiable in the new points and values (``L_1 = C_1`` is the Cholesky facto
 ``N_j`` is the diagonal observation noise, heteroskedastic allowed). Observations without an autograd graph and
 of the state's own batch shape are merged into the one factor instead (``[[L, 0], [B, C]]`` is the Cholesky
 factor of the grown matrix): a model conditioned point by point keeps one triangular solve per query, not one
-per conditioning.
+per conditioning. One unbatched block without a graph also grows in place (:meth:`ExactGPState.grow_`, one row of
+the factor in ``O(n²)`` into reserved capacity), takes new noise for its last row or new targets for some rows, and
+forgets its last rows -- what a bandit's hallucinated batch needs.
 
 Example:
     >>> import torch
@@ -34,6 +37,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
+from torchbkb.errors import NumericsError, TorchBKBError
 from torchbkb.gp.kernels import as_kernel
 from torchbkb.gp.stable_scoring import whiten_rows
 from torchbkb.gp.linalg import compute_dtype, safe_cholesky
@@ -46,7 +50,7 @@ class ExactGPState(nn.Module):
 
     Args:
         kernel: a GPyTorch kernel or a callable ``(X1, X2) -> Tensor`` (not copied).
-        X: `(*b, n, d)` observed inputs, ``n >= 1``.
+        X: `(*b, n, d)` observed inputs (``n = 0``: the prior, unbatched, to grow in place).
         y: `(*b, n)` observed values (prior mean already removed).
         noise: `(*b, n)` positive noise variances.
 
@@ -61,11 +65,17 @@ class ExactGPState(nn.Module):
     def __init__(self, kernel: Callable, X: Tensor, y: Tensor, noise: Tensor):
         super().__init__()
         self.kernel = as_kernel(kernel)
-        dt = compute_dtype(X.dtype, X.shape[-2])
-        K = self.kernel(X, X).to(dt)
-        L = safe_cholesky(K + torch.diag_embed(noise.to(dt)), name="K + noise")  # (*b, n, n)
-        beta = whiten_rows(L, y.to(dt).unsqueeze(-2)).squeeze(-2)  # L⁻¹ y
+        n = X.shape[-2]
+        dt = compute_dtype(X.dtype, max(n, 1))
+        if n == 0:
+            L = X.new_zeros((*X.shape[:-2], 0, 0), dtype=dt)
+            beta = X.new_zeros((*X.shape[:-2], 0), dtype=dt)
+        else:
+            K = self.kernel(X, X).to(dt)
+            L = safe_cholesky(K + torch.diag_embed(noise.to(dt)), name="K + noise")  # (*b, n, n)
+            beta = whiten_rows(L, y.to(dt).unsqueeze(-2)).squeeze(-2)  # L⁻¹ y
         self._blocks = [{"X": X, "C": L, "beta": beta, "y": y, "noise": noise}]
+        self._reserved: dict | None = None  # capacity buffers of the one block (grow_), its entries views of them
 
     # ------------------------------------------------------------------ data
     @property
@@ -94,7 +104,123 @@ class ExactGPState(nn.Module):
             {k: (fn(v) if isinstance(v, Tensor) and v.is_floating_point() else v) for k, v in b.items()}
             for b in self._blocks
         ]
+        self._reserved = None  # the block's entries are its own tensors now; capacity is reserved again on growth
         return out
+
+    # ------------------------------------------------------------------ growing in place
+    @property
+    def num_train(self) -> int:
+        """``N``, the number of observations."""
+        return sum(int(b["X"].shape[-2]) for b in self._blocks)
+
+    @property
+    def factor(self) -> Tensor:
+        """`(N, N)` the lower Cholesky factor ``L`` of ``K + N`` of a one-block state (compute dtype)."""
+        return self._one_block("factor")["C"]
+
+    @property
+    def whitened_targets(self) -> Tensor:
+        """`(N,)` ``β = L⁻¹ y`` of a one-block state (compute dtype)."""
+        return self._one_block("whitened_targets")["beta"]
+
+    def grow_(self, x: Tensor, y: Tensor | None, noise: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Observe ``y`` (0-d; ``None``: the posterior mean at ``x``, a hallucination that leaves the mean as it is)
+        at `(d,)` ``x`` with noise ``noise`` (0-d, compute dtype), in place: one row of the factor in ``O(N²)``, no
+        refactorization, into capacity reserved by doubling. A one-block unbatched state without a graph.
+
+        Returns:
+            ``(l, δ, β_x)``: the new row ``l = L⁻¹ k_X(x)`` `(N,)`, its diagonal ``δ = √(k(x, x) + noise - ‖l‖²)``
+            and whitened target ``β_x = (y - lᵀβ)/δ`` (0-d each): what points watched by the caller need.
+
+        Raises:
+            NumericsError: ``δ² <= 0`` (state unchanged).
+        """
+        block = self._one_block("grow_")
+        n, L, dt = int(block["X"].shape[-2]), block["C"], block["C"].dtype
+        x2 = x.unsqueeze(0)  # (1, d)
+        kx = self.kernel(block["X"], x2).to(dt)[:, 0] if n else x.new_zeros((0,), dtype=dt)  # (N,)
+        l = torch.linalg.solve_triangular(L, kx.unsqueeze(-1), upper=False).squeeze(-1) if n else kx
+        d2 = self.kernel.diag(x2).to(dt)[0] + noise - (l * l).sum()
+        if not bool(d2 > 0):
+            raise NumericsError(f"ExactGPState.grow_: expected a positive Schur complement, got {float(d2):.3e}")
+        delta = d2.sqrt()
+        mean_x = (l * block["beta"]).sum()
+        beta_x = torch.zeros((), dtype=dt, device=x.device) if y is None else (y.to(dt) - mean_x) / delta
+        buf = self._reserve(n + 1)
+        buf["X"][n], buf["C"][n, :n], buf["C"][n, n], buf["beta"][n] = x, l, delta, beta_x
+        buf["y"][n] = mean_x if y is None else y
+        buf["noise"][n] = noise
+        self._view(n + 1)
+        return l, delta, beta_x
+
+    def renoise_last_(self, noise: Tensor) -> tuple[Tensor, Tensor]:
+        """Give the last observation the noise ``noise`` (0-d), in place: only its diagonal entry of the factor
+        changes (``O(N)``). The last row must carry no observed residual (``β_N = 0``: a hallucination), whose target
+        is the mean of the rows before it whatever its noise. Returns ``(δ_old, δ_new)`` (0-d each).
+
+        Raises:
+            TorchBKBError: no observation, or ``β_N != 0``; NumericsError: ``δ² <= 0`` (state unchanged either way).
+        """
+        block = self._one_block("renoise_last_")
+        n = int(block["X"].shape[-2])
+        if n == 0 or bool(block["beta"][n - 1] != 0):
+            raise TorchBKBError("ExactGPState.renoise_last_: expected a last row without observed residual, got "
+                                + ("none" if n == 0 else "an observed one"))
+        L, dt = block["C"], block["C"].dtype
+        l = L[n - 1, : n - 1]
+        d2 = self.kernel.diag(block["X"][n - 1 : n]).to(dt)[0] + noise - (l * l).sum()
+        if not bool(d2 > 0):
+            raise NumericsError(f"ExactGPState.renoise_last_: expected a positive Schur complement, got "
+                                f"{float(d2):.3e}")
+        old, new = L[n - 1, n - 1].clone(), d2.sqrt()
+        buf = self._reserve(n)
+        buf["C"][n - 1, n - 1], buf["noise"][n - 1] = new, noise
+        return old, new
+
+    def retarget_(self, rows: Tensor, y: Tensor) -> Tensor:
+        """Give the observations ``rows`` `(k,)` the targets ``y`` `(k,)`, in place: ``β`` is solved again in
+        ``O(N²)`` (the factor does not depend on the targets); the others keep ``L β`` (what they were conditioned
+        on, to rounding). Returns the new ``β`` `(N,)`."""
+        block = self._one_block("retarget_")
+        n, L = int(block["X"].shape[-2]), block["C"]
+        y_all = L @ block["beta"]  # (N,): the current targets (hallucinated rows: their pseudo-targets)
+        y_all[rows] = y.to(device=L.device, dtype=L.dtype)
+        beta = torch.linalg.solve_triangular(L, y_all.unsqueeze(-1), upper=False).squeeze(-1)
+        buf = self._reserve(n)
+        buf["beta"][:n], buf["y"][:n] = beta, y_all
+        return beta
+
+    def truncate_(self, n: int) -> None:
+        """Forget every observation past the first ``n`` (``0 <= n <= N``), in place; the first ``n`` are untouched."""
+        self._reserve(int(self._one_block("truncate_")["X"].shape[-2]))
+        self._view(int(n))
+
+    def _one_block(self, name: str) -> dict:
+        block = self._blocks[0]
+        if len(self._blocks) != 1 or block["C"].dim() != 2 or any(t.requires_grad for t in self.state_tensors()):
+            raise TorchBKBError(f"ExactGPState.{name}: expected one unbatched block without an autograd graph, got "
+                                f"{len(self._blocks)} blocks of batch shape {tuple(self.batch_shape)}")
+        return block
+
+    def _reserve(self, need: int) -> dict:
+        """The capacity buffers of the one block, holding at least ``need`` rows (doubled and copied when short)."""
+        block, buf = self._blocks[0], self.__dict__.get("_reserved")
+        if buf is not None and buf["C"].shape[0] >= need:
+            return buf
+        n, cap = int(block["X"].shape[-2]), max(16, 2 * need)
+        buf = {"X": block["X"].new_zeros((cap, block["X"].shape[-1])), "C": block["C"].new_zeros((cap, cap))}
+        buf.update({k: block[k].new_zeros((cap,)) for k in ("beta", "y", "noise")})
+        buf["X"][:n], buf["C"][:n, :n] = block["X"], block["C"]
+        for k in ("beta", "y", "noise"):
+            buf[k][:n] = block[k]
+        self._reserved = buf
+        self._view(n)
+        return buf
+
+    def _view(self, n: int) -> None:
+        buf = self._reserved
+        self._blocks = [{"X": buf["X"][:n], "C": buf["C"][:n, :n], "beta": buf["beta"][:n], "y": buf["y"][:n],
+                         "noise": buf["noise"][:n]}]
 
     # ------------------------------------------------------------------ prediction
     def features(self, X: Tensor) -> list[Tensor]:
@@ -165,7 +291,8 @@ class ExactGPState(nn.Module):
         beta = torch.linalg.solve_triangular(C, r.unsqueeze(-1), upper=False).squeeze(-1)
         new = ExactGPState.__new__(ExactGPState)
         nn.Module.__init__(new)
-        new.kernel = self.kernel
+        new.kernel, new._reserved = self.kernel, None
+        self._reserved = None  # the blocks may be shared now: growing this state in place copies them first
         first = self._blocks[0]
         graph = any(t.requires_grad for t in (B, C, beta, X, y, noise))
         same = B.shape[:-2] == first["C"].shape[:-2] == X.shape[:-2] == y.shape[:-1] == noise.shape[:-1]
