@@ -99,6 +99,23 @@ def test_capacity_is_a_power_of_two_that_holds_n():
         assert c >= max(n, 16) and c & (c - 1) == 0 and (c == 16 or c < 2 * n)
 
 
+@pytest.mark.parametrize("cls", [BKB, BBKB])
+def test_the_fixed_update_prunes_the_arms_the_eager_update_prunes(cls, device):
+    """A narrow width over 3,000 arms: most arms fall below the bound. The fixed update scores the same arms in its
+    ``k_cap`` slots (grown from the first guess when more pass), the prior bound for the others, the same picks."""
+    arms, f = _problem(3, device, A=3_000)
+    kw = {"T": 200, "seed": 3, "prune": True, "beta": 0.05} | ({"batch_bound": 3.0} if cls is BBKB else {})
+    eager, be = _run(cls, arms, f, fixed=False, **kw)
+    fixed, bf = _run(cls, arms, f, fixed=True, setup=lambda b: setattr(b.engine, "k_cap", 16), **kw)
+    assert fixed == eager
+    assert bf.engine.k_cap > 16  # outgrown on the way, run again in more slots
+    assert be.arms_scored_total < 0.1 * 200 * 3_000  # the eager update pruned (BKB: 200 updates, BBKB: fewer)
+    assert bf.arms_scored_total == be.arms_scored_total
+    assert torch.equal(bf.scored_arms, be.scored_arms)
+    # k/λ - k_Sᵀ M k_S with k/λ = 100, in other products: rounding of 100 · 1e-16 per term
+    torch.testing.assert_close(bf.arm_rls, be.arm_rls, rtol=0, atol=1e-8)
+
+
 @pytest.mark.parametrize("prune", [True, False])
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_bkb_makes_the_eager_updates_choices(seed, prune, device):
@@ -190,10 +207,14 @@ def test_the_update_compiles_as_one_graph_and_equals_the_eager_update(dtype, dev
     P = u.numel()
     asc_arm = torch.cat([pulled, pulled.new_zeros(P - pulled.numel())])
     asc_row = torch.cat([where, where.new_zeros(P - where.numel())])
-    outs = [fn(K_P, asc_row, asc_arm, b.counts, b.reward_sums, u, b.arm_rls, b.kdiag, prev, m0, b.sampler.q_bar,
-               b.sampler.inclusion, b.lam, b.engine.m_cap, 4096) for fn in (fixed_update, compiled)]
-    for a, c in zip(*outs):
-        torch.testing.assert_close(a, c, rtol=0, atol=0, equal_nan=True)
+    pruned = {"prune_width": 0.05, "k_cap": 64, "excluded": torch.zeros(arms.shape[0], dtype=torch.bool,
+                                                                      device=arms.device)}
+    for kw in ({}, pruned):  # every arm scored; the arms that pass the bound only
+        outs = [fn(K_P, asc_row, asc_arm, b.counts, b.reward_sums, u, b.arm_rls, b.kdiag, prev, m0, b.sampler.q_bar,
+                   b.sampler.inclusion, b.lam, b.engine.m_cap, 4096, **kw) for fn in (fixed_update, compiled)]
+        for a, c in zip(*outs):
+            torch.testing.assert_close(a, c, rtol=0, atol=0, equal_nan=True)
+    assert 0 <= outs[0].flags[6] < 300  # pruned: some arms fell below the bound
 
 
 @pytest.mark.parametrize("width", [0.5, "theory"])
@@ -215,9 +236,12 @@ def test_a_bbkb_batch_reads_the_device_once_to_select_and_once_to_update(width, 
     for k in range(1, len(sizes)):
         first = int(1.25 * sizes[k - 1]) + 2
         extra = max(0, -(-(sizes[k] - first) // 32))
-        assert asks[k] == 1 + extra + (width == "theory"), (k, sizes[k - 1], sizes[k])
+        # the theory width's sum is read once, by ask or by the update that prunes with it
+        theory = (width == "theory") and tells[k - 1] == 2
+        assert asks[k] == 1 + extra + theory, (k, sizes[k - 1], sizes[k], tells[k - 1])
     checks = 2 + math.ceil(math.log(b.dictionary_size) / math.log(1.25))  # growths by a quarter, at most
-    assert min(tells[1:]) == 2 and sum(t > 2 for t in tells[1:]) <= checks, tells
+    base = 2 + (width == "theory")
+    assert min(tells[1:]) >= 2 and sum(t > base for t in tells[1:]) <= checks, tells
 
 
 def test_a_long_batch_goes_to_the_lazy_loop_with_the_same_picks(device, monkeypatch):
@@ -347,3 +371,20 @@ def test_computed_dictionary_rows_compile_as_one_graph(device):
         warnings.simplefilter("error", RuntimeWarning)
         compiled, b = _run(BKB, arms, f, fixed=True, T=80, seed=15, row_cache_bytes=0, setup=_compiled("eager"))
     assert compiled == eager and b.engine.compiled
+
+
+def test_bbkb_with_replayed_picks_scores_every_arm_in_the_fixed_update():
+    """Replayed picks take every arm, so BBKB's fixed-capacity update does not prune while they are on: the same
+    picks as the eager update, which prunes."""
+    from torchbkb.bandits.pick_graph import PickGraphs
+
+    arms, f = _problem(3, "cpu", A=3_000)
+    kw = {"T": 120, "seed": 3, "prune": True, "beta": 0.05, "batch_bound": 3.0}
+    eager, be = _run(BBKB, arms, f, fixed=False, **kw)
+
+    def replayed(b):
+        b.device_loop, b.pick_graphs = True, PickGraphs(devices=("cpu", "cuda"))
+
+    fixed, bf = _run(BBKB, arms, f, fixed=True, setup=replayed, **kw)
+    assert fixed == eager
+    assert be.scored_arms is not None and bf.scored_arms is None

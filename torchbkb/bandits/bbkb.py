@@ -244,6 +244,10 @@ class BBKB(DeferredBatchUpdate, SketchedKernelBandit):
         return bbkb_beta(self.log_sum, noise_std=self.noise_std, lam=self.lam, F=self.F, delta=self.delta)
 
     # ------------------------------------------------------------------ algorithm
+    def _prunes_fixed(self) -> bool:
+        """The fixed-capacity update prunes unless the picks replay from CUDA graphs, which take every arm."""
+        return self.pick_graphs is None or self.arms.device.type not in self.pick_graphs.devices
+
     def _select(self) -> torch.Tensor:
         start = time.perf_counter()
         self.beta_tilde = self.current_beta_tilde() if self.beta_mode == "theory" else float("nan")

@@ -31,20 +31,20 @@ from typing import NamedTuple
 import torch
 
 from torchbkb.errors import NumericsError
-from torchbkb.gp.functional import fit_kernel_row_operator_ex, score_kernel_columns
+from torchbkb.bandits.pruning import PRUNE_MAX_FRACTION, survivor_mask
+from torchbkb.gp.functional import fit_kernel_row_operator_ex, rls_kernel_columns, score_kernel_columns
 from torchbkb.gp.linalg import compute_dtype
 from torchbkb.gp.scoring_chunk import scoring_chunk
 from torchbkb.sampling.rls_dictionary import RLSDictionary, inclusion_probability
 from torchbkb.utils.host_copy import to_device
 
 __all__ = ["FixedUpdate", "FixedCapacityEngine", "FixedCapacityUpdates", "LaunchedUpdate", "HEAD", "MIN_CAPACITY",
-           "capacity_for", "padded_features",
-           "compact_slots", "fixed_update"]
+           "capacity_for", "padded_features", "compact_slots", "fixed_update"]
 
 #: the smallest capacity of the pulled arms and of the dictionary's slots.
 MIN_CAPACITY = 16
 #: the flags before the slots in :attr:`FixedUpdate.flags`.
-HEAD = 6
+HEAD = 7
 
 
 def capacity_for(n: int) -> int:
@@ -61,10 +61,12 @@ class FixedUpdate(NamedTuple):
     V_inv: torch.Tensor  #: `(m_cap, m_cap)` ``V⁻¹``, ``1/λ`` on the padding
     Ma: torch.Tensor  #: `(m_cap + 1, m_cap)` ``[M; aᵀ]`` on kernel rows
     mean: torch.Tensor  #: `(A,)` ``μ̃``
-    rls: torch.Tensor  #: `(A,)` ``σ̃²`` (RLS scale)
+    rls: torch.Tensor  #: `(A,)` ``σ̃²`` (RLS scale); pruned: the prior bound ``k/λ`` past the scored arms
     #: `(HEAD + m_cap,)` float64: ``m``, ``K_S`` factored by Cholesky, ``V`` factored, the dictionary changed, the
-    #: next UCB pick (-1: none asked), every score finite; then the slots
+    #: next UCB pick (-1: none asked), every score finite, the arms that passed the pruning bound (-1: not pruned);
+    #: then the slots
     flags: torch.Tensor
+    scored: torch.Tensor  #: `(k_cap,)` long, pruned: the scored arms ascending (0 past their count); else `(0,)`
 
 
 def compact_slots(keep: torch.Tensor, m_cap: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -89,7 +91,8 @@ def fixed_update(K_P: torch.Tensor | None, asc_row: torch.Tensor, asc_arm: torch
                  reward_sums: torch.Tensor, u: torch.Tensor, rls_prev: torch.Tensor, kdiag: torch.Tensor,
                  prev_slots: torch.Tensor, prev_m: torch.Tensor, q_bar: torch.Tensor, inclusion: str, lam: float,
                  m_cap: int, chunk: int, width: float | None = None, excluded: torch.Tensor | None = None,
-                 kernel=None, arms: torch.Tensor | None = None) -> FixedUpdate:
+                 kernel=None, arms: torch.Tensor | None = None, prune_width: float | None = None,
+                 k_cap: int = 0) -> FixedUpdate:
     """Resample the dictionary from the pulled arms, refit the DTC posterior, score every arm: fixed shapes only.
 
     Args:
@@ -107,6 +110,9 @@ def fixed_update(K_P: torch.Tensor | None, asc_row: torch.Tensor, asc_arm: torch
         width, excluded: with a width, the next UCB pick ``argmax μ̃ + width·σ̃`` over the arms not ``excluded``
             `(A,)` is made here too (BKB with a constant width: its next ``ask`` reads nothing more).
         kernel, arms: the kernel and the arms `(A, d)`, when ``K_P`` is ``None``.
+        prune_width, k_cap: with a width, the variances of the arms that pass the UCB bound (and of the pulled
+            arms; :mod:`~torchbkb.bandits.pruning`) only, in ``k_cap`` slots: the means first, then `(m_cap, k_cap)`
+            columns; the arms that passed are counted in the flags (more than ``k_cap``: run again in more).
     """
     valid_p = u < 1.5  # the padding carries u = 2
     n = torch.where(valid_p, counts.index_select(0, asc_arm).to(torch.float64), 0.0)
@@ -135,15 +141,27 @@ def fixed_update(K_P: torch.Tensor | None, asc_row: torch.Tensor, asc_arm: torch
     s = torch.where(valid_p, reward_sums.index_select(0, asc_arm), 0.0)
     Ma, V_inv, info_v = fit_kernel_row_operator_ex(W, Zt, n, s, lam)
     Ma = Ma * torch.cat([vc, vc.new_ones(1)]).unsqueeze(1) * vc  # exact zeros on the unused slots' rows and columns
-    mean, rls = score_kernel_columns(K_SA, kdiag, Ma.to(dt), lam, chunk)
+    passed = torch.full_like(m, -1)
+    scored = asc_arm[:0]
+    if prune_width is None:
+        mean, rls = score_kernel_columns(K_SA, kdiag, Ma.to(dt), lam, chunk)
+    else:  # the eager update's pruned scoring, on fixed shapes
+        Mad = Ma.to(dt)
+        mean = Mad[-1] @ K_SA  # (A,)
+        prior = kdiag / lam
+        keep = survivor_mask(mean, prune_width * prior.sqrt(), excluded, asc_arm, valid_p)
+        scored, valid_k, passed = compact_slots(keep, k_cap)
+        part = rls_kernel_columns(K_SA.index_select(1, scored), kdiag.index_select(0, scored), Mad[:-1], lam, chunk)
+        target = torch.where(valid_k, scored, kdiag.shape[0])  # the padding's to one slot past the arms
+        rls = torch.cat([prior, prior[:1]]).index_copy(0, target, part)[:-1]
     changed = (m != prev_m) | (slots != prev_slots).any()
     pick = torch.full_like(m, -1)
     if width is not None:  # the selection's own expression, so the same pick
         pick = torch.argmax((mean + width * rls.sqrt()).masked_fill(excluded, -torch.inf))
     finite = torch.isfinite(mean).all() & torch.isfinite(rls).all()  # no NaN enters the state, from any row
-    head = torch.stack([m, chol_ok.long(), (info_v == 0).long(), changed.long(), pick, finite.long()])
+    head = torch.stack([m, chol_ok.long(), (info_v == 0).long(), changed.long(), pick, finite.long(), passed])
     flags = torch.cat([head, slots]).to(torch.float64)
-    return FixedUpdate(K_SA, slots, W, V_inv, Ma, mean, rls, flags)
+    return FixedUpdate(K_SA, slots, W, V_inv, Ma, mean, rls, flags, scored)
 
 
 def padded_features(out: FixedUpdate, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -180,6 +198,8 @@ class FixedCapacityEngine:
     def __init__(self, compiled: bool = False, backend: str = "inductor"):
         self.compiled, self.backend = bool(compiled), backend
         self.m_cap = MIN_CAPACITY
+        self.k_cap = 0  # the scored arms' slots of a pruned update (set at the first, doubling when outgrown)
+        self._num_arms = 0
         self._pulled: tuple | None = None  # (p, asc_row, asc_arm) for the current pulled arms
         self._prev: tuple | None = None  # (slots, m) of the last adopted update
         self._fn = None
@@ -207,13 +227,14 @@ class FixedCapacityEngine:
     def update(self, K_P: torch.Tensor | None, counts: torch.Tensor, reward_sums: torch.Tensor, u: torch.Tensor,
                rls_prev: torch.Tensor, kdiag: torch.Tensor, sampler: RLSDictionary, lam: float,
                chunk: int, *, width: float | None = None, excluded: torch.Tensor | None = None,
-               kernel=None, arms: torch.Tensor | None = None) -> tuple[FixedUpdate, list[float]]:
+               kernel=None, arms: torch.Tensor | None = None,
+               prune_width: float | None = None) -> tuple[FixedUpdate, list[float]]:
         """Run :func:`fixed_update` with ``u`` `(P,)` from :meth:`draws`; returns it and its flags read on the host
         (``[m, cholesky ok, V ok, changed, pick, finite, slots...]``), after growing ``m_cap`` until the dictionary
         fits."""
         while True:
             out = self.launch(K_P, counts, reward_sums, u, rls_prev, kdiag, sampler, lam, chunk, width=width,
-                              excluded=excluded, kernel=kernel, arms=arms)
+                              excluded=excluded, kernel=kernel, arms=arms, prune_width=prune_width)
             flags = out.flags.tolist()  # the one host read of an update
             if not self.outgrown(flags):
                 return out, flags
@@ -221,21 +242,32 @@ class FixedCapacityEngine:
     def launch(self, K_P: torch.Tensor | None, counts: torch.Tensor, reward_sums: torch.Tensor, u: torch.Tensor,
                rls_prev: torch.Tensor, kdiag: torch.Tensor, sampler: RLSDictionary, lam: float, chunk: int, *,
                width: float | None = None, excluded: torch.Tensor | None = None, kernel=None,
-               arms: torch.Tensor | None = None) -> FixedUpdate:
-        """:func:`fixed_update` at the current ``m_cap``, not read: its flags may say the dictionary outgrew it
-        (:meth:`outgrown`)."""
+               arms: torch.Tensor | None = None, prune_width: float | None = None) -> FixedUpdate:
+        """:func:`fixed_update` at the current capacities, not read: its flags may say the dictionary or the
+        arms that passed the pruning bound outgrew them (:meth:`outgrown`)."""
         _, asc_row, asc_arm = self._pulled
         prev_slots, prev_m = self._previous(asc_arm.device)
+        self._num_arms = int(kdiag.shape[0])
+        if prune_width is not None and self.k_cap == 0:
+            self.k_cap = capacity_for(self._num_arms // 16)
         return self._run((K_P, asc_row, asc_arm, counts, reward_sums, u, rls_prev, kdiag, prev_slots, prev_m,
-                          sampler.q_bar, sampler.inclusion, lam, self.m_cap, chunk, width, excluded, kernel, arms))
+                          sampler.q_bar, sampler.inclusion, lam, self.m_cap, chunk, width, excluded, kernel, arms,
+                          prune_width, self.k_cap))
 
     def outgrown(self, flags: list[float]) -> bool:
-        """Whether the update whose flags were read on the host needs more slots; if so ``m_cap`` grows to hold
-        them (run it again with the same draws)."""
-        if flags[0] <= self.m_cap:
-            return False
-        self.m_cap = capacity_for(int(flags[0]))
-        return True
+        """Whether the update whose flags were read on the host needs more slots; if so ``m_cap`` (or, for the arms
+        that passed the pruning bound while few enough to score alone, ``k_cap``) grows to hold them (run it again
+        with the same draws)."""
+        if flags[0] > self.m_cap:
+            self.m_cap = capacity_for(int(flags[0]))
+            return True
+        passed = flags[6]
+        if self.k_cap < passed <= PRUNE_MAX_FRACTION * self._num_arms:
+            self.k_cap = capacity_for(int(passed))
+            return True
+        if 0 <= 8 * passed < self.k_cap:  # far fewer than the slots: the next update gathers fewer columns
+            self.k_cap = capacity_for(2 * int(passed))
+        return False
 
     def remember(self, dictionary: torch.Tensor) -> None:
         """The dictionary `(m,)` ascending that the next update compares with (to flag a change)."""
@@ -271,8 +303,9 @@ class FixedCapacityUpdates:
     (mixed into it): used while ``fixed_capacity`` is on (the default on every device but the CPU) and the
     dictionary's rows fit ``kernel_cache_bytes`` -- gathered from the pulled arms' cached rows, or, once those outgrew
     ``row_cache_bytes`` (many arms), computed from the arms at every update; otherwise, and for an update whose
-    ``K_S`` needs the eigendecomposition, the eager update runs from the same draws. Every arm is scored (no pruning:
-    the same choices)."""
+    ``K_S`` needs the eigendecomposition, the eager update runs from the same draws. It prunes as the eager update does
+    (:class:`~torchbkb.bandits.pruning.PruningSchedule`, the arms that passed in ``k_cap`` slots): the same
+    choices."""
 
     def _fixed_applies(self) -> bool:
         return self.fixed_capacity and self.rows.caches(self.engine.m_cap)
@@ -298,9 +331,13 @@ class FixedCapacityUpdates:
             u = torch.where(torch.isin(pulled, forced), -1.0, 1.25).to(torch.float64)  # in, or out but observed
         chunk = scoring_chunk(self.score_chunk_size, self.engine.m_cap, self.arms.device, self.arms.dtype)
         width = None if self.exclusions else self._fused_pick_width()
+        prune_width = self._ucb_width() if self.prune and self._prunes_fixed() else None
+        self._schedule_before = self.pruning.state()
+        if prune_width is not None and not self.pruning.should_attempt(True):
+            prune_width = None
         inputs = (K_P, self.counts, self.reward_sums, self.engine.draws(u), self.row_posterior.rls, self.kdiag,
                    self.sampler, self.lam, chunk)
-        extra = {"width": width, "excluded": self.excluded, "kernel": kernel, "arms": arms}
+        extra = {"width": width, "excluded": self.excluded, "kernel": kernel, "arms": arms, "prune_width": prune_width}
         return LaunchedUpdate(self.engine.launch(*inputs, **extra), inputs, extra, pulled, n)
 
     def _complete_fixed(self, launched: LaunchedUpdate, flags: list[float]) -> bool:
@@ -314,26 +351,36 @@ class FixedCapacityUpdates:
         if not flags[5]:
             raise NumericsError("kernel: expected finite values k(a, ·), got NaN/inf scores from the dictionary rows")
         m = int(flags[0])
+        if m == 0 or not (flags[1] and flags[2]) or not self.rows.caches(m):
+            self.engine.remember(out.slots[:m])
+            self.pruning.load(self._schedule_before)  # the eager update decides on pruning itself
+            self._rebuild(out.slots[:m], pulled=pulled, counts=n)  # the eager update, on the dictionary drawn here
+            return False
+        if flags[6] >= 0 and not self.pruning.record_attempt(int(flags[6]), self.num_arms):
+            out, flags = self.engine.update(*launched.inputs, **(launched.extra | {"prune_width": None}))
+            as_launched = False  # most arms passed: every arm scored, as the eager update does
         new_dict = out.slots[:m]
         self.engine.remember(new_dict)
-        if m == 0 or not (flags[1] and flags[2]) or not self.rows.caches(m):
-            self._rebuild(new_dict, pulled=pulled, counts=n)  # the eager update, on the dictionary drawn here
-            return False
         with torch.no_grad():
             self.rows.adopt([int(a) for a in flags[HEAD : HEAD + m]], new_dict, out.K_SA)
             M = out.Ma[:m, :m].to(self.arms.dtype)
             if flags[3]:
                 self.embeddings_computed += 1
                 self._check_accuracy(self.rows.rows(), M, pulled, n)
-            post.adopt(out.W[:m, :m], out.V_inv[:m, :m], M, out.mean, out.rls)
+            pruned = flags[6] >= 0
+            scored = out.scored[: int(flags[6])] if pruned else None
+            post.adopt(out.W[:m, :m], out.V_inv[:m, :m], M, out.mean, out.rls, scored, self.rows.rows())
             self._posterior = None
-            self.arms_scored_total += self.num_arms
+            self.arms_scored_total += post.arms_scored
         self.dictionary = new_dict
         self._deff, self._deff_inputs = None, (pulled, n, post.rls)
         if width is not None:  # ask takes it while nothing it depends on has changed
             pick = out.flags[4:5].long()  # (1,) on the device: no copy from the host
             self._fused_pick = (int(flags[4]), pick, width, self.excluded._version, post.mean, post.rls)
         return as_launched
+
+    def _prunes_fixed(self) -> bool:  # BBKB: not while its picks replay from CUDA graphs (every arm a candidate)
+        return True
 
     def _fused_pick_width(self) -> float | None:
         """The width of a next selection that is one UCB argmax, known at the update (``None``: none)."""

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["PRUNE_MAX_BACKOFF", "PRUNE_MAX_FRACTION", "PruningSchedule", "ucb_survivors"]
+__all__ = ["PRUNE_MAX_BACKOFF", "PRUNE_MAX_FRACTION", "PruningSchedule", "survivor_mask", "ucb_survivors"]
 
 #: arms skipped by the UCB bound are scored anyway when the arms left to score exceed this fraction of ``A``.
 PRUNE_MAX_FRACTION = 0.5
@@ -40,6 +40,15 @@ def ucb_survivors(mean: torch.Tensor, bonus: torch.Tensor, excluded: torch.Tenso
     passed = mean + bonus >= best  # the UCB bound (computed as the selections compute a UCB)
     passed[keep] = True
     return passed.nonzero().squeeze(1)
+
+
+def survivor_mask(mean: torch.Tensor, bonus: torch.Tensor, excluded: torch.Tensor, keep: torch.Tensor,
+                  keep_valid: torch.Tensor) -> torch.Tensor:
+    """:func:`ucb_survivors` as a mask `(A,)` bool, with fixed shapes and no host read (the fixed-capacity update):
+    ``keep`` `(P,)` are padded arms, those with ``keep_valid`` `(P,)` always kept."""
+    best = mean.masked_fill(excluded, -torch.inf).max()  # <= the largest UCB
+    kept = torch.zeros(mean.shape, dtype=torch.long, device=mean.device).index_add_(0, keep, keep_valid.long())
+    return (mean + bonus >= best) | (kept > 0)
 
 
 class PruningSchedule:

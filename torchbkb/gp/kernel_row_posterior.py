@@ -8,7 +8,7 @@ pulled arms and the scoring operator ``[M; aᵀ]`` (:func:`~torchbkb.gp.function
 
 This object keeps that state -- ``W``, ``V⁻¹``, ``M``, the scores and which arms were scored -- and is written only
 by its methods: :meth:`refit` and :meth:`score` (the eager update, which may score a subset of the arms: pruning),
-:meth:`adopt` (the fixed-capacity update, which scores every arm), :meth:`clear` (the prior). Where the rows come
+:meth:`adopt` (the fixed-capacity update, pruned or not), :meth:`clear` (the prior). Where the rows come
 from (cached, streamed) is the caller's; the algebra is :mod:`torchbkb.gp.functional`'s.
 
 Example:
@@ -113,11 +113,13 @@ class KernelRowPosterior:
         self.arms_scored = self.kdiag.numel() if survivors is None else int(survivors.numel())
 
     def adopt(self, W: torch.Tensor, V_inv: torch.Tensor, M: torch.Tensor, mean: torch.Tensor,
-              rls: torch.Tensor) -> None:
-        """Take a state computed elsewhere that scored every arm (the fixed-capacity update)."""
+              rls: torch.Tensor, scored: torch.Tensor | None = None, K_SA: torch.Tensor | None = None) -> None:
+        """Take a state computed elsewhere (the fixed-capacity update): every arm scored, or the arms ``scored``
+        `(k,)` ascending (the prior bound in ``rls`` for the others) with the rows ``K_SA`` `(m, A)` they came from."""
         self.W, self.V_inv, self.M, self.mean, self.rls = W, V_inv, M, mean, rls
-        self.scored = self._K_scored = self._rls_full = self._Z = None
-        self.arms_scored = self.kdiag.numel()
+        self.scored, self._rls_full, self._Z = scored, None, None
+        self._K_scored = None if scored is None else K_SA.index_select(1, scored)
+        self.arms_scored = self.kdiag.numel() if scored is None else int(scored.numel())
 
     def restore_scores(self, rls: torch.Tensor, scored: torch.Tensor | None, K_SA) -> None:
         """Set the variances and the scored arms as saved (a checkpoint), their kernel columns read from ``K_SA``."""
