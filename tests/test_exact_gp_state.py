@@ -5,7 +5,7 @@ import torch
 
 from torchbkb import ExactPosterior
 from torchbkb.botorch import BKBModel
-from torchbkb.errors import NumericsError, TorchBKBError
+from torchbkb.errors import InputDataError, NumericsError, TorchBKBError
 from torchbkb.gp import ExactGPState
 from torchbkb.gp.kernels import GaussianKernel
 
@@ -92,6 +92,10 @@ def test_in_place_methods_refuse_a_state_they_cannot_grow_and_leave_it_unchanged
     state = ExactGPState(K, X, y, noise)
     with pytest.raises(TorchBKBError, match="without observed residual"):
         state.renoise_last_(noise[-1])
+    for n in (11, -1, 2.5, True):  # past the observations (the capacity holds more rows), not a count
+        with pytest.raises(InputDataError, match=r"expected an integer in \[0, 10\]"):
+            state.truncate_(n)
+    assert state.num_train == 10 and torch.equal(state.train_X, X)
     twin = ExactGPState(K, X[:1], y[:1], torch.full((1,), 1e-300, dtype=F64))
     L = twin.factor.clone()
     with pytest.raises(NumericsError, match="Schur"):  # the same point again without noise

@@ -178,8 +178,9 @@ class LaunchedUpdate(NamedTuple):
     out: FixedUpdate  #: its outputs, flags included
     inputs: tuple  #: the positional inputs of :meth:`FixedCapacityEngine.launch`, to run it again in more slots
     extra: dict  #: its keyword inputs
-    pulled: torch.Tensor  #: `(p,)` the pulled arms ascending
-    n: torch.Tensor  #: `(p,)` their float64 counts
+    pulled: torch.Tensor  #: `(p,)` the pulled arms ascending; n: `(p,)` their float64 counts
+    n: torch.Tensor
+    schedule: list  #: the pruning schedule before the launch (an update handed to the eager one decides again)
 
 
 class FixedCapacityEngine:
@@ -303,9 +304,8 @@ class FixedCapacityUpdates:
     (mixed into it): used while ``fixed_capacity`` is on (the default on every device but the CPU) and the
     dictionary's rows fit ``kernel_cache_bytes`` -- gathered from the pulled arms' cached rows, or, once those outgrew
     ``row_cache_bytes`` (many arms), computed from the arms at every update; otherwise, and for an update whose
-    ``K_S`` needs the eigendecomposition, the eager update runs from the same draws. It prunes as the eager update does
-    (:class:`~torchbkb.bandits.pruning.PruningSchedule`, the arms that passed in ``k_cap`` slots): the same
-    choices."""
+    ``K_S`` needs the eigendecomposition, the eager update runs from the same draws. It prunes as the eager update
+    does (its :class:`~torchbkb.bandits.pruning.PruningSchedule`, the arms that pass in ``k_cap`` slots)."""
 
     def _fixed_applies(self) -> bool:
         return self.fixed_capacity and self.rows.caches(self.engine.m_cap)
@@ -332,13 +332,13 @@ class FixedCapacityUpdates:
         chunk = scoring_chunk(self.score_chunk_size, self.engine.m_cap, self.arms.device, self.arms.dtype)
         width = None if self.exclusions else self._fused_pick_width()
         prune_width = self._ucb_width() if self.prune and self._prunes_fixed() else None
-        self._schedule_before = self.pruning.state()
+        schedule = self.pruning.state()
         if prune_width is not None and not self.pruning.should_attempt(True):
             prune_width = None
         inputs = (K_P, self.counts, self.reward_sums, self.engine.draws(u), self.row_posterior.rls, self.kdiag,
                    self.sampler, self.lam, chunk)
         extra = {"width": width, "excluded": self.excluded, "kernel": kernel, "arms": arms, "prune_width": prune_width}
-        return LaunchedUpdate(self.engine.launch(*inputs, **extra), inputs, extra, pulled, n)
+        return LaunchedUpdate(self.engine.launch(*inputs, **extra), inputs, extra, pulled, n, schedule)
 
     def _complete_fixed(self, launched: LaunchedUpdate, flags: list[float]) -> bool:
         """Adopt a launched update given its flags read on the host: ``True`` when adopted as launched, ``False``
@@ -353,7 +353,7 @@ class FixedCapacityUpdates:
         m = int(flags[0])
         if m == 0 or not (flags[1] and flags[2]) or not self.rows.caches(m):
             self.engine.remember(out.slots[:m])
-            self.pruning.load(self._schedule_before)  # the eager update decides on pruning itself
+            self.pruning.load(launched.schedule)  # the eager update decides on pruning itself
             self._rebuild(out.slots[:m], pulled=pulled, counts=n)  # the eager update, on the dictionary drawn here
             return False
         if flags[6] >= 0 and not self.pruning.record_attempt(int(flags[6]), self.num_arms):

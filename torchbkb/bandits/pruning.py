@@ -36,19 +36,16 @@ PRUNE_MAX_BACKOFF = 16
 def ucb_survivors(mean: torch.Tensor, bonus: torch.Tensor, excluded: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
     """`(k,)` ascending arms whose UCB bound ``mean + bonus`` reaches the largest mean of the arms not ``excluded``,
     plus the arms ``keep`` (always scored). ``mean``, ``bonus``, ``excluded``: `(A,)`."""
-    best = (mean.masked_fill(excluded, -torch.inf) if bool(excluded.any()) else mean).max()  # <= the largest UCB
-    passed = mean + bonus >= best  # the UCB bound (computed as the selections compute a UCB)
-    passed[keep] = True
-    return passed.nonzero().squeeze(1)
+    return survivor_mask(mean, bonus, excluded, keep, torch.ones_like(keep, dtype=torch.bool)).nonzero().squeeze(1)
 
 
 def survivor_mask(mean: torch.Tensor, bonus: torch.Tensor, excluded: torch.Tensor, keep: torch.Tensor,
                   keep_valid: torch.Tensor) -> torch.Tensor:
-    """:func:`ucb_survivors` as a mask `(A,)` bool, with fixed shapes and no host read (the fixed-capacity update):
-    ``keep`` `(P,)` are padded arms, those with ``keep_valid`` `(P,)` always kept."""
+    """:func:`ucb_survivors` as a mask `(A,)` bool, with fixed shapes and no host read (the fixed-capacity update
+    takes it as is): ``keep`` `(P,)` may be padded, the arms with ``keep_valid`` `(P,)` always kept."""
     best = mean.masked_fill(excluded, -torch.inf).max()  # <= the largest UCB
     kept = torch.zeros(mean.shape, dtype=torch.long, device=mean.device).index_add_(0, keep, keep_valid.long())
-    return (mean + bonus >= best) | (kept > 0)
+    return (mean + bonus >= best) | (kept > 0)  # the UCB bound, computed as the selections compute a UCB
 
 
 class PruningSchedule:

@@ -37,7 +37,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
-from torchbkb.errors import NumericsError, TorchBKBError
+from torchbkb.errors import InputDataError, NumericsError, TorchBKBError
 from torchbkb.gp.kernels import as_kernel
 from torchbkb.gp.stable_scoring import whiten_rows
 from torchbkb.gp.linalg import compute_dtype, safe_cholesky
@@ -129,8 +129,9 @@ class ExactGPState(nn.Module):
         refactorization, into capacity reserved by doubling. A one-block unbatched state without a graph.
 
         Returns:
-            ``(l, δ, β_x)``: the new row ``l = L⁻¹ k_X(x)`` `(N,)`, its diagonal ``δ = √(k(x, x) + noise - ‖l‖²)``
-            and whitened target ``β_x = (y - lᵀβ)/δ`` (0-d each): what points watched by the caller need.
+            ``(l, δ, β_x)``: the new row ``l = L⁻¹ k_X(x)`` `(N,)`, its diagonal
+            ``δ = √(k(x, x) + noise - ‖l‖²)`` and whitened target ``β_x = (y - lᵀβ)/δ`` (0-d each):
+            what points watched by the caller need.
 
         Raises:
             NumericsError: ``δ² <= 0`` (state unchanged).
@@ -192,7 +193,10 @@ class ExactGPState(nn.Module):
 
     def truncate_(self, n: int) -> None:
         """Forget every observation past the first ``n`` (``0 <= n <= N``), in place; the first ``n`` are untouched."""
-        self._reserve(int(self._one_block("truncate_")["X"].shape[-2]))
+        N = int(self._one_block("truncate_")["X"].shape[-2])
+        if isinstance(n, bool) or int(n) != n or not 0 <= int(n) <= N:
+            raise InputDataError(f"n: expected an integer in [0, {N}], got {n!r}")
+        self._reserve(N)
         self._view(int(n))
 
     def _one_block(self, name: str) -> dict:

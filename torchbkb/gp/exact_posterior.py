@@ -308,7 +308,7 @@ class ExactPosterior(nn.Module):
         except NumericsError as err:
             raise NumericsError(f"ExactPosterior.update: {err}") from None
         if n + 1 > self._C.shape[0]:
-            self._reserve(2 * (n + 1))
+            self._reserve(2 * (n + 1), n)
         self._C[n] = count.to(dtype)
         if self._watch is not None:
             w = self._watch
@@ -318,9 +318,9 @@ class ExactPosterior(nn.Module):
             w["mean"] += q * liy
             w["var"] -= q * q
 
-    def _reserve(self, cap: int) -> None:
-        """Room for ``cap`` rows in the counts and the watched ``Q`` (the state reserves its own)."""
-        n = self.num_train - 1  # called after the state grew: the rows written so far
+    def _reserve(self, cap: int, n: int) -> None:
+        """Room for ``cap`` rows in the counts and the watched ``Q``, their first ``n`` kept (the state reserves its
+        own)."""
         C = self._C.new_zeros((cap,))
         C[:n] = self._C[:n]
         self._C = C

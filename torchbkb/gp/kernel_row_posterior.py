@@ -116,9 +116,8 @@ class KernelRowPosterior:
               rls: torch.Tensor, scored: torch.Tensor | None = None, K_SA: torch.Tensor | None = None) -> None:
         """Take a state computed elsewhere (the fixed-capacity update): every arm scored, or the arms ``scored``
         `(k,)` ascending (the prior bound in ``rls`` for the others) with the rows ``K_SA`` `(m, A)` they came from."""
-        self.W, self.V_inv, self.M, self.mean, self.rls = W, V_inv, M, mean, rls
-        self.scored, self._rls_full, self._Z = scored, None, None
-        self._K_scored = None if scored is None else K_SA.index_select(1, scored)
+        self.W, self.V_inv, self.M, self.mean, self._Z = W, V_inv, M, mean, None
+        self.restore_scores(rls, scored, K_SA)
         self.arms_scored = self.kdiag.numel() if scored is None else int(scored.numel())
 
     def restore_scores(self, rls: torch.Tensor, scored: torch.Tensor | None, K_SA) -> None:
