@@ -40,6 +40,7 @@ from __future__ import annotations
 import math
 from typing import NamedTuple
 
+import numpy as np
 import torch
 
 from torchbkb.errors import InputDataError, check_finite
@@ -116,17 +117,21 @@ def select_batch(
     dt, work, dev = Z.dtype, V_inv.dtype, Z.device
     alpha = float(alpha)
     state = _InBatch(Z, mean.to(dt), rls.to(dt), V_inv, alpha, chunk_size)
-    mean_c, rls0, V_t = state.mean, state.rls0, state.V_t
-    ucb = mean_c + alpha * rls0.clamp_min(0.0).sqrt()  # stale upper bounds, exact now
-    cur_rls = rls0.clone()
+    rls0, V_t = state.rls0, state.V_t
+    # the loop's bookkeeping (argmax, which arms to refresh, scalar reads) runs on host arrays: one small NumPy call
+    # costs a fraction of a tensor operation's dispatch; the arithmetic stays in torch on Z's device
+    ucb = host_array(state.mean + alpha * rls0.clamp_min(0.0).sqrt())  # stale upper bounds, exact now
+    mean_h, rls0_h = state.mean_h, state.rls0_h
+    cur_rls = rls0_h.copy()
+    as_dt = ucb.dtype.type  # a threshold rounded to the scores' dtype, as a tensor comparison rounds it
     picks: list[int] = []
     in_batch: list[float] = []
     level = 1.0  # 1 + Σ σ̃²_fb   or   Π (1 + σ̃²_fb)
     evaluations = 0
     window = _WINDOW
     while True:
-        i = int(torch.argmax(ucb))  # lowest index among ties; exact (every arm that could beat it was refreshed)
-        s0 = float(rls0[i])
+        i = int(ucb.argmax())  # lowest index among ties; exact (every arm that could beat it was refreshed)
+        s0 = float(rls0_h[i])
         if s0 <= 0.0:
             # σ̃²_fb of the pick is 0 (to rounding): the stop rule would not move and every later pick would
             # be this arm again -- end the batch with it
@@ -137,18 +142,19 @@ def select_batch(
                 n_allowed = 1 if max_batch_size is None else max_batch_size - len(picks)
         if max_batch_size is not None:
             n_allowed = min(n_allowed, max_batch_size - len(picks))
-        z = Z[i : i + 1][0].to(work)  # (r,)
+        z = Z[i : i + 1][0]  # (r,)
+        z = z if z.dtype == work else z.to(work)
         u = V_t @ z
         s = float(z @ u)
+        rls_i = float(cur_rls[i])
         run = 1
         if n_allowed > 1 and picks and picks[-1] == i:  # i again: how many more times, hallucinated 1, 2, ... times?
             # (only once an arm repeats: when picks alternate between arms, looking ahead costs more than it saves)
             J = min(n_allowed - 1, window)
-            wins, seen = state.run_length(i, u, s, J, ucb, cur_rls[i], lazy)
+            wins, seen = state.run_length(i, u, s, J, ucb, rls_i, lazy)
             evaluations += seen
             run += wins
             window = min(4 * window, _MAX_WINDOW) if wins == J else _WINDOW
-        rls_i = float(cur_rls[i])
         # σ̃²_t of each pick of the run
         in_batch.extend(max(rls_i - j / (1.0 + j * s) * (s * s), 0.0) for j in range(run))
         picks.extend([i] * run)
@@ -164,16 +170,14 @@ def select_batch(
         # x_i itself is among them, its stale UCB being its old one) -- the argmax is then exact, unless
         # rounding left every refreshed UCB below that level: then the arms between are refreshed too
         # <= the stale one
-        ucb_i_new = min(float(mean_c[i]) + alpha * math.sqrt(max(rls_i - g * (s * s), 0.0)), float(ucb[i]))
-        idx = (ucb >= ucb_i_new).nonzero().squeeze(1) if lazy else torch.arange(ucb.numel(), device=dev)  # (M,)
-        rls_m, ucb_m = state.refresh(idx)
-        cur_rls[idx], ucb[idx] = rls_m, ucb_m
-        evaluations += int(idx.numel())
-        if lazy and (top := float(ucb_m.max())) < ucb_i_new:
-            more = ((ucb >= top) & (ucb < ucb_i_new)).nonzero().squeeze(1)
-            rls_m, ucb_m = state.refresh(more)
-            cur_rls[more], ucb[more] = rls_m, ucb_m
-            evaluations += int(more.numel())
+        ucb_i_new = min(float(mean_h[i]) + alpha * math.sqrt(max(rls_i - g * (s * s), 0.0)), float(ucb[i]))
+        idx = np.flatnonzero(ucb >= as_dt(ucb_i_new)) if lazy else np.arange(ucb.size)  # (M,)
+        top = state.refresh_into(idx, cur_rls, ucb)
+        evaluations += idx.size
+        if lazy and top < ucb_i_new:
+            more = np.flatnonzero((ucb >= as_dt(top)) & (ucb < as_dt(ucb_i_new)))
+            state.refresh_into(more, cur_rls, ucb)
+            evaluations += more.size
     picked = torch.tensor(picks, dtype=torch.long, device=dev)
     return BatchSelection(
         indices=picked,
@@ -182,6 +186,12 @@ def select_batch(
         ucb_evaluations=evaluations,
         V_inv=V_t,
     )
+
+
+def host_array(t: torch.Tensor) -> np.ndarray:
+    """``t`` as a NumPy array on the host: a view of a CPU tensor (no copy), a copy of a device one."""
+    t = t.detach() if t.requires_grad else t
+    return (t if t.device.type == "cpu" else t.cpu()).numpy()
 
 
 def stop_rule_stalls(level: float, s0: float, batch_bound: float, stop_rule: str = "sum") -> bool:
@@ -260,12 +270,19 @@ class _InBatch:
         self.U_buf = torch.empty((r, r), dtype=dt, device=Z.device)
         self.coef_buf = torch.empty((r,), dtype=dt, device=Z.device)
         self.b = 0  # hallucinated runs so far (one rank-one term each)
+        self.mean_h, self.rls0_h = host_array(mean), host_array(rls0)
+        self.V_0_rows, self.on_host = V_0 if V_0.dtype == dt else V_0.to(dt), Z.device.type == "cpu"
+        if self.on_host:
+            self.U_h, self.coef_h = self.U_buf.numpy(), self.coef_buf.numpy()
 
     def hallucinate(self, u: torch.Tensor, g: float) -> None:
         """``V_t⁻¹ -= g u uᵀ`` in place (``V_t`` is this state's copy), the direction kept while ``b < r``."""
         self.V_t.addr_(u, u, alpha=-g)
         if self.b < self.U_buf.shape[0]:  # past r runs the direct form is cheaper and the directions are not needed
-            self.U_buf[:, self.b], self.coef_buf[self.b] = u, g
+            if self.on_host:  # written through NumPy views of the buffers: no tensor dispatch
+                self.U_h[:, self.b], self.coef_h[self.b] = host_array(u), g
+            else:
+                self.U_buf[:, self.b], self.coef_buf[self.b] = u, g
         self.b += 1
 
     def refresh(self, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -277,18 +294,42 @@ class _InBatch:
         parts = [self.refresh_rows(self.Z[p], p) for p in idx.split(int(self.chunk))]
         return torch.cat([r for r, _ in parts]), torch.cat([u for _, u in parts])
 
+    def refresh_into(self, idx: np.ndarray, rls_out: np.ndarray, ucb_out: np.ndarray) -> float:
+        """:meth:`refresh` of the arms ``idx`` (host indices `(M,)`), written into the host arrays ``rls_out`` and
+        ``ucb_out`` `(A,)`; returns the largest refreshed UCB (``-inf`` for none). The drops are computed in torch,
+        the elementwise rest on the host (the same IEEE operations in the same dtype)."""
+        if idx.size == 0:
+            return -math.inf
+        t_idx = self.indices(idx)
+        if self.chunk is None or idx.size <= self.chunk:
+            drop = self.drops(self.Z[t_idx])
+        else:
+            drop = torch.cat([self.drops(self.Z[p]) for p in t_idx.split(int(self.chunk))])
+        rls = self.rls0_h[idx] - host_array(drop)
+        np.maximum(rls, 0.0, out=rls)
+        ucb = self.mean_h[idx] + self.alpha * np.sqrt(rls)
+        rls_out[idx], ucb_out[idx] = rls, ucb
+        return float(ucb.max())
+
+    def drops(self, Zi: torch.Tensor) -> torch.Tensor:
+        """`(M,)` the decrease ``σ̃²_fb - σ̃²_t`` of the arms with features ``Zi`` `(M, r)`."""
+        if self.b <= Zi.shape[1]:
+            proj = Zi @ self.U_buf[:, : self.b]  # (M, b); the buffers are in Z's dtype
+            return (proj * proj) @ self.coef_buf[: self.b]
+        V_t = self.V_t if self.V_t.dtype == Zi.dtype else self.V_t.to(Zi.dtype)
+        return ((Zi @ self.V_0_rows) * Zi).sum(-1) - ((Zi @ V_t) * Zi).sum(-1)
+
+    def indices(self, idx: np.ndarray) -> torch.Tensor:
+        """Host indices `(M,)` as a long tensor on ``Z``'s device (a view on the CPU)."""
+        t = torch.from_numpy(idx)
+        return t if self.on_host else t.to(self.Z.device)
+
     def refresh_rows(self, Zi: torch.Tensor, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """:meth:`refresh` with the features ``Zi = Z[idx]`` `(M, r)` given."""
-        b = self.b
-        if b <= Zi.shape[1]:
-            proj = Zi @ self.U_buf[:, :b]  # (M, b); the buffers are in Z's dtype
-            drop = (proj * proj) @ self.coef_buf[:b]  # (M,)
-        else:
-            drop = ((Zi @ self.V_0.to(Zi.dtype)) * Zi).sum(-1) - ((Zi @ self.V_t.to(Zi.dtype)) * Zi).sum(-1)
-        rls_i = (self.rls0[idx] - drop).clamp_min(0.0)
+        rls_i = (self.rls0[idx] - self.drops(Zi)).clamp_min(0.0)
         return rls_i, self.mean[idx] + self.alpha * rls_i.sqrt()
 
-    def run_length(self, i: int, u: torch.Tensor, s: float, J: int, ucb: torch.Tensor, rls_i: torch.Tensor,
+    def run_length(self, i: int, u: torch.Tensor, s: float, J: int, ucb: np.ndarray, rls_i: float,
                    lazy: bool) -> tuple[int, int]:
         """How many of the next ``J`` picks are ``i`` again.
 
@@ -300,7 +341,7 @@ class _InBatch:
 
         Args:
             u: `(r,)` ``V_t⁻¹ z_i`` (``V_t`` holds the inverse) in the work dtype; ``s``: ``z_iᵀ u``.
-            ucb: `(A,)` the stale UCBs; ``rls_i``: ``σ̃²_t(x_i)`` now.
+            ucb: `(A,)` the stale UCBs (a host array); ``rls_i``: ``σ̃²_t(x_i)`` now.
 
         Returns:
             ``(wins, evaluated)``: the number of consecutive ``j = 1, 2, ...`` (at most ``J``) at which ``i`` is
@@ -312,18 +353,19 @@ class _InBatch:
         g = (js / (1.0 + js * s)).to(dt)  # (J,)
         ucb_i = mean[i] + alpha * (rls_i - g * (s * s)).clamp_min(0.0).sqrt()  # (J,), non-increasing
         if lazy:
-            idx = (ucb >= ucb_i[-1]).nonzero().squeeze(1)
-            idx = idx[idx != i]
+            idx_h = np.flatnonzero(ucb >= ucb.dtype.type(float(ucb_i[-1])))
+            idx_h = idx_h[idx_h != i]
         else:
-            idx = torch.cat([torch.arange(i, device=ucb.device), torch.arange(i + 1, ucb.numel(), device=ucb.device)])
-        if idx.numel() == 0:
+            idx_h = np.concatenate([np.arange(i), np.arange(i + 1, ucb.size)])
+        if idx_h.size == 0:
             return J, 0
-        M, r = int(idx.numel()), Z.shape[1]
+        idx = self.indices(idx_h)
+        M, r = int(idx_h.size), Z.shape[1]
         # keep the step within O(A·r): look fewer picks ahead (idx stays a superset)
         if M * J > Z.shape[0] * max(r, 1):
             J = max(1, Z.shape[0] * max(r, 1) // M)
             g, ucb_i = g[:J], ucb_i[:J]
-        lost = torch.zeros(J, dtype=torch.bool, device=ucb.device)
+        lost = torch.zeros(J, dtype=torch.bool, device=u.device)
         step = M if self.chunk is None else max(1, int(self.chunk))
         for start in range(0, M, step):  # chunks of the arms checked: memory O(chunk·(r + J))
             part = idx[start : start + step]
