@@ -56,7 +56,8 @@ import torch
 
 from torchbkb.bandits.kernel_row_cache import ROW_CACHE_BYTES
 from torchbkb.bandits.sketched import SketchedKernelBandit
-from torchbkb.bandits.batch_selection import BatchSelection, check_batch_limits, select_batch
+from torchbkb.bandits.batch_selection import BatchSelection, select_batch
+from torchbkb.bandits.batch_stop_rule import check_batch_limits
 from torchbkb.bandits.confidence import bbkb_beta, bbkb_practical_beta
 from torchbkb.bandits import device_batch
 from torchbkb.bandits.pick_graph import PickGraphs

@@ -30,7 +30,8 @@ from typing import NamedTuple
 
 import torch
 
-from torchbkb.bandits.batch_selection import UNBOUNDED_PICKS, BatchSelection, check_batch_limits
+from torchbkb.bandits.batch_selection import BatchSelection
+from torchbkb.bandits.batch_stop_rule import UNBOUNDED_PICKS, check_batch_limits
 
 __all__ = ["select_batch_on_device", "run_batch_on_device", "pick_step", "PickState", "use_device_loop", "CHECK_EVERY",
            "DEVICE_PICKS_MAX"]

@@ -57,7 +57,7 @@ from collections.abc import Callable
 import torch
 
 from torchbkb.bandits.gpucb import GPUCB
-from torchbkb.bandits.batch_selection import check_batch_limits, stop_rule_stalls
+from torchbkb.bandits.batch_stop_rule import check_batch_limits, stop_rule_stalls
 from torchbkb.bandits.confidence import bbkb_practical_beta
 from torchbkb.errors import InputDataError
 

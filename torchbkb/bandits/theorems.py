@@ -34,7 +34,7 @@ from __future__ import annotations
 import math
 import warnings
 
-from torchbkb.bandits.batch_selection import check_batch_limits
+from torchbkb.bandits.batch_stop_rule import check_batch_limits
 from torchbkb.bandits.confidence import alpha_from_epsilon
 from torchbkb.errors import InputDataError, TheoryWarning, check_int, check_positive
 

@@ -38,7 +38,7 @@ from botorch.acquisition.objective import PosteriorTransform
 from botorch.models.model import Model
 from torch import Tensor
 
-from torchbkb.bandits.batch_selection import check_batch_limits
+from torchbkb.bandits.batch_stop_rule import check_batch_limits
 from torchbkb.bandits.confidence import bkb_beta, vakili_beta, vakili_beta_finite
 from torchbkb.errors import InputDataError
 from torchbkb.botorch.model import BKBModel

@@ -30,7 +30,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from torchbkb.bandits.batch_selection import check_batch_limits, select_batch
+from torchbkb.bandits.batch_selection import select_batch
+from torchbkb.bandits.batch_stop_rule import check_batch_limits
 from torchbkb.botorch.acquisition import beta_rls
 from torchbkb.botorch.training_data import check_candidates
 from torchbkb.errors import InputDataError
