@@ -178,3 +178,56 @@ def test_matern_block_of_a_set_with_itself_has_the_exact_diagonal(nu, device):
     Kg = k(Xg, Xg)
     Kg.sum().backward()
     assert torch.equal(torch.diagonal(Kg, dim1=-2, dim2=-1).detach(), ref) and torch.isfinite(Xg.grad).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("nu", [None, 0.5, 1.5, 2.5])
+@pytest.mark.parametrize("scaled", [False, True])
+def test_stationary_diag_is_gpytorchs_exactly(dtype, nu, scaled):
+    base = gpytorch.kernels.RBFKernel(ard_num_dims=3) if nu is None else gpytorch.kernels.MaternKernel(nu=nu)
+    k = (gpytorch.kernels.ScaleKernel(base) if scaled else base).to(dtype)
+    if scaled:
+        k.outputscale = 1.7
+    X = 3 * torch.randn(2, 50, 3, dtype=dtype)
+    want = k(X, X, diag=True)
+    got = as_kernel(k).diag(X)
+    assert got.shape == (2, 50) and got.dtype == dtype and torch.equal(got, want.to_dense() if hasattr(want, "to_dense")
+                                                                     else want)
+    got.add_(1.0)  # a tensor of its own, not a view of the outputscale
+    assert torch.equal(as_kernel(k).diag(X[0]), want[0])
+    if scaled:  # differentiable in the outputscale, as GPyTorch's
+        as_kernel(k).diag(X).sum().backward()
+        assert k.raw_outputscale.grad is not None and bool(k.raw_outputscale.grad != 0)
+
+
+def test_frozen_adapter_reads_hyperparameters_once_per_device_and_dtype(monkeypatch):
+    k = gpytorch.kernels.ScaleKernel(gpytorch.kernels.RBFKernel()).double().requires_grad_(False)
+    X = torch.rand(20, 2, dtype=torch.float64)
+    live, frozen = KernelAdapter(k), KernelAdapter(k, frozen=True)
+    before = frozen(X, X)
+    assert torch.equal(before, live(X, X))
+    reads = []
+    cls = type(k.base_kernel)
+    monkeypatch.setattr(cls, "lengthscale", property(lambda self: reads.append(1) or self.raw_lengthscale_constraint
+                                                     .transform(self.raw_lengthscale)))
+    for _ in range(3):
+        frozen(X, X), frozen.diag(X)
+    assert reads == []  # the snapshot
+    live(X, X)
+    assert reads == [1]  # a live adapter reads the kernel at every call
+    out = frozen.float()(X.float(), X.float())  # moved or cast: read again
+    assert out.dtype == torch.float32 and reads == [1, 1]
+    monkeypatch.undo()
+    k.base_kernel.lengthscale = 2.0  # a live adapter follows the kernel
+    assert not torch.allclose(live(X, X), before)
+
+
+def test_frozen_adapter_keeps_no_snapshot_of_a_differentiable_kernel():
+    k = gpytorch.kernels.RBFKernel().double()
+    frozen = KernelAdapter(k, frozen=True)
+    X = torch.rand(10, 2, dtype=torch.float64)
+    frozen(X, X).sum().backward()
+    first = k.raw_lengthscale.grad.clone()
+    k.raw_lengthscale.grad = None
+    frozen(X, X).sum().backward()  # a second graph through the parameter, not through a cached tensor
+    assert torch.equal(k.raw_lengthscale.grad, first)

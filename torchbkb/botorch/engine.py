@@ -38,7 +38,7 @@ from torchbkb.gp.exact_gp_state import ExactGPState
 from torchbkb.botorch.model_data import ModelData
 from torchbkb.botorch.posterior_covariance import LAZY_JOINT, lazy_covariance
 from torchbkb.gp.dtc_posterior import DTCPosterior
-from torchbkb.gp.kernels import as_kernel
+from torchbkb.gp.kernels import KernelAdapter, as_kernel
 from torchbkb.gp.nystrom import NystromEmbedding
 from torchbkb.sampling.rls_dictionary import DEFAULT_INCLUSION
 
@@ -317,6 +317,8 @@ class ModelEngine:
 def kernel_operator(kernel: Callable, X: Tensor) -> LinearOperator:
     """The prior covariance `(*b, q, q)` of ``X`` as a ``LinearOperator``: lazy for a GPyTorch kernel (its diagonal
     is ``k(x, x)``, no `(q, q)` block), dense for other callables."""
+    if isinstance(kernel, KernelAdapter):
+        kernel = kernel.kernel  # the wrapped kernel: a GPyTorch one keeps its lazy operator
     if isinstance(kernel, Kernel):
         return kernel(X)
     return to_linear_operator(as_kernel(kernel)(X, X))

@@ -188,10 +188,14 @@ class KernelAdapter(nn.Module):
             ``diag(X)``), or any callable ``(X1, X2) -> Tensor`` that broadcasts leading batch dims.
         diag: optional callable ``X -> (*b, n)``; if absent the diagonal is computed without forming
             ``n x n`` by evaluating the kernel on `(*b, n, 1, d)` pairs.
+        frozen: the kernel's hyperparameters never change while this adapter is used (a copy no one else holds,
+            such as a model's posterior keeps): a stationary kernel's lengthscale and outputscale are then read once
+            per device and dtype, not at every call (a moved adapter reads them again).
     """
 
-    def __init__(self, kernel: Callable, diag: Callable | None = None):
+    def __init__(self, kernel: Callable, diag: Callable | None = None, *, frozen: bool = False):
         super().__init__()
+        self.frozen, self._hyper_cache = bool(frozen), None
         if isinstance(kernel, KernelAdapter):
             diag = diag or kernel._diag_fn
             kernel = kernel.kernel
@@ -218,11 +222,9 @@ class KernelAdapter(nn.Module):
             `(*b, n1, n2)` tensor ``k(X1, X2)``.
         """
         if self._stationary is not None:  # (Scale)RBF or Matérn kernel: one GEMM + exp instead of GPyTorch's lazy path
-            base, scale = self._stationary
-            ls = base.lengthscale.reshape(-1).to(device=X1.device, dtype=X1.dtype)  # (1,) or (d,)
+            ls, s = self._hyperparameters(X1)
             if ls.numel() in (1, X1.shape[-1]) and X1.shape[-1] == X2.shape[-1]:
-                s = None if scale is None else scale.outputscale.to(X1.dtype)
-                nu = getattr(base, "nu", None)
+                nu = getattr(self._stationary[0], "nu", None)
                 return gaussian_cross(X1, X2, s, ls) if nu is None else matern_cross(X1, X2, nu, s, ls)
         out = self.kernel(X1, X2)
         if hasattr(out, "to_dense"):
@@ -240,6 +242,9 @@ class KernelAdapter(nn.Module):
         """
         if self._diag_fn is not None:
             return self._diag_fn(X)
+        if self._stationary is not None and self._stationary[0].raw_lengthscale.shape[-1] in (1, X.shape[-1]):
+            s = self._hyperparameters(X)[1]  # k(x, x) = s (1 bare): GPyTorch's diagonal is exactly that
+            return (X.new_ones(()) if s is None else s).expand(X.shape[:-1]).clone()
         if self._is_gpytorch:
             out = self.kernel(X, X, diag=True)
             return out.to_dense() if hasattr(out, "to_dense") else out
@@ -256,6 +261,24 @@ class KernelAdapter(nn.Module):
                 f"{tuple(out.shape)}; pass diag=... to as_kernel"
             )
         return out[..., 0, 0]
+
+    def _hyperparameters(self, X: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """A stationary kernel's lengthscale `(1,)` or `(d,)` and outputscale `()` (``None`` bare) on ``X``'s device
+        and dtype; read once per device and dtype when :attr:`frozen` (and no gradient is asked for)."""
+        key = (X.device, X.dtype)
+        cached = self._hyper_cache  # read once: threads share a model's posterior
+        if self.frozen and cached is not None and cached[0] == key:
+            return cached[1]
+        base, scale = self._stationary
+        ls = base.lengthscale.reshape(-1).to(device=X.device, dtype=X.dtype)
+        s = None if scale is None else scale.outputscale.to(device=X.device, dtype=X.dtype)
+        if self.frozen and not (torch.is_grad_enabled() and (ls.requires_grad or (s is not None and s.requires_grad))):
+            self._hyper_cache = (key, (ls, s))
+        return ls, s
+
+    def _apply(self, fn, recurse: bool = True):
+        self._hyper_cache = None  # moved or cast: read the hyperparameters again
+        return super()._apply(fn, recurse)
 
 
 def as_kernel(kernel: Callable, diag: Callable | None = None) -> KernelAdapter:
