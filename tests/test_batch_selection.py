@@ -36,6 +36,18 @@ def test_lazy_and_eager_give_identical_batches(seed, dtype):
     assert lazy.ucb_evaluations < eager.ucb_evaluations
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_candidates_select_as_the_eager_loop(dtype):
+    """The loop's host bookkeeping keeps the candidates' dtype (bfloat16, which NumPy lacks, included)."""
+    _, post, Z, mean, rls = _problem(2)
+    Z, mean, rls = Z.to(dtype), mean.to(dtype), rls.to(dtype)
+    kw = dict(alpha=1.5, batch_bound=4.0, max_batch_size=60)
+    lazy = select_batch(Z, mean.requires_grad_(), rls, post.V_inv, lazy=True, **kw)
+    eager = select_batch(Z, mean, rls, post.V_inv, lazy=False, **kw)
+    assert lazy.indices.tolist() == eager.indices.tolist() and len(lazy.indices) > 1
+    assert lazy.rls_start.dtype == lazy.rls_in_batch.dtype == dtype
+
+
 def test_in_batch_variances_equal_a_refit_with_the_picks_hallucinated():
     arms, post, Z, mean, rls = _problem(1)
     sel = select_batch(Z, mean, rls, post.V_inv, alpha=2.0, batch_bound=5.0)

@@ -124,7 +124,7 @@ def select_batch(
     ucb = host_array(state.mean + alpha * rls0.clamp_min(0.0).sqrt())  # stale upper bounds, exact now
     mean_h, rls0_h = state.mean_h, state.rls0_h
     cur_rls = rls0_h.copy()
-    as_dt = ucb.dtype.type  # a threshold rounded to the scores' dtype, as a tensor comparison rounds it
+    as_dt = rounding_to(dt)  # a threshold rounded to the scores' dtype, as a tensor comparison rounds it
     picks: list[int] = []
     in_batch: list[float] = []
     level = 1.0  # 1 + Σ σ̃²_fb   or   Π (1 + σ̃²_fb)
@@ -192,7 +192,17 @@ def select_batch(
 def host_array(t: torch.Tensor) -> np.ndarray:
     """``t`` as a NumPy array on the host: a view of a CPU tensor (no copy), a copy of a device one."""
     t = t.detach() if t.requires_grad else t
+    if t.dtype == torch.bfloat16:  # NumPy has no bfloat16: its values, exactly, in float32
+        t = t.float()
     return (t if t.device.type == "cpu" else t.cpu()).numpy()
+
+
+def rounding_to(dtype: torch.dtype):
+    """``x -> x`` rounded to ``dtype`` (a Python float in, a host scalar out), as a tensor comparison with a Python
+    scalar rounds it."""
+    if dtype == torch.bfloat16:
+        return lambda x: float(torch.tensor(x, dtype=dtype))
+    return np.dtype(str(dtype).removeprefix("torch.")).type
 
 
 class _InBatch:
@@ -208,7 +218,8 @@ class _InBatch:
         self.coef_buf = torch.empty((r,), dtype=dt, device=Z.device)
         self.b = 0  # hallucinated runs so far (one rank-one term each)
         self.mean_h, self.rls0_h = host_array(mean), host_array(rls0)
-        self.V_0_rows, self.on_host = V_0 if V_0.dtype == dt else V_0.to(dt), Z.device.type == "cpu"
+        self.V_0_rows = V_0 if V_0.dtype == dt else V_0.to(dt)
+        self.on_host = Z.device.type == "cpu" and dt != torch.bfloat16  # the buffers' NumPy views are theirs
         if self.on_host:
             self.U_h, self.coef_h = self.U_buf.numpy(), self.coef_buf.numpy()
 
@@ -238,6 +249,11 @@ class _InBatch:
         if idx.size == 0:
             return -math.inf
         t_idx = self.indices(idx)
+        if self.Z.dtype == torch.bfloat16:  # a dtype NumPy lacks: the elementwise part in torch too
+            rls_m, ucb_m = self.refresh(t_idx)
+            ucb = host_array(ucb_m)
+            rls_out[idx], ucb_out[idx] = host_array(rls_m), ucb
+            return float(ucb.max())
         if self.chunk is None or idx.size <= self.chunk:
             drop = self.drops(self.Z[t_idx])
         else:
