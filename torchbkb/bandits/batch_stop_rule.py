@@ -1,8 +1,9 @@
 """When a BBKB / GP-BUCB batch ends: the stop rule on the picks' batch-start variances, and the batch limits.
 
-A batch ends with the first pick for which ``1 + Σ_{s in batch} σ̃²_fb(x_s) > C̃`` (``"sum"``, BBKB, 001 Algorithm 1)
-or ``Π (1 + σ̃²_fb(x_s)) > C̃`` (``"product"``, GP-BUCB), or at ``max_batch_size``. Repeated picks of one arm move the
-rule in closed form (:func:`level_after`), so a run of picks is counted without looping over it (:func:`picks_to_stop`).
+A batch ends with the first pick for which ``1 + Σ_{s in batch} σ̃²_fb(x_s) > C̃`` (``"sum"``, BBKB,
+001 Algorithm 1) or ``Π (1 + σ̃²_fb(x_s)) > C̃`` (``"product"``, GP-BUCB), or at ``max_batch_size``.
+Repeated picks of one arm move the rule in closed form (:func:`level_after`), so a run of picks is counted
+without looping over it (:func:`picks_to_stop`).
 
 Example:
     >>> picks_to_stop(1.0, 0.4, 2.0, "sum")           # 1 + 0.4 + 0.4 <= 2, the third pick passes 2
