@@ -113,12 +113,14 @@ class ModelEngine:
 
         Args:
             data: the model's :class:`~torchbkb.botorch.model_data.ModelData`.
-            kernel: the kernel (a frozen copy of the model's).
+            kernel: the kernel, a frozen copy of the model's: a module is read through a frozen
+                :class:`~torchbkb.gp.kernels.KernelAdapter` (its hyperparameters once).
             default_noise: the noise of points observed without one, `()` or `(*batch, 1)`.
             offset: `(*batch)` the constant prior mean of the transformed outcomes.
             dictionary: `(m, d)` a given dictionary, or ``None`` to draw one.
             batched: one set of hyperparameters per batch: the exact GP (one dictionary cannot serve them).
         """
+        kernel = KernelAdapter(kernel, frozen=True) if isinstance(kernel, nn.Module) else kernel
         X, y = data.observed()
         known = data.observed_noise() if data.has_noise else None
         if known is None and (data.has_noise or batched):  # per-point, or one noise per batch

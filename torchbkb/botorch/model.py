@@ -50,7 +50,6 @@ from torchbkb.botorch.model_lifecycle import ModelLifecycle
 from torchbkb.botorch.training_data import as_query, check_model_inputs, check_observation_noise, check_observations
 from torchbkb.botorch.training_data import check_query
 from torchbkb.gp.dtc_posterior import DTCPosterior
-from torchbkb.gp.kernels import KernelAdapter
 from torchbkb.errors import InputDataError, check_positive
 from torchbkb.sampling.rls_dictionary import DEFAULT_INCLUSION, check_inclusion
 
@@ -188,7 +187,7 @@ class BKBModel(ModelLifecycle, Model, FantasizeMixin):
     def _build(self, values: Tensor | None) -> None:
         kernel = self.covar_module
         if isinstance(kernel, nn.Module):  # a frozen copy: later changes to the kernel never corrupt this posterior
-            kernel = KernelAdapter(copy.deepcopy(kernel).requires_grad_(False), frozen=True)
+            kernel = copy.deepcopy(kernel).requires_grad_(False)
         engine = ModelEngine.from_data(self._data, kernel, self._default_noise(), self._mean_offset(),
                                        self._given_dictionary, q_bar=self.q_bar, seed=self.seed,
                                        exact_fraction=self.exact_fraction, inclusion=self.inclusion,
