@@ -31,7 +31,7 @@ from torchbkb.gp.exact_posterior import ExactPosterior
 from torchbkb.sampling.rls_dictionary import RLSDictionary
 from torchbkb.bandits import confidence
 from torchbkb.bandits import BKB, GPUCB, Bandit, EpsGreedy, Random
-from torchbkb.bandits import BBKB, GPBUCB
+from torchbkb.bandits import BBKB, GPBUCB, ThompsonBKB
 from torchbkb.experiment.history import History
 from torchbkb.objectives import ArmObjective
 from torchbkb.experiment.loop import run
@@ -66,6 +66,7 @@ __all__ = [
     "GPUCB",
     "BBKB",
     "GPBUCB",
+    "ThompsonBKB",
     "EpsGreedy",
     "Random",
     "run",

@@ -7,6 +7,7 @@ from torchbkb.bandits.bbkb import BBKB
 from torchbkb.bandits.gpbucb import GPBUCB
 from torchbkb.bandits.gpucb import GPUCB
 from torchbkb.bandits.sbpe import SBPE, sbpe_batch_sizes
+from torchbkb.bandits.thompson_bkb import ThompsonBKB
 
 __all__ = ["Bandit", "KernelBandit", "Random", "EpsGreedy", "GPUCB", "BKB", "BBKB", "GPBUCB", "SBPE",
-           "sbpe_batch_sizes"]
+           "sbpe_batch_sizes", "ThompsonBKB"]

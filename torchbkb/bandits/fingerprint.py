@@ -42,7 +42,7 @@ SETTINGS = (
     "lam", "beta_mode", "noise_std", "F", "delta", "q_bar", "inclusion", "epsilon", "batch_bound", "max_batch_size",
     "lazy",
     "budget", "interval", "lambda_max_mode", "discretization_c", "num_batches", "oversample", "refresh",
-    "schedule", "base_size", "stop_rule",
+    "schedule", "base_size", "stop_rule", "sample_scale",
 )  # fmt: skip
 #: the value a setting had before it existed (checkpoints written then lack it)
 SETTING_DEFAULTS = {"inclusion": "per_pull", "stop_rule": "batch_start"}

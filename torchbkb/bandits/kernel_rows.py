@@ -114,7 +114,7 @@ class StreamedKernelRows:
 
     def __rmatmul__(self, a: torch.Tensor) -> torch.Tensor:
         n, c = self.shape[1], self._chunk
-        return torch.cat([a @ self[:, i : i + c] for i in range(0, max(n, 1), c)])
+        return torch.cat([a @ self[:, i : i + c] for i in range(0, max(n, 1), c)], dim=-1)  # (..., A)
 
 
 class _RowsOfArms:
