@@ -32,8 +32,9 @@ def test_a_draw_is_the_formula_in_float64():
     draws = bandit.sample(3)
     bandit.generator.set_state(state)
     post, lam = bandit.row_posterior, bandit.lam
-    xi = torch.randn((post.V_inv.shape[0], 3), dtype=torch.float64, generator=bandit.generator)
-    zeta = torch.randn((3, len(arms)), dtype=torch.float64, generator=bandit.generator)
+    gen = torch.Generator().manual_seed(int(torch.randint(0, 2**62, (1,), generator=bandit.generator)))
+    xi = torch.randn((post.V_inv.shape[0], 3), dtype=torch.float64, generator=gen)
+    zeta = torch.randn((3, len(arms)), dtype=torch.float64, generator=gen)
     S = arms[bandit.rows.order_index]  # the dictionary in W's slot order
     Z = k(arms, S) @ post.W.T  # (A, r) features, formed densely here
     eps = torch.linalg.cholesky(lam * post.V_inv) @ xi

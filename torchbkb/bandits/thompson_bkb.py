@@ -52,7 +52,8 @@ class ThompsonBKB(SketchedKernelBandit):
         q_bar: oversampling ``q̄`` of the dictionary resampling.
         sample_scale: ``ν >= 0``, the multiplier of the weights' posterior standard deviation (``0``: greedy on
             ``μ̃``).
-        seed: generator seed (first arm, dictionary draws, the posterior draws).
+        seed: generator seed (first arm, dictionary draws, and the seed of each posterior draw, which is made
+            on the arms' device).
         chunk_size, row_cache_bytes, inclusion, kernel_cache_bytes: see
             :class:`~torchbkb.bandits.sketched.SketchedKernelBandit`.
 
@@ -95,8 +96,12 @@ class ThompsonBKB(SketchedKernelBandit):
         if not post.fitted:
             return self.arms.new_zeros((n, self.num_arms))
         cov = post.V_inv * self.lam  # (r, r) λ V⁻¹, float64
-        xi = torch.randn((cov.shape[0], n), dtype=cov.dtype, generator=self.generator).to(cov.device)
-        zeta = torch.randn((n, self.num_arms), dtype=self.arms.dtype, generator=self.generator).to(self.arms.device)
+        # the normals come from a generator on the arms' device seeded by the bandit's (checkpointed) one: an
+        # (n, A) draw is never made on the host and copied
+        seed = int(torch.randint(0, 2**62, (1,), generator=self.generator))
+        gen = torch.Generator(device=self.arms.device).manual_seed(seed)
+        xi = torch.randn((cov.shape[0], n), dtype=cov.dtype, device=self.arms.device, generator=gen)
+        zeta = torch.randn((n, self.num_arms), dtype=self.arms.dtype, device=self.arms.device, generator=gen)
         eps = self.sample_scale * (safe_cholesky(cov, name="λ V⁻¹") @ xi)  # (r, n)
         K_SA = self.rows.rows()  # (m, A), cached or streamed, in the slot order of W
         v = (post.W.T.to(eps.dtype) @ eps).T.to(self.arms.dtype)  # (n, m)
