@@ -146,6 +146,17 @@ def check_positive(value: float, name: str) -> float:
     return v
 
 
+def check_nonnegative(value: float, name: str) -> float:
+    """Return ``float(value)`` if it is a finite number >= 0, else raise :class:`InputDataError`."""
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        raise InputDataError(f"{name}: expected a number >= 0, got {value!r}") from None
+    if not 0.0 <= v < float("inf"):
+        raise InputDataError(f"{name}: expected a finite number >= 0, got {value!r}")
+    return v
+
+
 def check_int(value: object, name: str, minimum: int = 1) -> int:
     """Return ``value`` if it is an ``int`` (not a ``bool``) ``>= minimum``, else raise :class:`InputDataError`."""
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:

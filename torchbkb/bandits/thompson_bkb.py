@@ -35,7 +35,7 @@ import torch
 
 from torchbkb.bandits.kernel_row_cache import ROW_CACHE_BYTES
 from torchbkb.bandits.sketched import SketchedKernelBandit
-from torchbkb.errors import InputDataError, check_int
+from torchbkb.errors import check_int, check_nonnegative
 from torchbkb.gp.linalg import safe_cholesky
 from torchbkb.sampling.rls_dictionary import DEFAULT_INCLUSION
 
@@ -76,12 +76,7 @@ class ThompsonBKB(SketchedKernelBandit):
         inclusion: str = DEFAULT_INCLUSION,
         kernel_cache_bytes: int | None = None,
     ):
-        try:
-            nu = float(sample_scale)
-        except (TypeError, ValueError):
-            raise InputDataError(f"sample_scale: expected a finite number >= 0, got {sample_scale!r}") from None
-        if not 0.0 <= nu < float("inf"):
-            raise InputDataError(f"sample_scale: expected a finite number >= 0, got {sample_scale!r}")
+        nu = check_nonnegative(sample_scale, "sample_scale")
         super().__init__(arms, kernel, noise=noise, q_bar=q_bar, beta=0.0, seed=seed, chunk_size=chunk_size,
                          row_cache_bytes=row_cache_bytes, prune=False, inclusion=inclusion,
                          kernel_cache_bytes=kernel_cache_bytes)

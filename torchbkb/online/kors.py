@@ -38,7 +38,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from torchbkb.errors import InputDataError, check_generator, check_matrix, check_positive
+from torchbkb.errors import InputDataError, check_generator, check_matrix, check_nonnegative, check_positive
 from torchbkb.gp.kernels import KernelAdapter, as_kernel
 
 __all__ = ["KORSDictionary"]
@@ -89,13 +89,7 @@ class KORSDictionary(nn.Module):
         self.kernel: KernelAdapter = as_kernel(kernel)
         self.register_buffer("mu", torch.tensor(check_positive(mu, "mu"), dtype=torch.float64))
         self.register_buffer("beta", torch.tensor(check_positive(beta, "beta"), dtype=torch.float64))
-        try:
-            eps = float(epsilon)
-        except (TypeError, ValueError):
-            raise InputDataError(f"epsilon: expected a number >= 0, got {epsilon!r}") from None
-        if not (0.0 <= eps < float("inf")):
-            raise InputDataError(f"epsilon: expected a finite number >= 0, got {epsilon!r}")
-        self.register_buffer("epsilon", torch.tensor(eps, dtype=torch.float64))
+        self.register_buffer("epsilon", torch.tensor(check_nonnegative(epsilon, "epsilon"), dtype=torch.float64))
         generator = check_generator(generator, seed)
         self.generator = generator
         self.register_buffer("points", None)

@@ -41,7 +41,7 @@ import numbers
 import torch
 from torch import nn
 
-from torchbkb.errors import InputDataError, check_matrix, check_positive
+from torchbkb.errors import InputDataError, check_matrix, check_nonnegative, check_positive
 
 __all__ = ["TaylorEmbedding", "taylor_degree", "taylor_num_features", "taylor_kernel_error_bound"]
 
@@ -72,12 +72,7 @@ def taylor_degree(n: int, lam: float, radius: float, lengthscale: float = 1.0) -
     n = _check_int(n, "n", 1)
     lam = check_positive(lam, "lam")
     sigma = check_positive(lengthscale, "lengthscale")
-    try:
-        R = float(radius)
-    except (TypeError, ValueError):
-        raise InputDataError(f"radius: expected a number >= 0, got {radius!r}") from None
-    if not (0.0 <= R < math.inf):
-        raise InputDataError(f"radius: expected a finite number >= 0, got {radius!r}")
+    R = check_nonnegative(radius, "radius")
     value = max(8.0 * R * R / sigma**2, 2.0 * math.log(n / min(lam, 1.0)))
     return max(int(math.ceil(value - 1e-12)), 0)
 
