@@ -5,6 +5,19 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 
+def gp_sample_problem(A=150, d=2, seed=0, ls=0.25):
+    """``(arms, GaussianKernel(ls), f)``: `(A, d)` uniform float64 arms and a standardized draw ``f`` of the GP
+    with that kernel on them."""
+    from torchbkb.gp.kernels import GaussianKernel
+
+    g = torch.Generator().manual_seed(seed)
+    arms = torch.rand(A, d, generator=g, dtype=torch.float64)
+    k = GaussianKernel(ls)
+    L = torch.linalg.cholesky(k(arms, arms) + 1e-9 * torch.eye(A, dtype=torch.float64))
+    f = L @ torch.randn(A, generator=g, dtype=torch.float64)
+    return arms, k, (f - f.mean()) / f.std()
+
+
 def rbf(A, B, ls):
     """exp(-‖a - b‖² / (2 ls²)) computed directly."""
     d2 = ((A.unsqueeze(-2) - B.unsqueeze(-3)) ** 2).sum(-1)

@@ -3,21 +3,12 @@ import math
 import pytest
 import torch
 
-from helpers import close
+from helpers import close, gp_sample_problem as _problem
 from torchbkb import BKB, GPUCB, ArmObjective, ExactPosterior, run
 from torchbkb.bandits import kernel_row_cache as row_cache_module
 from torchbkb.bandits.confidence import bkb_beta
 from torchbkb.errors import InputDataError
 from torchbkb.gp.kernels import GaussianKernel
-
-
-def _problem(A=150, d=2, seed=0, ls=0.25):
-    g = torch.Generator().manual_seed(seed)
-    arms = torch.rand(A, d, generator=g, dtype=torch.float64)
-    k = GaussianKernel(ls)
-    L = torch.linalg.cholesky(k(arms, arms) + 1e-9 * torch.eye(A, dtype=torch.float64))
-    f = L @ torch.randn(A, generator=g, dtype=torch.float64)
-    return arms, k, (f - f.mean()) / f.std()
 
 
 def test_huge_q_bar_makes_bkb_exactly_gpucb():

@@ -5,18 +5,9 @@ import math
 import pytest
 import torch
 
+from helpers import gp_sample_problem as _problem
 from torchbkb import ArmObjective, ThompsonBKB, run
 from torchbkb.errors import InputDataError
-from torchbkb.gp.kernels import GaussianKernel
-
-
-def _problem(A=150, d=2, seed=0, ls=0.25):
-    g = torch.Generator().manual_seed(seed)
-    arms = torch.rand(A, d, generator=g, dtype=torch.float64)
-    k = GaussianKernel(ls)
-    L = torch.linalg.cholesky(k(arms, arms) + 1e-9 * torch.eye(A, dtype=torch.float64))
-    f = L @ torch.randn(A, generator=g, dtype=torch.float64)
-    return arms, k, (f - f.mean()) / f.std()
 
 
 def _fitted(steps=40, seed=0, **kw):
