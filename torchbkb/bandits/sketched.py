@@ -92,7 +92,8 @@ class SketchedKernelBandit(SettlingReadouts, FixedCapacityUpdates, SketchedCheck
             one host read per update; default on every device but the CPU, where the eager update prunes).
         engine: that engine (``engine.compiled = True`` compiles its update with ``fullgraph=True``).
         row_posterior: the DTC state both updates write, a :class:`~torchbkb.gp.kernel_row_posterior.KernelRowPosterior`
-            (``W``, ``V⁻¹``, the scoring operator, the arms' scores).
+            (``W``, ``V⁻¹``, the scoring operator, the arms' scores); :attr:`posterior` is this state as a
+            :class:`~torchbkb.DTCPosterior`.
     """
 
     def __init__(
@@ -199,18 +200,21 @@ class SketchedKernelBandit(SettlingReadouts, FixedCapacityUpdates, SketchedCheck
 
     @property
     def posterior(self) -> DTCPosterior | None:
-        """The current DTC posterior as a :class:`~torchbkb.DTCPosterior` on the dictionary and all pulls
-        (``None`` while the dictionary is empty); built (one embedding and one fit) on first access after each
-        update."""
+        """The current DTC posterior as a :class:`~torchbkb.DTCPosterior` on the dictionary and all pulls (``None``
+        while the dictionary is empty): the bandit's own state (:attr:`row_posterior`, the same ``W`` and ``V⁻¹``
+        tensors), formed on first access after each update with no factorization and no refit."""
         if self._owed_update:
             self._settle()
         if self._posterior is None and self.row_posterior.fitted:
-            pulled = (self.counts > 0).nonzero().squeeze(1)
-            emb = NystromEmbedding(self.kernel, self.arms[self.rows.order_index], chunk_size=self.chunk_size)
-            n = self.counts[pulled].to(self.arms.dtype)
-            y_mean = (self.reward_sums[pulled] / self.counts[pulled]).to(self.arms.dtype)
-            self._posterior = DTCPosterior(emb, noise=self.lam, chunk_size=self.chunk_size).fit(self.arms[pulled],
-                                                                                                y_mean, n)
+            pulled = self._pulled_arms([])
+            n = self.counts[pulled]
+            sums = self.reward_sums[pulled]
+            state = self.row_posterior.dtc_state(self.rows.rows(), pulled, n.to(torch.float64), sums)
+            emb = NystromEmbedding(self.kernel, self.arms[self.rows.order_index], chunk_size=self.chunk_size,
+                                   projection=self.row_posterior.W)
+            y_mean = (sums / n).to(self.arms.dtype)
+            post = DTCPosterior(emb, noise=self.lam, chunk_size=self.chunk_size)
+            self._posterior = post.set_state(self.arms[pulled], y_mean, n.to(self.arms.dtype), state)
         return self._posterior
 
     def scores(self) -> tuple[torch.Tensor, torch.Tensor]:

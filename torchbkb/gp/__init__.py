@@ -13,9 +13,10 @@ Example:
 from torchbkb.gp.dtc_posterior import DTCPosterior
 from torchbkb.gp.exact_gp_state import ExactGPState
 from torchbkb.gp.exact_posterior import ExactPosterior
+from torchbkb.gp.functional import DTCState
 from torchbkb.gp.kernel_row_posterior import KernelRowPosterior
 from torchbkb.gp.kernels import GaussianKernel, KernelAdapter, as_kernel
 from torchbkb.gp.nystrom import NystromEmbedding
 
 __all__ = ["GaussianKernel", "KernelAdapter", "as_kernel", "NystromEmbedding", "DTCPosterior", "ExactPosterior",
-           "ExactGPState", "KernelRowPosterior"]
+           "ExactGPState", "KernelRowPosterior", "DTCState"]

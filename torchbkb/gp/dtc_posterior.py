@@ -32,15 +32,14 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from torchbkb.gp.functional import (
-    RankOneDowndate, add_diagonal, chunked, downdate, fit_features, score_features, score_kernel_rows, sherman_morrison
-)
+from torchbkb.gp.functional import DTCState, add_diagonal, chunked, fit_features, score_features, score_kernel_rows
+from torchbkb.gp.rank_one import RankOneDowndate, downdate, sherman_morrison
 from torchbkb.errors import InputDataError, TorchBKBError, check_positive
 from torchbkb.gp.nystrom import NystromEmbedding
-from torchbkb.gp.observations import check_features, check_weighted_data
+from torchbkb.gp.observations import check_dtc_state, check_features, check_weighted_data
 from torchbkb.gp.dtc_scoring import DTCScoring
-from torchbkb.gp.stable_scoring import AccuracyMonitor, whiten_rows
-from torchbkb.gp.linalg import check_units, compute_dtype, keep_dtype_on_apply, safe_cholesky, spd_inverse
+from torchbkb.gp.stable_scoring import AccuracyMonitor
+from torchbkb.gp.linalg import check_units, compute_dtype, keep_dtype_on_apply, spd_inverse
 
 __all__ = ["DTCPosterior", "RankOneDowndate"]
 
@@ -144,6 +143,36 @@ class DTCPosterior(DTCScoring, nn.Module):
         self._set_state(state, X, y, counts, X.new_empty((*X.shape[:-2], 0, X.shape[-1])),
                         X.new_empty((*X.shape[:-2], 0)))
         return self
+
+    def set_state(self, X: torch.Tensor, y: torch.Tensor, counts: torch.Tensor | None, state: DTCState) -> DTCPosterior:
+        """Condition on observed data whose fit the caller holds already: no factorization (a bandit's posterior is its
+        state, :meth:`~torchbkb.gp.kernel_row_posterior.KernelRowPosterior.dtc_state`). Replaces any previous data and
+        pending points; on error nothing changes.
+
+        Args:
+            X, y, counts: as :meth:`fit`.
+            state: this embedding's :class:`~torchbkb.gp.functional.DTCState` of ``(X, y, counts)`` in the compute
+                dtype (that of :attr:`state`). Its shapes, dtypes, device and finiteness are checked, not that it fits
+                the data.
+
+        Returns:
+            ``self``.
+        """
+        X, y, counts = check_weighted_data(self.embedding, X, y, counts, "X", "y")
+        emb = self.embedding
+        check_dtc_state(state, X.shape[:-2], emb.rank, emb.num_inducing, self.ZtZ.dtype, emb.inducing_points.device)
+        parts = {"ZtZ": state.ZtZ, "Zty": state.Zty, "V_inv": state.V_inv, "weights": state.weights}
+        b = X.shape[:-2]
+        self._set_state(parts, X, y, counts, X.new_empty((*b, 0, X.shape[-1])), X.new_empty((*b, 0)))
+        self._op = (state.M, state.a)
+        return self
+
+    @property
+    def state(self) -> DTCState:
+        """The fitted state, :class:`~torchbkb.gp.functional.DTCState` (its operator derived on first use)."""
+        self._check_fresh()
+        M, a = self._scoring_operator(self.V_inv.dtype)
+        return DTCState(M, a, self.V_inv, self.weights, self.ZtZ, self.Zty)
 
     def refit(self) -> DTCPosterior:
         """Re-embed the stored data (observed and pending) with the embedding's current dictionary."""
@@ -287,38 +316,6 @@ class DTCPosterior(DTCScoring, nn.Module):
         self._check_fresh()
         M, a = self._scoring_operator(K.dtype)
         return score_kernel_rows(K, kdiag, M, a, self.lam, self.chunk_size)
-
-    def joint(self, Xq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Joint DTC posterior, GP scale, at a small set `(*b, q, d)` ``Xq``: ``(mean, cov)`` of shapes `(*b, q)` and
-        `(*b, q, q)`, ``cov = K_qq - Z Zᵀ + λ Z V⁻¹ Zᵀ``."""
-        self._check_fresh()
-        self.embedding.check_input(Xq, "Xq")
-        K = self.embedding.kernel(Xq, self.embedding.inducing_points)  # (*b, q, m)
-        Kqq = self.embedding.kernel(Xq, Xq)  # (*b, q, q)
-        stable = self._stable_form()
-        if stable is not None:  # the feature form: Kqq - Z Zᵀ + λ (L⁻¹Zᵀ)ᵀ (L⁻¹Zᵀ)
-            L, w = stable
-            Z = K.to(L.dtype) @ self.embedding.projection.transpose(-1, -2)  # (*b, q, r)
-            mean = (Z @ w).squeeze(-1)
-            U = whiten_rows(L, Z)  # (*b, q, r)
-            cov = (Kqq.to(L.dtype) - Z @ Z.transpose(-1, -2) + self.lam * (U @ U.transpose(-1, -2))).to(Xq.dtype)
-            return mean.to(Xq.dtype), 0.5 * (cov + cov.transpose(-1, -2))
-        M, a = self._scoring_operator(Xq.dtype)
-        mean = (K @ a.unsqueeze(-1)).squeeze(-1)
-        # Z Zᵀ - λ Z V⁻¹ Zᵀ = λ K M Kᵀ
-        cov = Kqq - self.lam * (K @ M @ K.transpose(-1, -2))
-        return mean, 0.5 * (cov + cov.transpose(-1, -2))
-
-    def joint_factors(self, Xq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Mean `(*b, q)` and features ``Z``, ``U = Z L⁻ᵀ`` `(*b, q, r)` (``L Lᵀ = V``) with the joint GP-scale
-        covariance ``K_qq - Z Zᵀ + λ U Uᵀ``: what a lazy covariance needs, never a `(q, q)` block."""
-        self._check_fresh()
-        self.embedding.check_input(Xq, "Xq")
-        L = safe_cholesky(add_diagonal(self.ZtZ, self.lam), name="V")  # (*b, r, r)
-        w = torch.cholesky_solve(self.Zty.unsqueeze(-1), L)  # (*b, r, 1)
-        K = self.embedding.kernel(Xq, self.embedding.inducing_points)  # (*b, q, m)
-        Z = K.to(L.dtype) @ self.embedding.projection.transpose(-1, -2)  # (*b, q, r)
-        return (Z @ w).squeeze(-1).to(Xq.dtype), Z.to(Xq.dtype), whiten_rows(L, Z).to(Xq.dtype)
 
     def effective_dimension(self) -> torch.Tensor:
         """``Σ_i c_i σ̃²(x_i)`` over the observed rows (RLS scale) -- the estimate of ``d_eff`` of 000 Eq. 5."""

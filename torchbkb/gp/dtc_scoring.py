@@ -1,6 +1,7 @@
-"""How a fitted DTC posterior scores raw points: one `(c × m)·(m × m)` product against the scoring operator
-``M = Wᵀ (I/λ - V⁻¹) W``, or the feature form when that product cancels for this posterior
-(:mod:`torchbkb.gp.stable_scoring`); the operator and the choice are derived once after each change of the state.
+"""How a fitted DTC posterior scores raw points, one at a time or jointly: one `(c × m)·(m × m)` product against the
+scoring operator ``M = Wᵀ (I/λ - V⁻¹) W`` (:func:`~torchbkb.gp.functional.scoring_operator`, the bandits'
+derivation), or the feature form when that product cancels for this posterior (:mod:`torchbkb.gp.stable_scoring`);
+the operator and the choice are derived once after each change of the state.
 
 :class:`DTCScoring` holds these methods for :class:`~torchbkb.gp.dtc_posterior.DTCPosterior`, which owns every
 attribute they read (the embedding, ``V⁻¹``, the weights, ``ZᵀCZ``, ``ZᵀCy``, the data) and drops the cached
@@ -24,13 +25,45 @@ import torch
 
 from torchbkb.gp.functional import add_diagonal, scoring_operator
 from torchbkb.gp.linalg import safe_cholesky
-from torchbkb.gp.stable_scoring import feature_rls, stable_factor
+from torchbkb.gp.stable_scoring import feature_rls, stable_factor, whiten_rows
 
 __all__ = ["DTCScoring"]
 
 
 class DTCScoring:
     """Scoring of raw points for :class:`~torchbkb.gp.dtc_posterior.DTCPosterior` (see the module docstring)."""
+
+    def joint(self, Xq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Joint DTC posterior, GP scale, at a small set `(*b, q, d)` ``Xq``: ``(mean, cov)`` of shapes `(*b, q)` and
+        `(*b, q, q)`, ``cov = K_qq - Z Zᵀ + λ Z V⁻¹ Zᵀ``."""
+        self._check_fresh()
+        self.embedding.check_input(Xq, "Xq")
+        K = self.embedding.kernel(Xq, self.embedding.inducing_points)  # (*b, q, m)
+        Kqq = self.embedding.kernel(Xq, Xq)  # (*b, q, q)
+        stable = self._stable_form()
+        if stable is not None:  # the feature form: Kqq - Z Zᵀ + λ (L⁻¹Zᵀ)ᵀ (L⁻¹Zᵀ)
+            L, w = stable
+            Z = K.to(L.dtype) @ self.embedding.projection.transpose(-1, -2)  # (*b, q, r)
+            mean = (Z @ w).squeeze(-1)
+            U = whiten_rows(L, Z)  # (*b, q, r)
+            cov = (Kqq.to(L.dtype) - Z @ Z.transpose(-1, -2) + self.lam * (U @ U.transpose(-1, -2))).to(Xq.dtype)
+            return mean.to(Xq.dtype), 0.5 * (cov + cov.transpose(-1, -2))
+        M, a = self._scoring_operator(Xq.dtype)
+        mean = (K @ a.unsqueeze(-1)).squeeze(-1)
+        # Z Zᵀ - λ Z V⁻¹ Zᵀ = λ K M Kᵀ
+        cov = Kqq - self.lam * (K @ M @ K.transpose(-1, -2))
+        return mean, 0.5 * (cov + cov.transpose(-1, -2))
+
+    def joint_factors(self, Xq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Mean `(*b, q)` and features ``Z``, ``U = Z L⁻ᵀ`` `(*b, q, r)` (``L Lᵀ = V``) with the joint GP-scale
+        covariance ``K_qq - Z Zᵀ + λ U Uᵀ``: what a lazy covariance needs, never a `(q, q)` block."""
+        self._check_fresh()
+        self.embedding.check_input(Xq, "Xq")
+        L = safe_cholesky(add_diagonal(self.ZtZ, self.lam), name="V")  # (*b, r, r)
+        w = torch.cholesky_solve(self.Zty.unsqueeze(-1), L)  # (*b, r, 1)
+        K = self.embedding.kernel(Xq, self.embedding.inducing_points)  # (*b, q, m)
+        Z = K.to(L.dtype) @ self.embedding.projection.transpose(-1, -2)  # (*b, q, r)
+        return (Z @ w).squeeze(-1).to(Xq.dtype), Z.to(Xq.dtype), whiten_rows(L, Z).to(Xq.dtype)
 
     def _score_points(self, Xq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Score raw points with one `(c × m)·(m × m)` product (:meth:`score_cross`), or in the feature form
@@ -75,7 +108,7 @@ class DTCScoring:
 
         ``(k(x,x) - ‖z‖²)/λ + zᵀV⁻¹z = k(x,x)/λ - k_S(x)ᵀ M k_S(x)`` for ``z = W k_S(x)``, so raw points
         are scored without forming ``z``. Derived from the state on first use after each change (every state
-        change goes through :meth:`_set_state`, :meth:`update_features` or ``_apply``, which drop it).
+        change goes through ``_set_state``, :meth:`update_features` or ``_apply``, which drop it).
         """
         op = self._op  # read once (threads share a built posterior)
         if op is None:

@@ -32,6 +32,7 @@ from typing import NamedTuple
 import torch
 
 from torchbkb.gp.linalg import compute_dtype, spd_inverse
+from torchbkb.gp.rank_one import RankOneDowndate, downdate, sherman_morrison
 
 __all__ = [
     "RankOneDowndate",
@@ -42,6 +43,10 @@ __all__ = [
     "fit_features",
     "fit_kernel_row_operator",
     "fit_kernel_row_operator_ex",
+    "fit_kernel_rows",
+    "KernelRowFit",
+    "DTCState",
+    "kernel_row_operator",
     "ridge_solve",
     "rls_kernel_columns",
     "score_features",
@@ -52,61 +57,11 @@ __all__ = [
 ]
 
 
-class RankOneDowndate(NamedTuple):
-    """What a rank-one update ``V ← V + c·z zᵀ`` does to every quadratic form ``aᵀ V⁻¹ a``.
-
-    ``aᵀ V_new⁻¹ a = aᵀ V_old⁻¹ a - coef · (aᵀ direction)²``, so cached RLS variances of embedded arms
-    ``Z_A`` are downdated in ``O(A·r)`` by ``rls -= coef * (Z_A @ direction) ** 2``.
-
-    Attributes:
-        direction: `(*b, r)` ``u = V_old⁻¹ z`` (compute dtype).
-        coef: `(*b,)` ``c / (1 + c · zᵀ u)``.
-    """
-
-    direction: torch.Tensor
-    coef: torch.Tensor
-
-
 def add_diagonal(A: torch.Tensor, value: float) -> torch.Tensor:
     """``A + value·I`` for `(*b, n, n)` ``A`` (a new tensor)."""
     out = A.clone()
     out.diagonal(dim1=-2, dim2=-1).add_(value)
     return out
-
-
-def downdate(V_inv: torch.Tensor, z: torch.Tensor, c: torch.Tensor) -> RankOneDowndate:
-    """The :class:`RankOneDowndate` of adding ``c·z zᵀ`` to ``V`` (``V_inv`` `(*b, r, r)`, ``z`` `(*b, r)`, ``c``
-    `(*b,)`)."""
-    u = (V_inv @ z.unsqueeze(-1)).squeeze(-1)  # (*b, r)
-    return RankOneDowndate(u, c / (1.0 + c * (z * u).sum(-1)))
-
-
-def sherman_morrison(V_inv: torch.Tensor, Z: torch.Tensor, c: torch.Tensor) -> tuple[torch.Tensor, RankOneDowndate]:
-    """``(V + Σ_j c_j z_j z_jᵀ)⁻¹`` by one Sherman-Morrison step per row, `O(k r²)`, and the last step's
-    downdate.
-
-    Args:
-        V_inv: `(*b, r, r)`.
-        Z: `(*b, k, r)` rows ``z_j`` (``k >= 1``), in ``V_inv``'s dtype.
-        c: `(*b, k)` positive weights.
-
-    Returns:
-        ``(V_inv_new, last)``: the updated inverse and the :class:`RankOneDowndate` of the last row.
-
-    Example:
-        >>> import torch
-        >>> V = torch.eye(2, dtype=torch.float64) * 2; Z = torch.tensor([[1.0, 0.5]], dtype=torch.float64)
-        >>> new, _ = sherman_morrison(V.inverse(), Z, torch.ones(1, dtype=torch.float64))
-        >>> bool(torch.allclose(new, (V + Z.T @ Z).inverse()))
-        True
-    """
-    result = None
-    for j in range(Z.shape[-2]):
-        z = Z[..., j, :]
-        result = downdate(V_inv, z, c[..., j])
-        u, coef = result
-        V_inv = V_inv - coef[..., None, None] * (u.unsqueeze(-1) * u.unsqueeze(-2))
-    return V_inv, result
 
 
 def score_features(Z: torch.Tensor, kdiag: torch.Tensor, V_inv: torch.Tensor, weights: torch.Tensor,
@@ -200,23 +155,84 @@ def scoring_operator(W: torch.Tensor, V_inv: torch.Tensor, weights: torch.Tensor
     """``M = Wᵀ (I/λ - V⁻¹) W`` and ``a = Wᵀ w``: the DTC posterior as operators on kernel rows ``k_S(x)``.
 
     ``(k(x,x) - ‖z‖²)/λ + zᵀV⁻¹z = k(x,x)/λ - k_S(x)ᵀ M k_S(x)`` and ``μ̃(x) = k_S(x)ᵀ a`` for
-    ``z = W k_S(x)``.
+    ``z = W k_S(x)``. The one derivation every posterior uses (:func:`kernel_row_operator` writes the same products
+    into one block). The difference ``I/λ - V⁻¹`` is taken in the `(r, r)` feature space, where both terms are
+    ``O(1/λ)``, before ``W`` (whose entries grow like ``1/√(smallest eigenvalue of K_S)``) is applied: subtracting
+    ``Wᵀ W/λ - Wᵀ V⁻¹ W`` after it loses the small variances of well-sampled points to rounding.
 
     Args:
         W: `(r, m)` whitening of ``K_S`` (``Wᵀ W = K_S⁺``).
         V_inv: `(*b, r, r)`.
-        weights: `(*b, r)`.
+        weights: `(*b', r)` (``b'`` may differ from ``b``: fantasies share ``V``).
         lam: ``λ``.
 
     Returns:
-        ``(M, a)``: `(*b, m, m)` symmetric and `(*b, m)`, in ``V_inv``'s dtype.
+        ``(M, a)``: `(*b, m, m)` (symmetric up to rounding) and `(*b', m)`, in ``V_inv``'s dtype.
     """
     W = W.to(V_inv.dtype)
-    r = W.shape[0]
-    inner = torch.eye(r, dtype=W.dtype, device=W.device) / lam - V_inv  # (*b, r, r), PSD
-    M = W.transpose(-1, -2) @ inner @ W
-    a = (weights.unsqueeze(-2) @ W).squeeze(-2)
-    return 0.5 * (M + M.transpose(-1, -2)), a
+    return W.mT @ (_feature_difference(V_inv, lam) @ W), (weights.unsqueeze(-2) @ W).squeeze(-2)
+
+
+def kernel_row_operator(W: torch.Tensor, V_inv: torch.Tensor, weights: torch.Tensor, lam: float) -> torch.Tensor:
+    """`(m + 1, m)` ``[M; aᵀ]``: :func:`scoring_operator`'s products for ``W`` `(r, m)`, ``V_inv`` `(r, r)` and
+    ``weights`` `(r,)` (no batch, no autograd), written into one block -- what :func:`score_kernel_columns` reads."""
+    m = W.shape[1]
+    Ma = W.new_empty((m + 1, m))
+    torch.matmul(weights.unsqueeze(0), W, out=Ma[m:])  # aᵀ = (V⁻¹ Zᵀ N y)ᵀ W
+    torch.matmul(W.T, _feature_difference(V_inv, lam) @ W, out=Ma[:m])
+    return Ma
+
+
+def _feature_difference(V_inv: torch.Tensor, lam: float) -> torch.Tensor:
+    """``I/λ - V⁻¹`` `(*b, r, r)`, PSD."""
+    inner = V_inv.neg()
+    inner.diagonal(dim1=-2, dim2=-1).add_(1.0 / lam)
+    return inner
+
+
+class DTCState(NamedTuple):
+    """The state of a fitted DTC posterior, ``V = ZtZ + λ I``, as :class:`~torchbkb.DTCPosterior` and
+    :class:`~torchbkb.gp.kernel_row_posterior.KernelRowPosterior` hold it (:meth:`KernelRowFit.state`).
+
+    Attributes:
+        M: `(*b, m, m)` and a: `(*b, m)`, the operator on kernel rows (:func:`scoring_operator`).
+        V_inv: `(*b, r, r)` ``V⁻¹``.
+        weights: `(*b, r)` ``w = V⁻¹ Zᵀ N y``.
+        ZtZ: `(*b, r, r)` ``Zᵀ N Z``.
+        Zty: `(*b, r)` ``Zᵀ N y``.
+    """
+
+    M: torch.Tensor
+    a: torch.Tensor
+    V_inv: torch.Tensor
+    weights: torch.Tensor
+    ZtZ: torch.Tensor
+    Zty: torch.Tensor
+
+
+class KernelRowFit(NamedTuple):
+    """A DTC posterior fitted for scoring by kernel rows (:func:`fit_kernel_rows`): the `(m + 1, m)` block
+    ``operator`` ``[M; aᵀ]`` (:func:`kernel_row_operator`), ``V_inv`` `(r, r)`, ``weights`` `(r,)`, ``ZtZ`` `(r, r)`
+    and ``Zty`` `(r,)`."""
+
+    operator: torch.Tensor
+    V_inv: torch.Tensor
+    weights: torch.Tensor
+    ZtZ: torch.Tensor
+    Zty: torch.Tensor
+
+    def state(self) -> DTCState:
+        """The :class:`DTCState` (its ``M`` and ``a`` views of :attr:`operator`)."""
+        return DTCState(self.operator[:-1], self.operator[-1], self.V_inv, self.weights, self.ZtZ, self.Zty)
+
+
+def fit_kernel_rows(W: torch.Tensor, Zt: torch.Tensor, counts: torch.Tensor, reward_sums: torch.Tensor,
+                    lam: float) -> KernelRowFit:
+    """:func:`fit_kernel_row_operator` with every part of the state, a :class:`KernelRowFit` in ``Zt``'s dtype
+    (arguments as there)."""
+    ZtZ, Zty = (Zt * counts.to(Zt.dtype)) @ Zt.T, Zt @ reward_sums.to(Zt.dtype)
+    V_inv, weights = ridge_solve(ZtZ, Zty, lam)
+    return KernelRowFit(kernel_row_operator(W, V_inv, weights, lam), V_inv, weights, ZtZ, Zty)
 
 
 def fit_kernel_row_operator(
@@ -226,11 +242,8 @@ def fit_kernel_row_operator(
 
     With ``V = Zᵀ N Z + λ I``: ``M = Wᵀ (I/λ - V⁻¹) W`` and ``a = Wᵀ V⁻¹ Zᵀ (N y)`` -- the same
     quantities as :func:`ridge_solve` followed by :func:`scoring_operator`, stacked as ``[M; aᵀ]`` for
-    :func:`score_kernel_columns` (or ``M`` for :func:`rls_kernel_columns` and ``a`` in one product) and computed with as
-    few `(r, r)` passes as possible (this is a bandit's per-step refit). The difference ``I/λ - V⁻¹`` is taken in
-    the `(r, r)` feature space, where both terms are ``O(1/λ)``, before ``W`` (whose entries grow like
-    ``1/√(smallest eigenvalue of K_S)``) is applied: subtracting ``Wᵀ W/λ - Wᵀ V⁻¹ W`` after it loses the
-    small variances of well-sampled points to rounding.
+    :func:`score_kernel_columns` (or ``M`` for :func:`rls_kernel_columns` and ``a`` in one product); this is a
+    bandit's per-step refit.
 
     Args:
         W: `(r, m)` whitening of ``K_S`` (``Wᵀ W = K_S⁺``), compute dtype.
@@ -253,8 +266,8 @@ def fit_kernel_row_operator(
         >>> bool(torch.allclose(Ma[:-1], M) and torch.allclose(Ma[-1], a))
         True
     """
-    V_inv, weights = ridge_solve((Zt * counts.to(Zt.dtype)) @ Zt.T, Zt @ reward_sums.to(Zt.dtype), lam)
-    return _stack_operator(W, V_inv, weights, lam), V_inv
+    fit = fit_kernel_rows(W, Zt, counts, reward_sums, lam)
+    return fit.operator, fit.V_inv
 
 
 def fit_kernel_row_operator_ex(
@@ -268,18 +281,8 @@ def fit_kernel_row_operator_ex(
     L, info = torch.linalg.cholesky_ex(V)
     V_inv = torch.cholesky_inverse(L)
     weights = (V_inv @ (Zt @ reward_sums.to(Zt.dtype)).to(V_inv.dtype).unsqueeze(-1)).squeeze(-1)
-    return _stack_operator(W, V_inv, weights, lam), V_inv, info
+    return kernel_row_operator(W, V_inv, weights, lam), V_inv, info
 
-
-def _stack_operator(W: torch.Tensor, V_inv: torch.Tensor, weights: torch.Tensor, lam: float) -> torch.Tensor:
-    """`(m + 1, m)` ``[Wᵀ (I/λ - V⁻¹) W; (Wᵀ w)ᵀ]``, the difference taken in feature space (see above)."""
-    m = W.shape[1]
-    Ma = W.new_empty((m + 1, m))
-    torch.matmul(weights.unsqueeze(0), W, out=Ma[m:])  # aᵀ = (V⁻¹ Zᵀ N y)ᵀ W
-    inner = V_inv.neg()
-    inner.diagonal().add_(1.0 / lam)  # I/λ - V⁻¹, PSD
-    torch.matmul(W.T, inner @ W, out=Ma[:m])
-    return Ma
 
 
 def score_kernel_rows(

@@ -9,7 +9,9 @@ pulled arms and the scoring operator ``[M; aᵀ]`` (:func:`~torchbkb.gp.function
 This object keeps that state -- ``W``, ``V⁻¹``, ``M``, the scores and which arms were scored -- and is written only
 by its methods: :meth:`refit` and :meth:`score` (the eager update, which may score a subset of the arms: pruning),
 :meth:`adopt` (the fixed-capacity update, pruned or not), :meth:`clear` (the prior). Where the rows come
-from (cached, streamed) is the caller's; the algebra is :mod:`torchbkb.gp.functional`'s.
+from (cached, streamed) is the caller's; the algebra is :mod:`torchbkb.gp.functional`'s. :meth:`dtc_state` gives
+the whole :class:`~torchbkb.gp.functional.DTCState`, which a :class:`~torchbkb.DTCPosterior` takes as it is
+(:meth:`~torchbkb.DTCPosterior.set_state`): the bandits' posterior is this state, not a second fit.
 
 Example:
     >>> import torch
@@ -31,7 +33,9 @@ from __future__ import annotations
 import torch
 
 from torchbkb.errors import TorchBKBError
-from torchbkb.gp.functional import fit_kernel_row_operator, rls_kernel_columns, score_kernel_columns
+from torchbkb.gp.functional import (
+    DTCState, KernelRowFit, fit_kernel_rows, rls_kernel_columns, score_kernel_columns, scoring_operator
+)
 
 __all__ = ["KernelRowPosterior"]
 
@@ -66,6 +70,8 @@ class KernelRowPosterior:
         self.mean = torch.zeros_like(self.kdiag)
         self.rls = self.prior_rls.clone()
         self.scored: torch.Tensor | None = None
+        self._fit: KernelRowFit | None = None  # the last refit's, whole (None after adopt)
+        self._state: DTCState | None = None  # formed when asked
         self._K_scored = None  # (m, k) the scored arms' kernel columns, for their features
         self._rls_full: torch.Tensor | None = None
         self._Z: torch.Tensor | None = None
@@ -90,8 +96,9 @@ class KernelRowPosterior:
             self._Z = None
         self.W = W
         Zt = W @ K_SA.T[pulled].to(W.dtype).T  # (r, p) features of the pulled arms
-        Ma, self.V_inv = fit_kernel_row_operator(W, Zt, counts, reward_sums, self.lam)
-        return Ma
+        self._fit = fit_kernel_rows(W, Zt, counts, reward_sums, self.lam)
+        self.V_inv, self._state = self._fit.V_inv, None
+        return self._fit.operator
 
     def score(self, K_SA, Ma: torch.Tensor, chunk: int, survivors: torch.Tensor | None = None,
               mean: torch.Tensor | None = None) -> None:
@@ -117,8 +124,25 @@ class KernelRowPosterior:
         """Take a state computed elsewhere (the fixed-capacity update): every arm scored, or the arms ``scored``
         `(k,)` ascending (the prior bound in ``rls`` for the others) with the rows ``K_SA`` `(m, A)` they came from."""
         self.W, self.V_inv, self.M, self.mean, self._Z = W, V_inv, M, mean, None
+        self._fit = self._state = None
         self.restore_scores(rls, scored, K_SA)
         self.arms_scored = self.kdiag.numel() if scored is None else int(scored.numel())
+
+    def dtc_state(self, K_SA, pulled: torch.Tensor, counts: torch.Tensor, reward_sums: torch.Tensor) -> DTCState:
+        """The whole :class:`~torchbkb.gp.functional.DTCState` (``M``, ``a``, ``V⁻¹``, the weights, ``ZᵀNZ``,
+        ``ZᵀNy``, in ``W``'s dtype): the last refit's as computed, or after :meth:`adopt` formed from this ``W`` and
+        ``V⁻¹`` with the rows ``K_SA`` `(m, A)` of the pulled arms `(p,)` (float64 ``counts`` and ``reward_sums``
+        `(p,)`) -- no factorization either way."""
+        self.require_fit("KernelRowPosterior")
+        if self._state is None and self._fit is not None:
+            self._state = self._fit.state()
+        if self._state is None:
+            W, V_inv = self.W, self.V_inv.to(self.W.dtype)
+            Zt = W @ K_SA.T[pulled].to(W.dtype).T  # (r, p)
+            ZtZ, Zty = (Zt * counts.to(Zt.dtype)) @ Zt.T, Zt @ reward_sums.to(Zt.dtype)
+            weights = (V_inv @ Zty.unsqueeze(-1)).squeeze(-1)
+            self._state = DTCState(*scoring_operator(W, V_inv, weights, self.lam), V_inv, weights, ZtZ, Zty)
+        return self._state
 
     def restore_scores(self, rls: torch.Tensor, scored: torch.Tensor | None, K_SA) -> None:
         """Set the variances and the scored arms as saved (a checkpoint), their kernel columns read from ``K_SA``."""

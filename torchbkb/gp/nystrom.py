@@ -33,7 +33,7 @@ from torch import nn
 
 from torchbkb.errors import InputDataError, check_matrix, check_same_device_dtype
 from torchbkb.gp.kernels import KernelAdapter, as_kernel
-from torchbkb.gp.linalg import inv_sqrt_factor, keep_dtype_on_apply
+from torchbkb.gp.linalg import compute_dtype, inv_sqrt_factor, keep_dtype_on_apply
 
 __all__ = ["NystromEmbedding", "chunked_rows"]
 
@@ -49,6 +49,9 @@ class NystromEmbedding(nn.Module):
         rtol: relative eigenvalue threshold of the pseudo-inverse; default ``m · eps(dtype of S)``.
         chunk_size: rows embedded at once; embedding ``n`` points never materializes more than
             ``chunk_size × m`` kernel values besides the `(n, r)` output.
+        projection: a whitening `(r, m)` of ``K_S`` the caller holds already (``Wᵀ W = K_S⁺``, ``1 <= r <= m``, in
+            the dtype ``K_S`` is factorized in: float64 for float32 points): no factorization. Its shape, dtype, device
+            and finiteness are checked, not that it whitens ``K_S``.
 
     Attributes:
         inducing_points: `(m, d)` buffer.
@@ -70,6 +73,7 @@ class NystromEmbedding(nn.Module):
         *,
         rtol: float | None = None,
         chunk_size: int = DEFAULT_CHUNK,
+        projection: torch.Tensor | None = None,
     ):
         super().__init__()
         if int(chunk_size) < 1:
@@ -80,7 +84,11 @@ class NystromEmbedding(nn.Module):
         self.rtol = None if rtol is None else float(rtol)
         self.chunk_size = int(chunk_size)
         self.version = 0
-        S, W = self._factorize(inducing_points)
+        if projection is None:
+            S, W = self._factorize(inducing_points)
+        else:
+            S = self._check_points(inducing_points)
+            W = _check_projection(projection, S)
         self.register_buffer("inducing_points", S)
         self.register_buffer("projection", W)
 
@@ -115,17 +123,21 @@ class NystromEmbedding(nn.Module):
 
     def _factorize(self, S: torch.Tensor, ref: torch.Tensor | None = None,
                    validate: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
-        if validate:
-            check_matrix(S, "inducing_points", min_rows=1, d=None if ref is None else ref.shape[-1])
-            if S.dim() != 2:
-                raise InputDataError(f"inducing_points: expected shape (m, d), got shape {tuple(S.shape)}")
-            if ref is not None:
-                check_same_device_dtype(ref, S, "inducing_points", "the current inducing points")
-        S = S.detach()
+        S = self._check_points(S, ref) if validate else S.detach()
         with torch.no_grad():
             K = self.kernel(S, S)  # (m, m)
             W = inv_sqrt_factor(K, self.rtol, name="K_S")  # (r, m)
         return S, W
+
+    @staticmethod
+    def _check_points(S: torch.Tensor, ref: torch.Tensor | None = None) -> torch.Tensor:
+        """``S`` detached, checked as a dictionary `(m, d)` (like ``ref``'s, when given)."""
+        check_matrix(S, "inducing_points", min_rows=1, d=None if ref is None else ref.shape[-1])
+        if S.dim() != 2:
+            raise InputDataError(f"inducing_points: expected shape (m, d), got shape {tuple(S.shape)}")
+        if ref is not None:
+            check_same_device_dtype(ref, S, "inducing_points", "the current inducing points")
+        return S.detach()
 
     def _apply(self, fn, recurse: bool = True):
         # .to(dtype) moves the float64 projection across devices but never rounds it
@@ -183,6 +195,20 @@ class NystromEmbedding(nn.Module):
         with this embedding's ``d``, dtype and device."""
         check_matrix(X, name, d=self.dim)
         check_same_device_dtype(self.inducing_points, X, name, "the inducing points")
+
+
+def _check_projection(W: torch.Tensor, S: torch.Tensor) -> torch.Tensor:
+    """``W`` `(r, m)` for the dictionary ``S`` `(m, d)`, checked as the ``projection`` argument promises."""
+    m = S.shape[0]
+    want = compute_dtype(S.dtype, m)
+    if not isinstance(W, torch.Tensor) or W.dim() != 2 or not 1 <= W.shape[0] <= m or W.shape[1] != m:
+        got = tuple(W.shape) if isinstance(W, torch.Tensor) else type(W).__name__
+        raise InputDataError(f"projection: expected shape (r, {m}) with 1 <= r <= {m}, got {got}")
+    if W.dtype != want or W.device != S.device:
+        raise InputDataError(f"projection: expected {want} on {S.device}, got {W.dtype} on {W.device}")
+    if not bool(torch.isfinite(W).all()):
+        raise InputDataError("projection: expected finite values, got NaN or inf")
+    return W.detach() if W.requires_grad else W
 
 
 def chunked_rows(fn: Callable[[torch.Tensor], torch.Tensor], X: torch.Tensor, chunk: int) -> torch.Tensor:

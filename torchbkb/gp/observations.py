@@ -19,8 +19,9 @@ from __future__ import annotations
 import torch
 
 from torchbkb.errors import InputDataError, check_finite
+from torchbkb.gp.functional import DTCState
 
-__all__ = ["check_features", "check_targets", "check_weighted_data"]
+__all__ = ["check_dtc_state", "check_features", "check_targets", "check_weighted_data"]
 
 
 def check_weighted_data(emb, X, y, counts, xname: str = "X", yname: str = "y", *, allow_none_y: bool = False,
@@ -104,3 +105,21 @@ def check_features(Z, y, counts, rank: int) -> torch.Tensor:
         if bool((counts.detach() <= 0).any()):
             raise InputDataError(f"counts: expected positive weights, got min {float(counts.detach().min())}")
     return Z
+
+
+def check_dtc_state(state, batch: torch.Size, rank: int, m: int, dtype: torch.dtype, device: torch.device) -> None:
+    """Check a :class:`~torchbkb.gp.functional.DTCState` for a posterior of batch shape ``batch``, feature rank
+    ``rank`` and ``m`` inducing points: every part of its shape, ``dtype`` and ``device``, and finite (one host read);
+    raises :class:`~torchbkb.errors.InputDataError` ("expected X, got Y") otherwise."""
+    if not isinstance(state, DTCState):
+        raise InputDataError(f"state: expected a DTCState, got {type(state).__name__}")
+    b = tuple(batch)
+    shapes = {"M": (*b, m, m), "a": (*b, m), "V_inv": (*b, rank, rank), "weights": (*b, rank), "ZtZ": (*b, rank, rank),
+              "Zty": (*b, rank)}
+    for name, want in shapes.items():
+        t = getattr(state, name)
+        if not isinstance(t, torch.Tensor) or tuple(t.shape) != want or t.dtype != dtype or t.device != device:
+            got = f"{tuple(t.shape)} {t.dtype} on {t.device}" if isinstance(t, torch.Tensor) else type(t).__name__
+            raise InputDataError(f"state.{name}: expected shape {want}, {dtype} on {device}, got {got}")
+    if not bool(torch.stack([torch.isfinite(t).all() for t in state]).all()):
+        raise InputDataError("state: expected finite values, got NaN or inf")
