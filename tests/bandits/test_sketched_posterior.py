@@ -73,3 +73,17 @@ def test_changing_the_posterior_changes_nothing_in_the_bandit(cls):
             post.update(arms[3:5])
             assert torch.equal(meddled.V_inverse(), plain.V_inverse())
     assert all(torch.equal(a, b) for a, b in zip(meddled.scores(), plain.scores()))
+
+
+@pytest.mark.parametrize("fixed", [False, True], ids=["eager", "fixed"])
+@pytest.mark.parametrize("cls", [BKB, BBKB])
+def test_a_posterior_read_earlier_keeps_its_values_as_the_bandit_moves_on(cls, fixed):
+    bandit, arms = _run(cls, steps=40, fixed=fixed, beta=0.5)
+    post = bandit.posterior
+    before = [t.clone() for t in post(arms)]
+    g = torch.Generator().manual_seed(2)
+    while bandit.t < 80:
+        idx = bandit.ask()
+        bandit.tell(idx, torch.randn(idx.shape, generator=g, dtype=arms.dtype))
+    assert bandit.posterior is not post
+    assert all(torch.equal(a, b) for a, b in zip(post(arms), before))
