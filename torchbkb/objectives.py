@@ -73,7 +73,10 @@ class ArmObjective:
     def __call__(self, indices: torch.Tensor) -> torch.Tensor:
         idx = torch.as_tensor(indices, dtype=torch.long).reshape(-1)
         noise = torch.randn(idx.shape, generator=self.generator, dtype=torch.float64) * self.noise_std
-        return self.values[idx.to(self.values.device)] + noise.to(self.values)
+        v = self.values
+        if idx.device != v.device:
+            idx = idx.to(v.device)
+        return v[idx] + (noise if noise.dtype == v.dtype and noise.device == v.device else noise.to(v))
 
     def state_dict(self) -> dict:
         """``{"generator": state}``: the noise generator's state, so that a resumed run draws the same noise."""

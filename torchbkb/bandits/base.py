@@ -237,7 +237,8 @@ class Bandit(BanditCheckpoint):
             ids = idx.tolist()  # the one read of the indices: range, pending and history all use the host copy
         if ids and (min(ids) < 0 or max(ids) >= self.num_arms):
             raise InputDataError(f"{name}: expected arm indices in [0, {self.num_arms}), got {ids}")
-        return to_device(idx.to(dtype=torch.long), self.arms.device), ids  # host indices: queued, no wait
+        idx = idx if idx.dtype == torch.long else idx.to(dtype=torch.long)
+        return to_device(idx, self.arms.device), ids  # host indices: queued, no wait
 
     def _check_pending(self, ids: list[int]) -> list[int]:
         """The pending arms left once the arms ``ids`` are taken out -- each index takes out one pending
@@ -269,7 +270,7 @@ class Bandit(BanditCheckpoint):
         y = y.reshape(-1) if y.dim() <= 1 or (y.dim() == 2 and y.shape[-1] == 1) else y
         if y.dim() != 1 or y.shape[0] != idx.shape[0]:
             raise InputDataError(f"y: expected {idx.shape[0]} rewards (one per index), got shape {tuple(y.shape)}")
-        y = y.to(dtype=torch.float64)
+        y = y if y.dtype == torch.float64 else y.to(dtype=torch.float64)
         ys = y.tolist()  # the one read of the rewards: finiteness and history use the host copy
         bad = sum(1 for v in ys if not math.isfinite(v))
         if bad:

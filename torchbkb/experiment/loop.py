@@ -188,15 +188,16 @@ def run(
             algo += time.perf_counter() - a0
             fill_sizes()  # the ask ran the deferred update: its size is known without a read of its own
             room = budget - len(hist)
-            todo, extra = idx[:room].tolist(), idx[room:]
+            whole = room >= idx.numel()  # the usual case: the batch fits the budget
+            todo, extra = (idx.tolist(), None) if whole else (idx[:room].tolist(), idx[room:])
             batch = bandit.batch_id - 1
             out = evaluator.evaluate(todo)
             hist.errors.extend((batch, todo[j], kind, msg) for j, kind, msg in out.errors)
             ok = sorted(out.rewards)
             a0 = time.perf_counter()
-            told = [todo[j] for j in ok]
-            if ok:
-                bandit.tell(torch.tensor(told, dtype=torch.long),
+            told = todo if len(ok) == len(todo) else [todo[j] for j in ok]
+            if ok:  # every point told: the tensor ask returned, whose arms the bandit knows without reading them
+                bandit.tell(idx if whole and told is todo else torch.tensor(told, dtype=torch.long),
                             torch.tensor([out.rewards[j] for j in ok], dtype=torch.float64))
             algo += time.perf_counter() - a0
             now, a_now = t_offset + time.perf_counter() - start, a_offset + algo
@@ -234,7 +235,7 @@ def run(
                                      f"attempt(s): {out.failed[j]}"
                                      + (f"; also arms {[todo[k] for k in failed[1:]]}" if len(failed) > 1 else ""))
             a0 = time.perf_counter()
-            if extra.numel() and len(bandit.pending):  # past the budget: simply not evaluated
+            if extra is not None and extra.numel() and len(bandit.pending):  # past the budget: not evaluated
                 bandit.discard(extra)
             for j in failed:  # the objective failed every retry: left out and excluded, with its error
                 warnings.warn(f"torchbkb.run: arm {todo[j]} failed {out.attempts[j]} time(s) and is left out: "

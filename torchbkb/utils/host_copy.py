@@ -19,9 +19,11 @@ __all__ = ["to_device"]
 
 
 def to_device(t: torch.Tensor, device: torch.device | str) -> torch.Tensor:
-    """``t`` on ``device``: queued from pinned memory when it moves from the CPU to a CUDA device (no host wait),
-    else ``t.to(device)``."""
-    device = torch.device(device)
+    """``t`` on ``device``: ``t`` itself when it is there already, queued from pinned memory when it moves from the
+    CPU to a CUDA device (no host wait), else ``t.to(device)``."""
+    device = device if isinstance(device, torch.device) else torch.device(device)
+    if t.device == device:  # what t.to(device) returns, without its dispatch (a bandit step makes several)
+        return t
     if device.type == "cuda" and t.device.type == "cpu":
         return t.pin_memory().to(device, non_blocking=True)
     return t.to(device)
