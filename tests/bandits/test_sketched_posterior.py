@@ -87,3 +87,25 @@ def test_a_posterior_read_earlier_keeps_its_values_as_the_bandit_moves_on(cls, f
         bandit.tell(idx, torch.randn(idx.shape, generator=g, dtype=arms.dtype))
     assert bandit.posterior is not post
     assert all(torch.equal(a, b) for a, b in zip(post(arms), before))
+
+
+def test_while_a_batch_is_told_in_parts_the_posterior_holds_every_pull():
+    arms, _, f = gp_sample_problem(A=150, ls=LS)
+    bandit = BBKB(arms, GaussianKernel(LS), noise=0.01, seed=0, beta=0.5)
+    while True:
+        idx = bandit.ask()
+        if bandit.t >= 40 and idx.numel() >= 2:  # a batch of two picks or more
+            break
+        bandit.tell(idx, f[idx])
+    bandit.tell(idx[:1], f[idx[:1]])  # half told: no update yet
+    assert bandit.told_since_update == 1
+    pulled = (bandit.counts > 0).nonzero().squeeze(1)
+    n = bandit.counts[pulled].to(arms.dtype)
+    ref = DTCPosterior(NystromEmbedding(GaussianKernel(LS), arms[bandit.dictionary]), noise=bandit.lam)
+    ref.fit(arms[pulled], bandit.reward_sums[pulled] / n, n)
+    post = bandit.posterior
+    assert post.num_train == pulled.numel()
+    for a, b in zip(post(arms), ref(arms)):
+        assert close(a, b, 1e-9)
+    bandit.tell(idx[1:], f[idx[1:]])  # the batch complete: updated, the posterior is the state again
+    assert bandit.told_since_update == 0 and bandit.posterior.V_inv is bandit.V_inverse()

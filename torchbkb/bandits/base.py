@@ -96,6 +96,11 @@ class Bandit(BanditCheckpoint):
         return int(self.arms.shape[0])
 
     @property
+    def told_since_update(self) -> int:
+        """How many rewards were told since the last update (a batch told in parts): the posterior holds none yet."""
+        return len(self._told_idx)
+
+    @property
     def pending(self) -> torch.Tensor:
         """`(k,)` long, the arms asked and not yet told or discarded (in ask order)."""
         return self._long(self._pending)

@@ -201,21 +201,34 @@ class SketchedKernelBandit(SettlingReadouts, FixedCapacityUpdates, SketchedCheck
     @property
     def posterior(self) -> DTCPosterior | None:
         """The current DTC posterior as a :class:`~torchbkb.DTCPosterior` on the dictionary and all pulls (``None``
-        while the dictionary is empty): the bandit's own state (:attr:`row_posterior`, the same ``W`` and ``V⁻¹``
-        tensors), formed on first access after each update with no factorization and no refit."""
+        while the dictionary is empty). After an update it is the bandit's own state (:attr:`row_posterior`, the same
+        ``W`` and ``V⁻¹`` tensors), formed on first access with no factorization and no refit; while a batch is told
+        in parts (:attr:`~torchbkb.bandits.base.Bandit.told_since_update`), a fit on every pull so far."""
         if self._owed_update:
             self._settle()
-        if self._posterior is None and self.row_posterior.fitted:
+        if not self.row_posterior.fitted:
+            return None
+        S = self.arms[self.rows.order_index]
+        if self.told_since_update:  # rewards the state does not hold yet: fitted afresh, not kept
+            pulled = (self.counts > 0).nonzero().squeeze(1)
+            emb = NystromEmbedding(self.kernel, S, chunk_size=self.chunk_size)
+            return self._dictionary_posterior(pulled, None, emb)
+        if self._posterior is None:
             pulled = self._pulled_arms([])
-            n = self.counts[pulled]
-            sums = self.reward_sums[pulled]
-            state = self.row_posterior.dtc_state(self.rows.rows(), pulled, n.to(torch.float64), sums)
-            emb = NystromEmbedding(self.kernel, self.arms[self.rows.order_index], chunk_size=self.chunk_size,
-                                   projection=self.row_posterior.W)
-            y_mean = (sums / n).to(self.arms.dtype)
-            post = DTCPosterior(emb, noise=self.lam, chunk_size=self.chunk_size)
-            self._posterior = post.set_state(self.arms[pulled], y_mean, n.to(self.arms.dtype), state)
+            state = self.row_posterior.dtc_state(self.rows.rows(), pulled, self.counts[pulled].to(torch.float64),
+                                                 self.reward_sums[pulled])
+            emb = NystromEmbedding(self.kernel, S, chunk_size=self.chunk_size, projection=self.row_posterior.W)
+            self._posterior = self._dictionary_posterior(pulled, state, emb)
         return self._posterior
+
+    def _dictionary_posterior(self, pulled: torch.Tensor, state, emb: NystromEmbedding) -> DTCPosterior:
+        """The :class:`~torchbkb.DTCPosterior` on ``emb`` of the pulled arms `(p,)` (their mean rewards, their counts
+        as weights): given its ``state``, or fitted when that is ``None``."""
+        n = self.counts[pulled]
+        y_mean, n = (self.reward_sums[pulled] / n).to(self.arms.dtype), n.to(self.arms.dtype)
+        post = DTCPosterior(emb, noise=self.lam, chunk_size=self.chunk_size)
+        return post.fit(self.arms[pulled], y_mean, n) if state is None else post.set_state(self.arms[pulled], y_mean,
+                                                                                            n, state)
 
     def scores(self) -> tuple[torch.Tensor, torch.Tensor]:
         """``(μ̃_t, σ̃²_t)`` of all arms, `(A,)` each (RLS scale); the variances the last update skipped are
