@@ -35,7 +35,8 @@ def test_the_posterior_is_the_bandits_state_without_a_factorization(cls, kw, fix
     sizes = spy_factorizations(monkeypatch)
     post = bandit.posterior
     assert sizes == []  # no K_S factorization, no refit of V
-    assert post.V_inv is bandit.V_inverse() and post.embedding.projection is bandit.row_posterior.W
+    assert torch.equal(post.V_inv, bandit.V_inverse())
+    assert torch.equal(post.embedding.projection, bandit.row_posterior.W)
     pm, pv = post(arms)
     scale = float(rls.max())
     assert close(pm, mean, 1e-12) and close(pv / bandit.lam, rls, 1e-12 * scale)
@@ -68,7 +69,9 @@ def test_changing_the_posterior_changes_nothing_in_the_bandit(cls):
         plain.tell(idx, y)
         meddled.tell(idx, y)
         post = meddled.posterior
-        if post is not None:  # the user's own what-ifs on the posterior: observed and hallucinated points
+        if post is not None:  # the user's own writes into the posterior (load_state_dict copies in place) and updates
+            for t in (*post.state, post.embedding.projection):
+                t.mul_(2.0)
             post.update(arms[:3], torch.ones(3, dtype=arms.dtype))
             post.update(arms[3:5])
             assert torch.equal(meddled.V_inverse(), plain.V_inverse())
@@ -108,4 +111,4 @@ def test_while_a_batch_is_told_in_parts_the_posterior_holds_every_pull():
     for a, b in zip(post(arms), ref(arms)):
         assert close(a, b, 1e-9)
     bandit.tell(idx[1:], f[idx[1:]])  # the batch complete: updated, the posterior is the state again
-    assert bandit.told_since_update == 0 and bandit.posterior.V_inv is bandit.V_inverse()
+    assert bandit.told_since_update == 0 and torch.equal(bandit.posterior.V_inv, bandit.V_inverse())

@@ -201,9 +201,10 @@ class SketchedKernelBandit(SettlingReadouts, FixedCapacityUpdates, SketchedCheck
     @property
     def posterior(self) -> DTCPosterior | None:
         """The current DTC posterior as a :class:`~torchbkb.DTCPosterior` on the dictionary and all pulls (``None``
-        while the dictionary is empty). After an update it is the bandit's own state (:attr:`row_posterior`, the same
-        ``W`` and ``V⁻¹`` tensors), formed on first access with no factorization and no refit; while a batch is told
-        in parts (:attr:`~torchbkb.bandits.base.Bandit.told_since_update`), a fit on every pull so far."""
+        while the dictionary is empty). After an update it is the bandit's own state (:attr:`row_posterior`'s ``W``,
+        ``V⁻¹`` and operator, copied so that nothing done to the posterior reaches the bandit), formed on first access
+        with no factorization and no refit; while a batch is told in parts
+        (:attr:`~torchbkb.bandits.base.Bandit.told_since_update`), a fit on every pull so far."""
         if self._owed_update:
             self._settle()
         if not self.row_posterior.fitted:
@@ -217,7 +218,8 @@ class SketchedKernelBandit(SettlingReadouts, FixedCapacityUpdates, SketchedCheck
             pulled = self._pulled_arms([])
             state = self.row_posterior.dtc_state(self.rows.rows(), pulled, self.counts[pulled].to(torch.float64),
                                                  self.reward_sums[pulled])
-            emb = NystromEmbedding(self.kernel, S, chunk_size=self.chunk_size, projection=self.row_posterior.W)
+            state = type(state)(*(t.clone() for t in state))  # the posterior's own buffers (load_state_dict copies in)
+            emb = NystromEmbedding(self.kernel, S, chunk_size=self.chunk_size, projection=self.row_posterior.W.clone())
             self._posterior = self._dictionary_posterior(pulled, state, emb)
         return self._posterior
 
