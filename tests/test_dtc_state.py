@@ -75,7 +75,9 @@ def test_a_state_handed_over_predicts_the_same_without_a_factorization(dtype, de
         assert torch.equal(a, b)
     for a, b in zip(post.joint(Xq[:5]), twin.joint(Xq[:5])):
         assert torch.equal(a, b)
-    assert twin.V_inv is state.V_inv and twin.num_train == X.shape[0]
+    assert twin.num_train == X.shape[0] and torch.equal(twin.V_inv, state.V_inv)
+    twin.V_inv.mul_(2.0)  # copies: a write into one posterior's buffers leaves the other's as they were
+    assert not torch.equal(twin.V_inv, post.V_inv)
 
 
 def test_a_state_equals_a_fit_from_the_formula():
@@ -134,7 +136,8 @@ def test_an_embedding_on_a_given_whitening_is_the_factorized_one(dtype, monkeypa
     emb = NystromEmbedding(GaussianKernel(LS), S)
     sizes = spy_factorizations(monkeypatch)
     given_W = NystromEmbedding(GaussianKernel(LS), S, projection=emb.projection)
-    assert sizes == [] and given_W.projection is emb.projection
+    assert sizes == [] and torch.equal(given_W.projection, emb.projection)
+    assert given_W.projection.data_ptr() != emb.projection.data_ptr()  # a copy
     X = torch.rand(20, 2, dtype=torch.float64).to(dtype=dtype)
     assert torch.equal(given_W(X), emb(X))
     Z = given_W(X).double()

@@ -218,8 +218,7 @@ class SketchedKernelBandit(SettlingReadouts, FixedCapacityUpdates, SketchedCheck
             pulled = self._pulled_arms([])
             state = self.row_posterior.dtc_state(self.rows.rows(), pulled, self.counts[pulled].to(torch.float64),
                                                  self.reward_sums[pulled])
-            state = type(state)(*(t.clone() for t in state))  # the posterior's own buffers (load_state_dict copies in)
-            emb = NystromEmbedding(self.kernel, S, chunk_size=self.chunk_size, projection=self.row_posterior.W.clone())
+            emb = NystromEmbedding(self.kernel, S, chunk_size=self.chunk_size, projection=self.row_posterior.W)
             self._posterior = self._dictionary_posterior(pulled, state, emb)
         return self._posterior
 

@@ -152,8 +152,8 @@ class DTCPosterior(DTCScoring, nn.Module):
         Args:
             X, y, counts: as :meth:`fit`.
             state: this embedding's :class:`~torchbkb.gp.functional.DTCState` of ``(X, y, counts)`` in the compute
-                dtype (that of :attr:`state`). Its shapes, dtypes, device and finiteness are checked, not that it fits
-                the data.
+                dtype (that of :attr:`state`), kept as copies. Its shapes, dtypes, device and finiteness are checked,
+                not that it fits the data.
 
         Returns:
             ``self``.
@@ -161,10 +161,11 @@ class DTCPosterior(DTCScoring, nn.Module):
         X, y, counts = check_weighted_data(self.embedding, X, y, counts, "X", "y")
         emb = self.embedding
         check_dtc_state(state, X.shape[:-2], emb.rank, emb.num_inducing, self.ZtZ.dtype, emb.inducing_points.device)
-        parts = {"ZtZ": state.ZtZ, "Zty": state.Zty, "V_inv": state.V_inv, "weights": state.weights}
+        own = type(state)(*(t.detach().clone() for t in state))  # buffers of its own: load_state_dict copies in place
+        parts = {"ZtZ": own.ZtZ, "Zty": own.Zty, "V_inv": own.V_inv, "weights": own.weights}
         b = X.shape[:-2]
         self._set_state(parts, X, y, counts, X.new_empty((*b, 0, X.shape[-1])), X.new_empty((*b, 0)))
-        self._op = (state.M, state.a)
+        self._op = (own.M, own.a)
         return self
 
     @property

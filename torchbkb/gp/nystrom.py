@@ -50,8 +50,8 @@ class NystromEmbedding(nn.Module):
         chunk_size: rows embedded at once; embedding ``n`` points never materializes more than
             ``chunk_size × m`` kernel values besides the `(n, r)` output.
         projection: a whitening `(r, m)` of ``K_S`` the caller holds already (``Wᵀ W = K_S⁺``, ``1 <= r <= m``, in
-            the dtype ``K_S`` is factorized in: float64 for float32 points): no factorization. Its shape, dtype, device
-            and finiteness are checked, not that it whitens ``K_S``.
+            the dtype ``K_S`` is factorized in: float64 for float32 points), kept as a copy: no factorization. Its
+            shape, dtype, device and finiteness are checked, not that it whitens ``K_S``.
 
     Attributes:
         inducing_points: `(m, d)` buffer.
@@ -208,7 +208,7 @@ def _check_projection(W: torch.Tensor, S: torch.Tensor) -> torch.Tensor:
         raise InputDataError(f"projection: expected {want} on {S.device}, got {W.dtype} on {W.device}")
     if not bool(torch.isfinite(W).all()):
         raise InputDataError("projection: expected finite values, got NaN or inf")
-    return W.detach() if W.requires_grad else W
+    return W.detach().clone()
 
 
 def chunked_rows(fn: Callable[[torch.Tensor], torch.Tensor], X: torch.Tensor, chunk: int) -> torch.Tensor:
