@@ -201,9 +201,9 @@ class SketchedKernelBandit(SettlingReadouts, FixedCapacityUpdates, SketchedCheck
     @property
     def posterior(self) -> DTCPosterior | None:
         """The current DTC posterior as a :class:`~torchbkb.DTCPosterior` on the dictionary and all pulls (``None``
-        while the dictionary is empty). After an update it is the bandit's own state (:attr:`row_posterior`'s ``W``,
-        ``V⁻¹`` and operator, copied so that nothing done to the posterior reaches the bandit), formed on first access
-        with no factorization and no refit; while a batch is told in parts
+        while the dictionary is empty). After an update it is the bandit's own state (:attr:`row_posterior`'s
+        ``W``, ``V⁻¹`` and operator, copied so that nothing done to the posterior reaches the bandit), formed on
+        first access with no factorization and no refit; while a batch is told in parts
         (:attr:`~torchbkb.bandits.base.Bandit.told_since_update`), a fit on every pull so far."""
         if self._owed_update:
             self._settle()
