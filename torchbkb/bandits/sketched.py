@@ -227,9 +227,8 @@ class SketchedKernelBandit(SettlingReadouts, FixedCapacityUpdates, SketchedCheck
         as weights): given its ``state``, or fitted when that is ``None``."""
         n = self.counts[pulled]
         y_mean, n = (self.reward_sums[pulled] / n).to(self.arms.dtype), n.to(self.arms.dtype)
-        post = DTCPosterior(emb, noise=self.lam, chunk_size=self.chunk_size)
-        return post.fit(self.arms[pulled], y_mean, n) if state is None else post.set_state(self.arms[pulled], y_mean,
-                                                                                            n, state)
+        post, X = DTCPosterior(emb, noise=self.lam, chunk_size=self.chunk_size), self.arms[pulled]
+        return post.fit(X, y_mean, n) if state is None else post.set_state(X, y_mean, n, state)
 
     def scores(self) -> tuple[torch.Tensor, torch.Tensor]:
         """``(μ̃_t, σ̃²_t)`` of all arms, `(A,)` each (RLS scale); the variances the last update skipped are

@@ -47,6 +47,7 @@ __all__ = [
     "KernelRowFit",
     "DTCState",
     "kernel_row_operator",
+    "observation_sums",
     "ridge_solve",
     "rls_kernel_columns",
     "score_features",
@@ -211,9 +212,8 @@ class DTCState(NamedTuple):
 
 
 class KernelRowFit(NamedTuple):
-    """A DTC posterior fitted for scoring by kernel rows (:func:`fit_kernel_rows`): the `(m + 1, m)` block
-    ``operator`` ``[M; aᵀ]`` (:func:`kernel_row_operator`), ``V_inv`` `(r, r)`, ``weights`` `(r,)`, ``ZtZ`` `(r, r)`
-    and ``Zty`` `(r,)`."""
+    """A DTC posterior fitted for scoring by kernel rows (:func:`fit_kernel_rows`): ``operator`` `(m + 1, m)`
+    ``[M; aᵀ]`` (:func:`kernel_row_operator`), ``V_inv``, ``ZtZ`` `(r, r)`, ``weights``, ``Zty`` `(r,)`."""
 
     operator: torch.Tensor
     V_inv: torch.Tensor
@@ -226,11 +226,17 @@ class KernelRowFit(NamedTuple):
         return DTCState(self.operator[:-1], self.operator[-1], self.V_inv, self.weights, self.ZtZ, self.Zty)
 
 
+def observation_sums(Zt: torch.Tensor, counts: torch.Tensor, reward_sums: torch.Tensor) -> tuple:
+    """``(ZᵀNZ, ZᵀNy)``, `(r, r)` and `(r,)` in ``Zt``'s dtype, of observations given as feature columns ``Zt``
+    `(r, p)` with ``counts`` ``N`` and ``reward_sums`` ``N y`` `(p,)`."""
+    return (Zt * counts.to(Zt.dtype)) @ Zt.T, Zt @ reward_sums.to(Zt.dtype)
+
+
 def fit_kernel_rows(W: torch.Tensor, Zt: torch.Tensor, counts: torch.Tensor, reward_sums: torch.Tensor,
                     lam: float) -> KernelRowFit:
     """:func:`fit_kernel_row_operator` with every part of the state, a :class:`KernelRowFit` in ``Zt``'s dtype
     (arguments as there)."""
-    ZtZ, Zty = (Zt * counts.to(Zt.dtype)) @ Zt.T, Zt @ reward_sums.to(Zt.dtype)
+    ZtZ, Zty = observation_sums(Zt, counts, reward_sums)
     V_inv, weights = ridge_solve(ZtZ, Zty, lam)
     return KernelRowFit(kernel_row_operator(W, V_inv, weights, lam), V_inv, weights, ZtZ, Zty)
 
@@ -276,11 +282,11 @@ def fit_kernel_row_operator_ex(
     """:func:`fit_kernel_row_operator` with no host read (it compiles with ``fullgraph=True``): ``V``'s Cholesky
     failure is returned, not handled -- ``(Ma, V_inv, info)``, ``info`` a 0-d int tensor, non-zero when ``V`` was not
     factored and ``Ma``, ``V_inv`` are not to be used. Bit for bit :func:`fit_kernel_row_operator` when it is zero."""
-    ZtZ = (Zt * counts.to(Zt.dtype)) @ Zt.T
+    ZtZ, Zty = observation_sums(Zt, counts, reward_sums)
     V = add_diagonal(ZtZ, lam).to(compute_dtype(ZtZ.dtype, ZtZ.shape[-1]))
     L, info = torch.linalg.cholesky_ex(V)
     V_inv = torch.cholesky_inverse(L)
-    weights = (V_inv @ (Zt @ reward_sums.to(Zt.dtype)).to(V_inv.dtype).unsqueeze(-1)).squeeze(-1)
+    weights = (V_inv @ Zty.to(V_inv.dtype).unsqueeze(-1)).squeeze(-1)
     return kernel_row_operator(W, V_inv, weights, lam), V_inv, info
 
 

@@ -34,7 +34,8 @@ import torch
 
 from torchbkb.errors import TorchBKBError
 from torchbkb.gp.functional import (
-    DTCState, KernelRowFit, fit_kernel_rows, rls_kernel_columns, score_kernel_columns, scoring_operator
+    DTCState, KernelRowFit, fit_kernel_rows, observation_sums, rls_kernel_columns, score_kernel_columns,
+    scoring_operator,
 )
 
 __all__ = ["KernelRowPosterior"]
@@ -95,8 +96,7 @@ class KernelRowPosterior:
         if W is not self.W:
             self._Z = None
         self.W = W
-        Zt = W @ K_SA.T[pulled].to(W.dtype).T  # (r, p) features of the pulled arms
-        self._fit = fit_kernel_rows(W, Zt, counts, reward_sums, self.lam)
+        self._fit = fit_kernel_rows(W, _pulled_features(W, K_SA, pulled), counts, reward_sums, self.lam)
         self.V_inv, self._state = self._fit.V_inv, None
         return self._fit.operator
 
@@ -138,8 +138,7 @@ class KernelRowPosterior:
             self._state = self._fit.state()
         if self._state is None:
             W, V_inv = self.W, self.V_inv.to(self.W.dtype)
-            Zt = W @ K_SA.T[pulled].to(W.dtype).T  # (r, p)
-            ZtZ, Zty = (Zt * counts.to(Zt.dtype)) @ Zt.T, Zt @ reward_sums.to(Zt.dtype)
+            ZtZ, Zty = observation_sums(_pulled_features(W, K_SA, pulled), counts, reward_sums)
             weights = (V_inv @ Zty.unsqueeze(-1)).squeeze(-1)
             self._state = DTCState(*scoring_operator(W, V_inv, weights, self.lam), V_inv, weights, ZtZ, Zty)
         return self._state
@@ -177,3 +176,9 @@ class KernelRowPosterior:
         if not isinstance(self._K_scored, torch.Tensor):
             return streamed_rows_of(self._K_scored, self.W)
         return self._K_scored.T @ self.W.T.to(self._K_scored.dtype)  # (k, m)·(m, r)
+
+
+def _pulled_features(W: torch.Tensor, K_SA, pulled: torch.Tensor) -> torch.Tensor:
+    """`(r, p)` the features ``W k_S(a)`` of the pulled arms `(p,)`, from the rows ``K_SA`` `(m, A)` (a tensor or
+    streamed rows), in ``W``'s dtype."""
+    return W @ K_SA.T[pulled].to(W.dtype).T
