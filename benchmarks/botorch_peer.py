@@ -164,12 +164,26 @@ def _memory_child(which: str, n: int, device) -> None:
     print(mem.peak_mb)
 
 
+def make_bkb_as_on_an_accelerator(X, Y, seed=0):
+    """``make_bkb`` with the rule an accelerator applies (:func:`torchbkb.botorch.defaults.exact_below`): the exact
+    GP outright up to ``EXACT_BELOW_ACCELERATOR`` points, whatever the device -- to count a GPU's path on the CPU."""
+    from unittest import mock
+
+    from torchbkb.botorch.defaults import exact_below
+
+    with mock.patch("torchbkb.botorch.engine.exact_below", lambda device: exact_below("cuda")):
+        model = make_bkb(X, Y, seed)
+        _ = model.engine  # built now, under the rule
+    return model
+
+
 def launches(make, X, Y, choices, device) -> dict:
-    """Operators called from Python (a GPU's kernel launches) and host synchronizations of one iteration:
-    measured with ``set_sync_debug_mode`` on CUDA, forecast from the data-dependent operators elsewhere."""
+    """Operators called from Python, the operators that do work counted at the dispatcher (a GPU's kernel
+    launches, :class:`benchmarks.launches.KernelCount`) and host synchronizations of one iteration: measured with
+    ``set_sync_debug_mode`` on CUDA, forecast from the data-dependent operators elsewhere."""
     from torch.profiler import ProfilerActivity, profile
 
-    from benchmarks.launches import SYNC_OPS, counted_tolist, top_level_ops
+    from benchmarks.launches import SYNC_OPS, KernelCount, counted_tolist, top_level_ops
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -183,7 +197,9 @@ def launches(make, X, Y, choices, device) -> dict:
     names = top_level_ops(prof)
     syncs = (sum(1 for w in caught if "synchroniz" in str(w.message).lower()) if device.type == "cuda"
              else sum(1 for n in names if n in SYNC_OPS) + lists[0])
-    return {"ops": len(names), "syncs": syncs}
+    with KernelCount() as kernels:
+        one_iteration(make, X, Y, choices)
+    return {"ops": len(names), "kernels": kernels.work, "syncs": syncs}
 
 
 def main(argv=None):
@@ -223,6 +239,8 @@ def main(argv=None):
         t_bkb, _ = timed(lambda X=X, Y=Y: one_iteration(make_bkb, X, Y, choices), device, bkb_rep)
         counts = {"singletaskgp": launches(make_gp, X, Y, choices, device),
                   "bkbmodel": launches(make_bkb, X, Y, choices, device)}
+        if device.type == "cpu":  # the path a GPU takes, counted here
+            counts["bkbmodel_as_on_an_accelerator"] = launches(make_bkb_as_on_an_accelerator, X, Y, choices, device)
         row = {
             "n": n,
             "singletaskgp_s": {"min": min(t_gp), "median": statistics.median(t_gp), "repeats": len(t_gp)},
@@ -230,6 +248,7 @@ def main(argv=None):
             "ratio_median": statistics.median(t_gp) / statistics.median(t_bkb),
             "peak_mem_mb": {"singletaskgp": mem_gp, "bkbmodel": mem_bkb},
             "dictionary_size": model.num_inducing,
+            "bkbmodel_exact": model.is_exact,
             "same_pick": bool(torch.equal(cand_gp, cand_bkb)),
             "launches": counts,
             "sync_kind": "measured (set_sync_debug_mode)" if device.type == "cuda" else "forecast (data-dependent ops)",
@@ -240,7 +259,11 @@ def main(argv=None):
             f"{row['bkbmodel_s']['median']:7.3f}s "
             f"(m={row['dictionary_size']})  ratio {row['ratio_median']:6.1f}x  peak MB {mem_gp:8.1f} vs {mem_bkb:7.1f} "
             f" same pick: {row['same_pick']}  ops {counts['singletaskgp']['ops']} vs {counts['bkbmodel']['ops']}, "
-            f"syncs {counts['singletaskgp']['syncs']} vs {counts['bkbmodel']['syncs']}",
+            f"kernels {counts['singletaskgp']['kernels']} vs {counts['bkbmodel']['kernels']}, "
+            f"syncs {counts['singletaskgp']['syncs']} vs {counts['bkbmodel']['syncs']}"
+            + ("" if device.type != "cpu" else " (as on an accelerator: kernels "
+               f"{counts['bkbmodel_as_on_an_accelerator']['kernels']}, syncs "
+               f"{counts['bkbmodel_as_on_an_accelerator']['syncs']})"),
             flush=True,
         )
 

@@ -143,6 +143,44 @@ def sync_sites(sites: Counter):
         warnings.showwarning = show
 
 
+class KernelCount:
+    """Count, at the dispatcher, the operators that do work -- a GPU's kernel launches, roughly: views, no-op casts
+    (``.to`` of a tensor that needs none never reaches the dispatcher) and empty allocations are left out, and an
+    operator built from others counts as those others. ``work`` is their number, ``names`` a ``Counter``.
+
+    Example::
+
+        with KernelCount() as k:
+            model.posterior(X)
+        print(k.work)
+    """
+
+    FREE = ("detach", "alias", "lift_fresh", "empty", "empty_strided", "empty_like")
+
+    def __enter__(self):
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        names = self.names = Counter()
+        free = self.FREE
+
+        class Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                if not func.is_view and func.overloadpacket.__name__ not in free:
+                    names[func.overloadpacket.__name__] += 1
+                return func(*args, **(kwargs or {}))
+
+        self._mode = Mode()
+        self._mode.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self._mode.__exit__(*exc)
+
+    @property
+    def work(self) -> int:
+        return sum(self.names.values())
+
+
 def top_level_ops(prof) -> list[str]:
     """The names of the operators called from Python (not from inside another operator)."""
     events = [e for e in prof.events() if e.name.startswith("aten::")]

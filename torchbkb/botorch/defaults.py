@@ -23,7 +23,8 @@ from gpytorch.means import ConstantMean
 from torch import Tensor, nn
 
 __all__ = ["hyperparameter_modules", "hyperparameter_values", "same_values", "default_kernel", "DEFAULT_LENGTHSCALE",
-           "DEFAULT_OUTPUTSCALE", "DEFAULT_NOISE", "EXACT_FRACTION", "EXACT_BELOW", "EXACT_FIT", "MIN_YVAR"]
+           "DEFAULT_OUTPUTSCALE", "DEFAULT_NOISE", "EXACT_FRACTION", "EXACT_BELOW", "EXACT_BELOW_ACCELERATOR",
+           "exact_below", "EXACT_FIT", "MIN_YVAR"]
 
 #: Matérn-5/2 lengthscale per input dimension is ``DEFAULT_LENGTHSCALE · √d`` (inputs in ``[0, 1]^d``):
 #: the typical distance between two uniform points of the unit cube grows like ``√(d/6)``.
@@ -40,11 +41,27 @@ EXACT_FRACTION = 0.5
 #: the dictionary replay's Python overhead (the dictionary is then drawn only if read, from the exact RLS
 #: variances). Kept small: scoring many candidates costs ``O(n²)`` each exactly against ``O(m²)`` with DTC.
 EXACT_BELOW = 128
+#: The same on an accelerator (CUDA, any device but the CPU). There an iteration's time is its kernel launches and
+#: host reads, not its arithmetic: the exact GP's solve and scoring launch fewer kernels than the dictionary replay
+#: and the DTC scoring, and their ``O(n³)`` and ``O(n²)``-per-candidate arithmetic stays small on a GPU up to a few
+#: thousand points.
+EXACT_BELOW_ACCELERATOR = 4096
 #: Up to this many training points a fit maximizes the exact evidence (one round: it does not depend on a
 #: dictionary), which costs about what the bound does there and is what an exact posterior needs.
 EXACT_FIT = 1000
 #: Floor of known noise variances (transformed outcomes), as BoTorch's noise-free ``train_Yvar`` of 1e-6.
 MIN_YVAR = 1e-6
+
+
+def exact_below(device: torch.device | str) -> int:
+    """The most training points (unbatched) for which a model on ``device`` computes the exact GP outright:
+    :data:`EXACT_BELOW` on the CPU, :data:`EXACT_BELOW_ACCELERATOR` elsewhere.
+
+    Example:
+        >>> exact_below("cpu"), exact_below("cuda:1")
+        (128, 4096)
+    """
+    return EXACT_BELOW if torch.device(device).type == "cpu" else EXACT_BELOW_ACCELERATOR
 
 
 def default_kernel(d: int, *, dtype: torch.dtype = torch.float64,

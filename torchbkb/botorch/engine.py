@@ -32,7 +32,7 @@ from linear_operator import LinearOperator, to_linear_operator
 from torch import Tensor, nn
 
 from torchbkb.botorch.conditioning import dtc_condition, shallow_module_copy
-from torchbkb.botorch.defaults import EXACT_BELOW
+from torchbkb.botorch.defaults import exact_below
 from torchbkb.sampling.dictionary_replay import draw_dictionary, sample_dictionary
 from torchbkb.gp.exact_gp_state import ExactGPState
 from torchbkb.botorch.model_data import ModelData
@@ -87,11 +87,11 @@ class ModelEngine:
         DTC quantities) is drawn from the exact RLS variances at the training points, what the replay's last
         rounds approximate: a replay heading for a dense dictionary never costs more than the exact model.
         Otherwise the replay runs to the end and the engine is exact iff ``m >= exact_fraction · n``. Up to
-        :data:`~torchbkb.botorch.defaults.EXACT_BELOW` points (unbatched), or with ``exact=True``, the engine is
-        exact outright (no replay; the dictionary is drawn only if read).
+        :func:`~torchbkb.botorch.defaults.exact_below` points on their device (unbatched), or with ``exact=True``,
+        the engine is exact outright (no replay; the dictionary is drawn only if read).
         """
         counts = None if noise is None else lam / noise
-        small = exact or (exact_fraction is not None and X.shape[-2] <= EXACT_BELOW and X.dim() == 2)
+        small = exact or (exact_fraction is not None and X.shape[-2] <= exact_below(X.device) and X.dim() == 2)
         S = None
         if not small:
             S = sample_dictionary(kernel, X, lam, q_bar=q_bar, generator=generator, counts=counts,

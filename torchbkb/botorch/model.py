@@ -84,8 +84,8 @@ class BKBModel(ModelLifecycle, Model, FantasizeMixin):
         input_transform: a BoTorch ``InputTransform``, applied as in ``SingleTaskGP``.
         outcome_transform: a BoTorch ``OutcomeTransform``; by default ``Standardize(m=1)`` as in
             ``SingleTaskGP``; ``None`` for none.
-        exact_fraction: compute the exact GP when the dictionary holds at least this fraction of the
-            training points (default :data:`EXACT_FRACTION`); ``None`` always uses DTC.
+        exact_fraction: the exact GP when the dictionary holds this fraction of the points (default
+            :data:`EXACT_FRACTION`), or at most :func:`~torchbkb.botorch.defaults.exact_below` are given; ``None``: DTC.
         likelihood: a ``gpytorch.likelihoods.GaussianLikelihood`` (e.g. with a noise constraint, as TuRBO's
             tutorial builds it), used as given; not with ``noise`` or ``train_Yvar``.
         mean_module: a ``ConstantMean`` or ``ZeroMean`` (the posterior's prior mean is a constant).

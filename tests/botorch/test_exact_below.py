@@ -1,0 +1,64 @@
+"""Small data are computed exactly outright: up to ``EXACT_BELOW`` points on the CPU, up to
+``EXACT_BELOW_ACCELERATOR`` on an accelerator, where the exact GP launches fewer kernels than the replay."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from botorch.models import SingleTaskGP
+from gpytorch.kernels import RBFKernel, ScaleKernel
+
+from torchbkb.botorch import BKBModel
+from torchbkb.botorch.defaults import EXACT_BELOW, EXACT_BELOW_ACCELERATOR, exact_below
+
+NOISE = 0.05
+
+
+def _data(n: int, device, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    X = torch.rand(n, 1, generator=g, dtype=torch.float64)
+    Y = torch.sin(4 * X) + 0.1 * torch.randn(n, 1, generator=g, dtype=torch.float64)
+    return X.to(device), Y.to(device)
+
+
+def _kernel(device) -> ScaleKernel:
+    k = ScaleKernel(RBFKernel()).to(device=device, dtype=torch.float64)
+    k.base_kernel.lengthscale = 0.5  # smooth: the replay's dictionary stays far below half the points
+    k.outputscale = 1.0
+    return k
+
+
+@pytest.mark.parametrize("where, expected", [("cpu", EXACT_BELOW), (torch.device("cpu"), EXACT_BELOW),
+                                             ("cuda", EXACT_BELOW_ACCELERATOR),
+                                             (torch.device("cuda", 1), EXACT_BELOW_ACCELERATOR),
+                                             ("meta", EXACT_BELOW_ACCELERATOR)])
+def test_the_rule_depends_on_the_device_type_only(where, expected):
+    assert exact_below(where) == expected
+    assert EXACT_BELOW < EXACT_BELOW_ACCELERATOR
+
+
+def test_the_threshold_is_inclusive_on_the_cpu():
+    X, Y = _data(EXACT_BELOW + 1, "cpu")
+    at = BKBModel(X[:EXACT_BELOW], Y[:EXACT_BELOW], kernel=_kernel("cpu"), noise=NOISE, seed=0)
+    past = BKBModel(X, Y, kernel=_kernel("cpu"), noise=NOISE, seed=0)
+    assert at.is_exact
+    assert not past.is_exact and past.num_inducing < (EXACT_BELOW + 1) // 2
+
+
+def test_between_the_two_thresholds_the_device_decides(device):
+    """300 points: the sparse model on the CPU, the exact GP on an accelerator -- SingleTaskGP's posterior there,
+    the same hyperparameters; ``exact_fraction=None`` keeps DTC everywhere."""
+    n = 300
+    X, Y = _data(n, device)
+    model = BKBModel(X, Y, kernel=_kernel(device), noise=NOISE, seed=0)
+    sparse = BKBModel(X, Y, kernel=_kernel(device), noise=NOISE, seed=0, exact_fraction=None)
+    assert EXACT_BELOW < n <= EXACT_BELOW_ACCELERATOR
+    assert model.is_exact == (device.type != "cpu")
+    assert not sparse.is_exact and sparse.num_inducing < n // 2
+    gp = SingleTaskGP(X, Y, covar_module=_kernel(device))
+    gp.likelihood.noise = torch.tensor([NOISE], dtype=torch.float64, device=device)
+    Xq = torch.linspace(0, 1, 9, dtype=torch.float64, device=device).unsqueeze(-1)
+    want, got = gp.posterior(Xq), model.posterior(Xq)
+    tol = 1e-9 if model.is_exact else 1e-3  # DTC on a variance-sampled dictionary: close, not equal
+    torch.testing.assert_close(got.mean, want.mean, rtol=0, atol=tol)
+    torch.testing.assert_close(got.variance, want.variance, rtol=0, atol=tol)
