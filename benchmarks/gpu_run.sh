@@ -19,7 +19,7 @@ finish
 timeout 60 $L --cases bbkb_cadata_fixed bbkb_cadata_eager --warmup 40 --steps 10 --timed-steps 10 --out $R/lc \
   2>&1 | tail -3
 finish
-timeout 75 python -m benchmarks.botorch_peer --device cuda --sizes 500 1000 2000 --out $R/bp 2>&1 | grep "^n="
+timeout 100 python -m benchmarks.botorch_peer --device cuda --sizes 500 2000 5000 --out $R/bp 2>&1 | grep "^n="
 finish
 timeout 90 $L --cases bbkb_cadata_fixed bkb_anchor_fixed --compiled --warmup 40 --steps 10 --timed-steps 10 \
   --out $R/lcc 2>&1 | tail -3

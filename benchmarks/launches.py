@@ -6,6 +6,8 @@ device (``.item()``, ``bool(tensor)``, ``nonzero``, boolean masks: data-dependen
 
 * **operations**: the ``aten::`` operators the PyTorch profiler records at the top level of the dispatcher
   (calls made by other operators are not counted again), per step;
+* **kernels**: the operators that do work, counted at the dispatcher (:class:`KernelCount`: views, no-op casts and
+  empty allocations left out, composite operators counted as their parts), per step -- a GPU's launches, roughly;
 * **synchronizations**: on CUDA, the warnings of ``torch.cuda.set_sync_debug_mode("warn")``; on the CPU, where
   nothing waits, the operators that would synchronize a GPU (``aten::_local_scalar_dense``, ``aten::nonzero``,
   ``aten::masked_select``, ``aten::unique*``, ``aten::is_nonzero``) and the ``Tensor.tolist`` calls, as a forecast.
@@ -221,9 +223,15 @@ def count(case: str, args, device, dtype) -> dict:
         ops.append(len(names) / k)
         syncs.append((cuda_syncs if device.type == "cuda" else forecast) / k)
         last = Counter(names)
+    kernels = []
+    for _ in range(args.steps):
+        with KernelCount() as kc:
+            k = step()
+        kernels.append(kc.work / k)
     step_s, floor_s = time_steps(b, step, device, dtype, args.timed_steps)
     return {"step_s": step_s, "floor_s": floor_s, "step_over_floor": step_s / floor_s, "num_arms": b.num_arms,
             "case": case, "device": str(device), "compiled": b.engine.compiled, "ops_per_pick": statistics.median(ops),
+            "kernels_per_pick": statistics.median(kernels),
             "syncs_per_pick": statistics.median(syncs),
             "sync_kind": "measured (set_sync_debug_mode)" if device.type == "cuda" else "forecast (data-dependent ops)",
             "picks_per_step": statistics.median(picks), "sync_sites": dict(sites.most_common(20)),
@@ -281,9 +289,9 @@ def main(argv=None):
     for r in rows:
         r["step_ms"], r["floor_ms"] = 1e3 * r["step_s"], 1e3 * r["floor_s"]
     print_table(rows,
-                ["case", "device", "num_arms", "ops_per_pick", "syncs_per_pick", "sync_kind", "picks_per_step",
-                 "dictionary_size",
-                       "step_ms", "floor_ms", "step_over_floor"], f"launches ({torch.get_num_threads()} threads)")
+                ["case", "device", "num_arms", "ops_per_pick", "kernels_per_pick", "syncs_per_pick", "sync_kind",
+                 "picks_per_step", "dictionary_size", "step_ms", "floor_ms", "step_over_floor"],
+                f"launches ({torch.get_num_threads()} threads)")
     print(write_json(args.out, "launches", {"settings": vars(args), "rows": rows}))
     fig, axes = new_figure(ncols=2, width=4.2)
     names = [r["case"] for r in rows]

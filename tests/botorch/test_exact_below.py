@@ -62,3 +62,21 @@ def test_between_the_two_thresholds_the_device_decides(device):
     tol = 1e-9 if model.is_exact else 1e-3  # DTC on a variance-sampled dictionary: close, not equal
     torch.testing.assert_close(got.mean, want.mean, rtol=0, atol=tol)
     torch.testing.assert_close(got.variance, want.variance, rtol=0, atol=tol)
+
+
+def test_a_model_exact_outright_is_fitted_on_the_exact_evidence(device):
+    """Past ``EXACT_FIT`` points the fit maximizes the collapsed bound in rounds -- unless the posterior is the
+    exact GP outright (an accelerator, up to its threshold): then the exact evidence, as ``SingleTaskGP``'s."""
+    from botorch.fit import fit_gpytorch_mll
+
+    from torchbkb.botorch import DTCMarginalLogLikelihood
+    from torchbkb.botorch.defaults import EXACT_FIT
+
+    g = torch.Generator().manual_seed(1)
+    X = torch.rand(EXACT_FIT + 100, 3, generator=g, dtype=torch.float64)
+    Y = torch.sin(4 * X).sum(-1, keepdim=True) + 0.1 * torch.randn(EXACT_FIT + 100, 1, generator=g, dtype=torch.float64)
+    model = BKBModel(X.to(device), Y.to(device), seed=0)
+    fit_gpytorch_mll(DTCMarginalLogLikelihood(model.likelihood, model), fit_points=300)
+    outright = device.type != "cpu"
+    assert model.fit_objective == ("exact" if outright else "bound")
+    assert model.is_exact == outright

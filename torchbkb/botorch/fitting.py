@@ -10,8 +10,9 @@ at the current hyperparameters, thinned to at most :data:`FIT_INDUCING` (:func:`
 is valid on any inducing set, and its cost is ``O(n·FIT_INDUCING²)`` whatever ``m``), and runs L-BFGS-B
 (BoTorch's ``fit_gpytorch_mll_scipy``) on the bound over them. It stops when a round moves no hyperparameter
 by more than :data:`HYPER_TOL` (relative; the constant mean absolute below 1, in standardized units), or after
-:data:`MAX_ROUNDS` rounds. Up to :data:`EXACT_FIT` points one round maximizes the exact evidence instead. The
-model's own posterior then uses its whole dictionary, drawn at the fitted hyperparameters.
+:data:`MAX_ROUNDS` rounds. Up to :data:`EXACT_FIT` points, and while the model computes the exact GP outright
+(:func:`~torchbkb.botorch.defaults.exact_below`, a GPU's larger threshold), one round maximizes the exact evidence
+instead. The model's own posterior then uses its whole dictionary, drawn at the fitted hyperparameters.
 
 Example:
     >>> import torch
@@ -34,7 +35,7 @@ from gpytorch.module import Module as GPyTorchModule
 
 from torch import Tensor
 
-from torchbkb.botorch.defaults import EXACT_FIT
+from torchbkb.botorch.defaults import EXACT_FIT, exact_below
 from torchbkb.sampling.dictionary_replay import sample_dictionary
 from torchbkb.botorch.fit_attempts import optimize_with_retries
 from torchbkb.botorch.marginal_likelihood import DTCMarginalLogLikelihood, training_noise
@@ -123,8 +124,10 @@ def fit_rounds(model, mll, closure=None, optimizer=None, closure_kwargs=None, op
         return mll.eval()
     X = model.train_inputs[0]
     device, n = X.device, X.shape[-2]
-    # one round on the exact evidence (it does not depend on a dictionary): small n, or one set per batch
-    exact = n <= EXACT_FIT or X.dim() > 2
+    # one round on the exact evidence (it does not depend on a dictionary): small n, one set per batch, or a model
+    # whose posterior is the exact GP outright (on a GPU, up to its larger threshold)
+    outright = model.exact_fraction is not None and n <= exact_below(device)
+    exact = n <= EXACT_FIT or X.dim() > 2 or outright
     gen = torch.Generator().manual_seed(0 if model.seed is None else model.seed)
     if n > max(WARM_START, EXACT_FIT) and closure is None and warm_start and not exact:
         idx = torch.randperm(n, generator=gen)[:WARM_START].to(device)
