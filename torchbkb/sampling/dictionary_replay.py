@@ -23,7 +23,11 @@ from torchbkb.sampling.rls_dictionary import DEFAULT_INCLUSION, RLSDictionary, c
 from torchbkb.gp.stable_scoring import feature_rls
 from torchbkb.gp.linalg import compute_dtype, safe_cholesky
 
-__all__ = ["sample_dictionary", "draw_dictionary"]
+__all__ = ["sample_dictionary", "draw_dictionary", "KEEP_FEATURE_BYTES"]
+
+#: A round whose points are all conditioned on and scored (the last) keeps up to this many bytes of the features it
+#: embedded for ``V`` to score them with, instead of embedding them again: the same values, one pass fewer.
+KEEP_FEATURE_BYTES = 2**28
 
 
 def sample_dictionary(
@@ -197,18 +201,22 @@ def _sample_one(kernel, X: Tensor, w: Tensor, lam: float, dic: RLSDictionary, co
 def _round_rls(emb: NystromEmbedding, X: Tensor, w: Tensor, lam: float, end: int, new_end: int) -> Tensor:
     """`(new_end,)` ``σ̃²`` of ``X[:new_end]`` under the posterior conditioned on ``X[:end]`` (``σ̃²`` ignores
     ``y``): ``V = Σ w z zᵀ + λI`` factorized once (no inverse), points scored as
-    ``(k - ‖z‖²)/λ + ‖L⁻¹z‖²``; embedded once per round, or twice in chunks past the embedding's
-    ``chunk_size`` (no `(n, r)` features then)."""
+    ``(k - ‖z‖²)/λ + ‖L⁻¹z‖²``; embedded once per round, or in chunks past the embedding's ``chunk_size``:
+    twice, but for the chunks a last round keeps (:data:`KEEP_FEATURE_BYTES`), never all `(n, r)` features."""
     c = emb.chunk_size
     Z = emb(X[:new_end], validate=False) if new_end <= c else None  # (new_end, r); X was checked by the caller
     rows = (lambda i, j: Z[i:j]) if Z is not None else (lambda i, j: emb(X[i:j], validate=False))
     dtype = compute_dtype(X.dtype, emb.rank)
     V = torch.eye(emb.rank, dtype=dtype, device=X.device) * lam
+    kept, room = {}, KEEP_FEATURE_BYTES if Z is None and end == new_end else 0  # the same chunks in both passes
     for i in range(0, end, c):
         Zi = rows(i, min(i + c, end)).to(dtype)
         V = V + (Zi.transpose(-1, -2) * w[i : min(i + c, end)].to(dtype)) @ Zi
+        if Zi.numel() * Zi.element_size() <= room:
+            kept[i], room = Zi, room - Zi.numel() * Zi.element_size()
     L = safe_cholesky(V, name="V")
-    parts = [feature_rls(rows(i, min(i + c, new_end)).to(dtype), emb.kernel_diag(X[i : min(i + c, new_end)]), L, lam)
+    parts = [feature_rls(kept.pop(i) if i in kept else rows(i, min(i + c, new_end)).to(dtype),
+                         emb.kernel_diag(X[i : min(i + c, new_end)]), L, lam)
              for i in range(0, new_end, c)]
     return (parts[0] if len(parts) == 1 else torch.cat(parts)).to(X.dtype)
 
