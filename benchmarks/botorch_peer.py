@@ -165,13 +165,13 @@ def _memory_child(which: str, n: int, device) -> None:
 
 
 def make_bkb_as_on_an_accelerator(X, Y, seed=0):
-    """``make_bkb`` with the rule an accelerator applies (:func:`torchbkb.botorch.defaults.exact_below`): the exact
-    GP outright up to ``EXACT_BELOW_ACCELERATOR`` points, whatever the device -- to count a GPU's path on the CPU."""
+    """``make_bkb`` with the rule of a GPU whose float64 runs at full rate (``defaults.exact_below``): the exact GP
+    outright up to ``EXACT_BELOW_ACCELERATOR`` points, whatever the device -- a GPU's path counted on the CPU."""
     from unittest import mock
 
-    from torchbkb.botorch.defaults import exact_below
+    from torchbkb.botorch.defaults import EXACT_BELOW_ACCELERATOR
 
-    with mock.patch("torchbkb.botorch.engine.exact_below", lambda device: exact_below("cuda")):
+    with mock.patch("torchbkb.botorch.engine.exact_below", lambda device: EXACT_BELOW_ACCELERATOR):
         model = make_bkb(X, Y, seed)
         _ = model.engine  # built now, under the rule
     return model

@@ -1,5 +1,5 @@
-"""Small data are computed exactly outright: up to ``EXACT_BELOW`` points on the CPU, up to
-``EXACT_BELOW_ACCELERATOR`` on an accelerator, where the exact GP launches fewer kernels than the replay."""
+"""Small data are computed exactly outright: up to ``EXACT_BELOW`` points on the CPU, more on an accelerator, where
+the exact GP launches fewer kernels than the replay (``EXACT_BELOW_ACCELERATOR`` where float64 runs at full rate)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from botorch.models import SingleTaskGP
 from gpytorch.kernels import RBFKernel, ScaleKernel
 
 from torchbkb.botorch import BKBModel
-from torchbkb.botorch.defaults import EXACT_BELOW, EXACT_BELOW_ACCELERATOR, exact_below
+from torchbkb.botorch.defaults import EXACT_BELOW, EXACT_BELOW_ACCELERATOR, EXACT_BELOW_SLOW_FLOAT64, exact_below
 
 NOISE = 0.05
 
@@ -28,13 +28,18 @@ def _kernel(device) -> ScaleKernel:
     return k
 
 
-@pytest.mark.parametrize("where, expected", [("cpu", EXACT_BELOW), (torch.device("cpu"), EXACT_BELOW),
-                                             ("cuda", EXACT_BELOW_ACCELERATOR),
-                                             (torch.device("cuda", 1), EXACT_BELOW_ACCELERATOR),
-                                             ("meta", EXACT_BELOW_ACCELERATOR)])
-def test_the_rule_depends_on_the_device_type_only(where, expected):
-    assert exact_below(where) == expected
-    assert EXACT_BELOW < EXACT_BELOW_ACCELERATOR
+@pytest.mark.parametrize("capability, expected", [((9, 0), EXACT_BELOW_ACCELERATOR), ((8, 0), EXACT_BELOW_ACCELERATOR),
+                                                  ((8, 9), EXACT_BELOW_SLOW_FLOAT64),
+                                                  ((7, 5), EXACT_BELOW_SLOW_FLOAT64)])
+def test_the_rule_follows_the_device_and_its_float64_rate(monkeypatch, capability, expected):
+    """The CPU's threshold on the CPU; on CUDA, the larger one where float64 runs at full rate (H100: 9.0, A100:
+    8.0), a smaller one where it does not (L4, L40, RTX 4090: 8.9; T4: 7.5); on other accelerators the smaller."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    assert exact_below("cuda") == exact_below(torch.device("cuda", 1)) == expected
+    assert exact_below("cpu") == exact_below(torch.device("cpu")) == EXACT_BELOW
+    assert exact_below("meta") == EXACT_BELOW_SLOW_FLOAT64
+    assert EXACT_BELOW < EXACT_BELOW_SLOW_FLOAT64 < EXACT_BELOW_ACCELERATOR
 
 
 def test_the_threshold_is_inclusive_on_the_cpu():
@@ -52,7 +57,7 @@ def test_between_the_two_thresholds_the_device_decides(device):
     X, Y = _data(n, device)
     model = BKBModel(X, Y, kernel=_kernel(device), noise=NOISE, seed=0)
     sparse = BKBModel(X, Y, kernel=_kernel(device), noise=NOISE, seed=0, exact_fraction=None)
-    assert EXACT_BELOW < n <= EXACT_BELOW_ACCELERATOR
+    assert EXACT_BELOW < n <= EXACT_BELOW_SLOW_FLOAT64
     assert model.is_exact == (device.type != "cpu")
     assert not sparse.is_exact and sparse.num_inducing < n // 2
     gp = SingleTaskGP(X, Y, covar_module=_kernel(device))
@@ -66,7 +71,8 @@ def test_between_the_two_thresholds_the_device_decides(device):
 
 def test_a_model_exact_outright_is_fitted_on_the_exact_evidence(device):
     """Past ``EXACT_FIT`` points the fit maximizes the collapsed bound in rounds -- unless the posterior is the
-    exact GP outright (an accelerator, up to its threshold): then the exact evidence, as ``SingleTaskGP``'s."""
+    exact GP outright (a GPU whose float64 runs at full rate, up to its threshold): then the exact evidence, as
+    ``SingleTaskGP``'s."""
     from botorch.fit import fit_gpytorch_mll
 
     from torchbkb.botorch import DTCMarginalLogLikelihood
@@ -77,6 +83,6 @@ def test_a_model_exact_outright_is_fitted_on_the_exact_evidence(device):
     Y = torch.sin(4 * X).sum(-1, keepdim=True) + 0.1 * torch.randn(EXACT_FIT + 100, 1, generator=g, dtype=torch.float64)
     model = BKBModel(X.to(device), Y.to(device), seed=0)
     fit_gpytorch_mll(DTCMarginalLogLikelihood(model.likelihood, model), fit_points=300)
-    outright = device.type != "cpu"
+    outright = EXACT_FIT + 100 <= exact_below(device)  # a GPU whose float64 runs at full rate
     assert model.fit_objective == ("exact" if outright else "bound")
     assert model.is_exact == outright

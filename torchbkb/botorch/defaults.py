@@ -24,7 +24,7 @@ from torch import Tensor, nn
 
 __all__ = ["hyperparameter_modules", "hyperparameter_values", "same_values", "default_kernel", "DEFAULT_LENGTHSCALE",
            "DEFAULT_OUTPUTSCALE", "DEFAULT_NOISE", "EXACT_FRACTION", "EXACT_BELOW", "EXACT_BELOW_ACCELERATOR",
-           "exact_below", "EXACT_FIT", "MIN_YVAR"]
+           "EXACT_BELOW_SLOW_FLOAT64", "FULL_RATE_FLOAT64", "exact_below", "EXACT_FIT", "MIN_YVAR"]
 
 #: Matérn-5/2 lengthscale per input dimension is ``DEFAULT_LENGTHSCALE · √d`` (inputs in ``[0, 1]^d``):
 #: the typical distance between two uniform points of the unit cube grows like ``√(d/6)``.
@@ -41,11 +41,16 @@ EXACT_FRACTION = 0.5
 #: the dictionary replay's Python overhead (the dictionary is then drawn only if read, from the exact RLS
 #: variances). Kept small: scoring many candidates costs ``O(n²)`` each exactly against ``O(m²)`` with DTC.
 EXACT_BELOW = 128
-#: The same on an accelerator (CUDA, any device but the CPU). There an iteration's time is its kernel launches and
-#: host reads, not its arithmetic: the exact GP's solve and scoring launch fewer kernels than the dictionary replay
-#: and the DTC scoring, and their ``O(n³)`` and ``O(n²)``-per-candidate arithmetic stays small on a GPU up to a few
-#: thousand points.
+#: The same on a GPU whose float64 runs at full rate (:data:`FULL_RATE_FLOAT64`). There an iteration's time is its
+#: kernel launches and host reads, not its arithmetic: the exact GP's solve and scoring launch fewer kernels than the
+#: dictionary replay and the DTC scoring, and their ``O(n³)`` and ``O(n²)``-per-candidate arithmetic (in float64
+#: whatever the inputs' dtype, :func:`~torchbkb.gp.linalg.compute_dtype`) stays small up to a few thousand points.
 EXACT_BELOW_ACCELERATOR = 4096
+#: The same on any other accelerator: float64 at 1/32-1/64 of the float32 rate makes that arithmetic the cost.
+EXACT_BELOW_SLOW_FLOAT64 = 512
+#: CUDA compute capabilities whose float64 runs at half the float32 rate or better (P100, V100, A100/A30,
+#: H100/H200, B200; AMD's MI200 and MI300 read as 9.0 under ROCm).
+FULL_RATE_FLOAT64 = frozenset({(6, 0), (7, 0), (8, 0), (9, 0), (10, 0)})
 #: Up to this many training points a fit maximizes the exact evidence (one round: it does not depend on a
 #: dictionary), which costs about what the bound does there and is what an exact posterior needs.
 EXACT_FIT = 1000
@@ -55,13 +60,20 @@ MIN_YVAR = 1e-6
 
 def exact_below(device: torch.device | str) -> int:
     """The most training points (unbatched) for which a model on ``device`` computes the exact GP outright:
-    :data:`EXACT_BELOW` on the CPU, :data:`EXACT_BELOW_ACCELERATOR` elsewhere.
+    :data:`EXACT_BELOW` on the CPU, :data:`EXACT_BELOW_ACCELERATOR` on a CUDA device of
+    :data:`FULL_RATE_FLOAT64`, :data:`EXACT_BELOW_SLOW_FLOAT64` on any other accelerator.
 
     Example:
-        >>> exact_below("cpu"), exact_below("cuda:1")
-        (128, 4096)
+        >>> exact_below("cpu")
+        128
     """
-    return EXACT_BELOW if torch.device(device).type == "cpu" else EXACT_BELOW_ACCELERATOR
+    device = torch.device(device)
+    if device.type == "cpu":
+        return EXACT_BELOW
+    if device.type == "cuda" and torch.cuda.is_available():
+        if tuple(torch.cuda.get_device_capability(device)) in FULL_RATE_FLOAT64:
+            return EXACT_BELOW_ACCELERATOR
+    return EXACT_BELOW_SLOW_FLOAT64
 
 
 def default_kernel(d: int, *, dtype: torch.dtype = torch.float64,
