@@ -85,7 +85,7 @@ class BKBModel(ModelLifecycle, Model, FantasizeMixin):
         outcome_transform: a BoTorch ``OutcomeTransform``; by default ``Standardize(m=1)`` as in
             ``SingleTaskGP``; ``None`` for none.
         exact_fraction: the exact GP when the dictionary holds this fraction of the points (default
-            :data:`EXACT_FRACTION`), or at most :func:`~torchbkb.botorch.defaults.exact_below` are given; ``None``: DTC.
+            :data:`EXACT_FRACTION`) or there are at most :func:`~torchbkb.botorch.defaults.exact_below`; ``None``: DTC.
         likelihood: a ``gpytorch.likelihoods.GaussianLikelihood`` (e.g. with a noise constraint, as TuRBO's
             tutorial builds it), used as given; not with ``noise`` or ``train_Yvar``.
         mean_module: a ``ConstantMean`` or ``ZeroMean`` (the posterior's prior mean is a constant).
