@@ -9,6 +9,7 @@ from botorch.models import SingleTaskGP
 from gpytorch.kernels import RBFKernel, ScaleKernel
 
 from torchbkb.botorch import BKBModel
+from torchbkb.errors import InputDataError
 from torchbkb.botorch.defaults import EXACT_BELOW, EXACT_BELOW_ACCELERATOR, EXACT_BELOW_SLOW_FLOAT64, exact_below
 
 NOISE = 0.05
@@ -40,6 +41,12 @@ def test_the_rule_follows_the_device_and_its_float64_rate(monkeypatch, capabilit
     assert exact_below("cpu") == exact_below(torch.device("cpu")) == EXACT_BELOW
     assert exact_below("meta") == EXACT_BELOW_SLOW_FLOAT64
     assert EXACT_BELOW < EXACT_BELOW_SLOW_FLOAT64 < EXACT_BELOW_ACCELERATOR
+
+
+@pytest.mark.parametrize("bad", ["nope", 3.5, None])
+def test_a_bad_device_raises_a_typed_error(bad):
+    with pytest.raises(InputDataError, match="expected a torch.device"):
+        exact_below(bad)
 
 
 def test_the_threshold_is_inclusive_on_the_cpu():

@@ -22,6 +22,8 @@ from gpytorch.likelihoods import FixedNoiseGaussianLikelihood, GaussianLikelihoo
 from gpytorch.means import ConstantMean
 from torch import Tensor, nn
 
+from torchbkb.errors import InputDataError
+
 __all__ = ["hyperparameter_modules", "hyperparameter_values", "same_values", "default_kernel", "DEFAULT_LENGTHSCALE",
            "DEFAULT_OUTPUTSCALE", "DEFAULT_NOISE", "EXACT_FRACTION", "EXACT_BELOW", "EXACT_BELOW_ACCELERATOR",
            "EXACT_BELOW_SLOW_FLOAT64", "FULL_RATE_FLOAT64", "exact_below", "EXACT_FIT", "MIN_YVAR"]
@@ -67,7 +69,10 @@ def exact_below(device: torch.device | str) -> int:
         >>> exact_below("cpu")
         128
     """
-    device = torch.device(device)
+    try:
+        device = torch.device(device)
+    except (RuntimeError, TypeError) as err:
+        raise InputDataError(f"device: expected a torch.device or a device string, got {device!r}") from err
     if device.type == "cpu":
         return EXACT_BELOW
     if device.type == "cuda" and torch.cuda.is_available():
