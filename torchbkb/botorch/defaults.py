@@ -26,7 +26,8 @@ from torchbkb.errors import InputDataError
 
 __all__ = ["hyperparameter_modules", "hyperparameter_values", "same_values", "default_kernel", "DEFAULT_LENGTHSCALE",
            "DEFAULT_OUTPUTSCALE", "DEFAULT_NOISE", "EXACT_FRACTION", "EXACT_BELOW", "EXACT_BELOW_ACCELERATOR",
-           "EXACT_BELOW_SLOW_FLOAT64", "FULL_RATE_FLOAT64", "exact_below", "EXACT_FIT", "MIN_YVAR"]
+           "EXACT_BELOW_SLOW_FLOAT64", "FULL_RATE_FLOAT64", "exact_below", "exact_outright", "EXACT_FIT",
+           "MIN_YVAR"]
 
 #: Matérn-5/2 lengthscale per input dimension is ``DEFAULT_LENGTHSCALE · √d`` (inputs in ``[0, 1]^d``):
 #: the typical distance between two uniform points of the unit cube grows like ``√(d/6)``.
@@ -79,6 +80,17 @@ def exact_below(device: torch.device | str) -> int:
         if tuple(torch.cuda.get_device_capability(device)) in FULL_RATE_FLOAT64:
             return EXACT_BELOW_ACCELERATOR
     return EXACT_BELOW_SLOW_FLOAT64
+
+
+def exact_outright(X: Tensor, exact_fraction: float | None) -> bool:
+    """Whether a model on the training inputs ``X`` `(*b, n, d)` computes the exact GP outright, with no dictionary
+    replay: unbatched, at most :func:`exact_below` points on ``X``'s device, and ``exact_fraction`` not ``None``.
+
+    Example:
+        >>> exact_outright(torch.zeros(100, 2), 0.5), exact_outright(torch.zeros(100, 2), None)
+        (True, False)
+    """
+    return exact_fraction is not None and X.dim() == 2 and X.shape[-2] <= exact_below(X.device)
 
 
 def default_kernel(d: int, *, dtype: torch.dtype = torch.float64,

@@ -32,7 +32,7 @@ from linear_operator import LinearOperator, to_linear_operator
 from torch import Tensor, nn
 
 from torchbkb.botorch.conditioning import dtc_condition, shallow_module_copy
-from torchbkb.botorch.defaults import exact_below
+from torchbkb.botorch.defaults import exact_outright
 from torchbkb.sampling.dictionary_replay import draw_dictionary, sample_dictionary
 from torchbkb.gp.exact_gp_state import ExactGPState
 from torchbkb.botorch.model_data import ModelData
@@ -91,7 +91,7 @@ class ModelEngine:
         the engine is exact outright (no replay; the dictionary is drawn only if read).
         """
         counts = None if noise is None else lam / noise
-        small = exact or (exact_fraction is not None and X.shape[-2] <= exact_below(X.device) and X.dim() == 2)
+        small = exact or exact_outright(X, exact_fraction)
         S = None
         if not small:
             S = sample_dictionary(kernel, X, lam, q_bar=q_bar, generator=generator, counts=counts,

@@ -35,7 +35,7 @@ from gpytorch.module import Module as GPyTorchModule
 
 from torch import Tensor
 
-from torchbkb.botorch.defaults import EXACT_FIT, exact_below
+from torchbkb.botorch.defaults import EXACT_FIT, exact_outright
 from torchbkb.sampling.dictionary_replay import sample_dictionary
 from torchbkb.botorch.fit_attempts import optimize_with_retries
 from torchbkb.botorch.marginal_likelihood import DTCMarginalLogLikelihood, training_noise
@@ -126,8 +126,7 @@ def fit_rounds(model, mll, closure=None, optimizer=None, closure_kwargs=None, op
     device, n = X.device, X.shape[-2]
     # one round on the exact evidence (it does not depend on a dictionary): small n, one set per batch, or a model
     # whose posterior is the exact GP outright (on a GPU, up to its larger threshold)
-    outright = model.exact_fraction is not None and n <= exact_below(device)
-    exact = n <= EXACT_FIT or X.dim() > 2 or outright
+    exact = n <= EXACT_FIT or X.dim() > 2 or exact_outright(X, model.exact_fraction)
     gen = torch.Generator().manual_seed(0 if model.seed is None else model.seed)
     if n > max(WARM_START, EXACT_FIT) and closure is None and warm_start and not exact:
         idx = torch.randperm(n, generator=gen)[:WARM_START].to(device)

@@ -290,7 +290,6 @@ def fit_kernel_row_operator_ex(
     return kernel_row_operator(W, V_inv, weights, lam), V_inv, info
 
 
-
 def score_kernel_rows(
     K: torch.Tensor, kdiag: torch.Tensor, M: torch.Tensor, a: torch.Tensor, lam: float, chunk_size: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
