@@ -171,7 +171,7 @@ def make_bkb_as_on_an_accelerator(X, Y, seed=0):
 
     from torchbkb.botorch.defaults import EXACT_BELOW_ACCELERATOR
 
-    with mock.patch("torchbkb.botorch.engine.exact_below", lambda device: EXACT_BELOW_ACCELERATOR):
+    with mock.patch("torchbkb.botorch.defaults.exact_below", lambda device: EXACT_BELOW_ACCELERATOR):
         model = make_bkb(X, Y, seed)
         _ = model.engine  # built now, under the rule
     return model
