@@ -3,8 +3,8 @@
 # order of what matters most, its results tarred into $OUT after each piece so that a run stopped at its limit
 # still returns them. `_fixed` cases run the GPU's defaults (the fixed-capacity update, BBKB's device loop with its
 # picks replayed from CUDA graphs and its batch-end update read with the next batch), `_eager` ones the CPU's (the
-# eager update, the lazy loop), on the same machine;
-# `--compiled` compiles the update (the BKB step at 10⁶ arms).
+# eager update, the lazy loop), on the same machine; on CUDA the fixed-capacity update replays from CUDA graphs,
+# `--no-update-graphs` launches it operation by operation (the comparison at 10⁶ arms and on the anchor).
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
 R=/tmp/res; mkdir -p $R
 finish() { (cd /tmp && tar czf "$OUT/res.tgz" res); }
@@ -14,9 +14,11 @@ for A in 1000000 10000000; do
   timeout 80 $L --cases bkb_large_fixed bkb_large_eager --arms $A --steps 10 --timed-steps 30 --out $R/l$A 2>&1 | tail -3
   finish
 done
-timeout 100 $L --cases bkb_large_fixed --compiled --arms 1000000 --steps 10 --timed-steps 30 --out $R/lcl 2>&1 | tail -3
+timeout 60 $L --cases bkb_large_fixed --no-update-graphs --arms 1000000 --steps 10 --timed-steps 30 --out $R/lng \
+  2>&1 | tail -3
 finish
-timeout 120 python -m benchmarks.pick_loop --device cuda --variants eager graph graph_compiled --out $R/pl 2>&1 | tail -5
+timeout 40 $L --cases bkb_anchor_fixed --steps 10 --timed-steps 50 --out $R/la 2>&1 | tail -3
+timeout 40 $L --cases bkb_anchor_fixed --no-update-graphs --steps 10 --timed-steps 50 --out $R/lang 2>&1 | tail -3
 finish
 timeout 60 $L --cases bbkb_cadata_fixed bbkb_cadata_eager --warmup 40 --steps 10 --timed-steps 10 --out $R/lc \
   2>&1 | tail -3
@@ -34,5 +36,5 @@ python - <<'P'
 import json, glob
 for f in sorted(glob.glob("/tmp/res/l*/launches.json")):
     for r in json.load(open(f))["rows"]:
-        print(r["case"], r["syncs_per_pick"], r["picks_per_step"], r["step_ms"]); [print("  ", v, k) for k, v in r["sync_sites"].items()]
+        print(f, r["case"], r["update_graphs_built"], r["syncs_per_pick"], r["picks_per_step"], r["step_ms"]); [print("  ", v, k) for k, v in r["sync_sites"].items()]
 P

@@ -25,7 +25,9 @@ Cases (steps counted after a warm-up, the median per step over the measured wind
   one host read per update, every arm scored; BBKB's device loop, replayed picks and deferred update) or as on the
   CPU (the eager update with its data-dependent shapes and pruning; the lazy loop), whatever the device;
   ``--compiled`` runs the fixed-capacity update through ``torch.compile`` (``bandit.engine.compiled``) and BBKB's
-  replayed picks too (``PickGraphs(compiled=True)``).
+  replayed picks too (``PickGraphs(compiled=True)``); on CUDA the update replays from CUDA graphs
+  (``bandit.engine.graphs``; ``--no-update-graphs`` launches it operation by operation). A replayed update's
+  kernels run inside its graph: the counts see its copies in and out, not them.
 
 Beside the counts, each case times its steps without the profiler (the median over ``--timed-steps`` steps)
 and, interleaved with them, its **arithmetic floor**: the ``(A × m)·(m × m)`` product that scores every arm at
@@ -62,10 +64,11 @@ SYNC_OPS = ("aten::_local_scalar_dense", "aten::nonzero", "aten::masked_select",
             "aten::is_nonzero", "aten::item", "aten::equal")
 
 
-def bandit(case: str, device, dtype, arms_large: int, chunk_size: int | None = None, compiled: bool = False):
+def bandit(case: str, device, dtype, arms_large: int, chunk_size: int | None = None, compiled: bool = False,
+           update_graphs: bool = True):
     """The case's bandit; a ``_fixed`` case runs as on a GPU (the fixed-capacity update, BBKB's device loop), an
     ``_eager`` one as on the CPU (the eager update, the lazy loop), whatever the device; ``compiled`` compiles the
-    fixed-capacity update."""
+    fixed-capacity update; without ``update_graphs`` it is never replayed from a CUDA graph."""
     base = case.removesuffix("_fixed").removesuffix("_eager")
     b, values, noise_std = plain_bandit(base, device, dtype, arms_large, chunk_size)
     if base != case:
@@ -73,6 +76,8 @@ def bandit(case: str, device, dtype, arms_large: int, chunk_size: int | None = N
         if hasattr(b, "device_loop"):
             b.device_loop = b.fixed_capacity
     b.engine.compiled = compiled
+    if not update_graphs:
+        b.engine.graphs = None
     if base != case and getattr(b, "pick_graphs", None) is not None:
         from torchbkb.bandits.pick_graph import PickGraphs
 
@@ -194,7 +199,8 @@ def top_level_ops(prof) -> list[str]:
 
 
 def count(case: str, args, device, dtype) -> dict:
-    b, values, noise_std = bandit(case, device, dtype, args.arms, args.chunk_size, args.compiled)
+    b, values, noise_std = bandit(case, device, dtype, args.arms, args.chunk_size, args.compiled,
+                                  not args.no_update_graphs)
     g = torch.Generator(device=values.device).manual_seed(1)
 
     def step() -> int:
@@ -236,6 +242,7 @@ def count(case: str, args, device, dtype) -> dict:
             "sync_kind": "measured (set_sync_debug_mode)" if device.type == "cuda" else "forecast (data-dependent ops)",
             "picks_per_step": statistics.median(picks), "sync_sites": dict(sites.most_common(20)),
             "dictionary_size": b.dictionary_size,
+            "update_graphs_built": None if b.engine.graphs is None else b.engine.graphs.built,
             "top_ops_last_step": dict(last.most_common(12))}
 
 
@@ -277,6 +284,8 @@ def main(argv=None):
                    help="steps timed without the profiler, beside the floor GEMM")
     p.add_argument("--compiled", action="store_true",
                    help="compile the fixed-capacity update (torch.compile, fullgraph; a failure falls back, recorded)")
+    p.add_argument("--no-update-graphs", action="store_true",
+                   help="never replay the fixed-capacity update from a CUDA graph (bandit.engine.graphs = None)")
     p.add_argument("--chunk-size", type=int, default=None,
                    help="arms scored at once (default: the library's, sized for the device)")
     args = p.parse_args(argv)
@@ -290,7 +299,7 @@ def main(argv=None):
         r["step_ms"], r["floor_ms"] = 1e3 * r["step_s"], 1e3 * r["floor_s"]
     print_table(rows,
                 ["case", "device", "num_arms", "ops_per_pick", "kernels_per_pick", "syncs_per_pick", "sync_kind",
-                 "picks_per_step", "dictionary_size", "step_ms", "floor_ms", "step_over_floor"],
+                 "picks_per_step", "dictionary_size", "update_graphs_built", "step_ms", "floor_ms", "step_over_floor"],
                 f"launches ({torch.get_num_threads()} threads)")
     print(write_json(args.out, "launches", {"settings": vars(args), "rows": rows}))
     fig, axes = new_figure(ncols=2, width=4.2)

@@ -13,23 +13,31 @@ same update is one function of fixed shapes (:func:`fixed_update`, it compiles w
 * what the eager update checks on the host -- ``K_S``'s Cholesky pivots, ``V``'s factorization, the dictionary's
   size -- comes back as flags, read once per update with the dictionary (:class:`FixedCapacityEngine`), which grows
   ``m_cap`` (doubling) and runs the update again with the same draws when the dictionary outgrew it, and hands an
-  update that needs the eigendecomposition back to the eager path.
+  update that needs the eigendecomposition back to the eager path;
+* on a GPU the update is replayed from a CUDA graph (:mod:`~torchbkb.bandits.update_graph`): one launch instead of
+  one per operation.
 
 Example:
     >>> import torch
-    >>> keep = torch.tensor([True, False, True, True, False])
-    >>> slots, valid, m = compact_slots(keep, 4)
-    >>> slots.tolist(), valid.tolist(), int(m)
-    ([0, 2, 3, 0], [True, True, True, False], 3)
+    >>> from torchbkb import BKB
+    >>> from torchbkb.gp.kernels import GaussianKernel; arms = torch.rand(40, 2, dtype=torch.float64)
+    >>> b = BKB(arms, GaussianKernel(0.3), noise=0.1, beta=0.5, seed=0); b.fixed_capacity = True
+    >>> for _ in range(5):
+    ...     i = b.ask(); b.tell(i, torch.sin(3 * arms[i, 0]))
+    >>> b.engine.m_cap, b.dictionary_size <= b.engine.m_cap
+    (16, True)
 """
 
 from __future__ import annotations
 
+import inspect
 import warnings
 from typing import NamedTuple
 
 import torch
 
+from torchbkb.bandits.capacity import MIN_CAPACITY, capacity_for, compact_slots
+from torchbkb.bandits.update_graph import UpdateGraphs
 from torchbkb.errors import NumericsError
 from torchbkb.bandits.pruning import PRUNE_MAX_FRACTION, survivor_mask
 from torchbkb.gp.functional import fit_kernel_row_operator_ex, rls_kernel_columns, score_kernel_columns
@@ -39,17 +47,10 @@ from torchbkb.sampling.rls_dictionary import RLSDictionary, inclusion_probabilit
 from torchbkb.utils.host_copy import to_device
 
 __all__ = ["FixedUpdate", "FixedCapacityEngine", "FixedCapacityUpdates", "LaunchedUpdate", "HEAD", "MIN_CAPACITY",
-           "capacity_for", "padded_features", "compact_slots", "fixed_update"]
+           "UPDATE_ARGUMENTS", "capacity_for", "padded_features", "compact_slots", "fixed_update"]
 
-#: the smallest capacity of the pulled arms and of the dictionary's slots.
-MIN_CAPACITY = 16
 #: the flags before the slots in :attr:`FixedUpdate.flags`.
 HEAD = 7
-
-
-def capacity_for(n: int) -> int:
-    """The capacity that holds ``n`` entries: a power of two, at least :data:`MIN_CAPACITY`."""
-    return max(MIN_CAPACITY, 1 << max(int(n) - 1, 0).bit_length())
 
 
 class FixedUpdate(NamedTuple):
@@ -67,24 +68,6 @@ class FixedUpdate(NamedTuple):
     #: then the slots
     flags: torch.Tensor
     scored: torch.Tensor  #: `(k_cap,)` long, pruned: the scored arms ascending (0 past their count); else `(0,)`
-
-
-def compact_slots(keep: torch.Tensor, m_cap: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The positions of the kept entries of ``keep`` `(P,)`, ascending, in ``m_cap`` slots.
-
-    Returns:
-        ``(positions, valid, m)``: `(m_cap,)` long (0 in the unused slots), `(m_cap,)` bool, and the 0-d count ``m``
-        of kept entries (when ``m > m_cap`` only the first ``m_cap`` are placed).
-    """
-    k = keep.long()
-    pos = torch.cumsum(k, 0) - 1
-    m = k.sum()
-    src = torch.arange(keep.shape[0], device=keep.device)
-    target = torch.where(keep & (pos < m_cap), pos, m_cap + src)  # the rest to slots of their own past the end
-    positions = torch.zeros(m_cap + keep.shape[0], dtype=torch.long, device=keep.device).scatter(0, target, src)
-    positions = positions[:m_cap]  # (unique targets: a deterministic scatter on every device)
-    valid = torch.arange(m_cap, device=keep.device) < m
-    return torch.where(valid, positions, 0), valid, m
 
 
 def fixed_update(K_P: torch.Tensor | None, asc_row: torch.Tensor, asc_arm: torch.Tensor, counts: torch.Tensor,
@@ -164,6 +147,10 @@ def fixed_update(K_P: torch.Tensor | None, asc_row: torch.Tensor, asc_arm: torch
     return FixedUpdate(K_SA, slots, W, V_inv, Ma, mean, rls, flags, scored)
 
 
+#: :func:`fixed_update`'s arguments in order.
+UPDATE_ARGUMENTS = tuple(inspect.signature(fixed_update).parameters)
+
+
 def padded_features(out: FixedUpdate, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """``(Z, V⁻¹)`` of an update not read yet, in its ``m_cap`` slots: `(A, m_cap)` features in ``dtype``, zero past
     the dictionary's ``m`` (compared on the device), and `(m_cap, m_cap)` ``V⁻¹``: ``V⁻¹ z`` and ``zᵀ V⁻¹ z``
@@ -194,10 +181,15 @@ class FixedCapacityEngine:
 
     Attributes:
         m_cap: the dictionary's slots (doubling when a dictionary outgrows them).
+        graphs: the :class:`~torchbkb.bandits.update_graph.UpdateGraphs` that replay the update on a GPU (``None``:
+            every update launched operation by operation).
     """
+
+    graphs: UpdateGraphs | None = None  # an engine pickled before the graphs has none
 
     def __init__(self, compiled: bool = False, backend: str = "inductor"):
         self.compiled, self.backend = bool(compiled), backend
+        self.graphs = UpdateGraphs()
         self.m_cap = MIN_CAPACITY
         self.k_cap = 0  # the scored arms' slots of a pruned update (set at the first, doubling when outgrown)
         self._num_arms = 0
@@ -287,16 +279,23 @@ class FixedCapacityEngine:
         """:func:`fixed_update`, compiled when asked; a compilation that fails (a graph break, the recompile limit)
         says so once and the engine runs eagerly from then on: the same update."""
         if not self.compiled:
-            return fixed_update(*args)
+            return self._call(fixed_update, args)
         if self._fn is None or self._fn[0] != self.backend:
             self._fn = (self.backend, torch.compile(fixed_update, fullgraph=True, backend=self.backend))
         try:
-            return self._fn[1](*args)
+            return self._call(self._fn[1], args)
         except Exception as err:  # noqa: BLE001 - any compiler failure; the eager call below raises real errors
             self.compiled = False
             warnings.warn(f"FixedCapacityEngine: torch.compile failed ({type(err).__name__}: {str(err)[:200]}); "
                           f"updating eagerly from now on", RuntimeWarning, stacklevel=4)
-            return fixed_update(*args)
+            return self._call(fixed_update, args)
+
+    def _call(self, fn, args: tuple) -> FixedUpdate:
+        """``fn(*args)``, replayed from a CUDA graph where :attr:`graphs` serve the device and the rows' size."""
+        kdiag, graphs = args[UPDATE_ARGUMENTS.index("kdiag")], self.graphs
+        rows_bytes = self.m_cap * kdiag.numel() * kdiag.element_size()
+        out = None if graphs is None else graphs.run(fn, dict(zip(UPDATE_ARGUMENTS, args)), kdiag.dtype, rows_bytes)
+        return fn(*args) if out is None else out
 
 
 class FixedCapacityUpdates:

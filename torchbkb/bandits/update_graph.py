@@ -1,0 +1,170 @@
+"""A function of fixed shapes replayed from a CUDA graph: one launch for the sketched bandits' update's ~140 kernels.
+
+:func:`~torchbkb.bandits.fixed_capacity.fixed_update` has fixed shapes and reads nothing on the host, so on a GPU it is
+captured once per shape and replayed at every update (on a GPU the update costs its launches, not its arithmetic).
+A graph reads static buffers, so:
+
+* each call copies its tensor inputs into the graph's buffers (device copies; for the update, `(A,)` vectors at
+  most), except the ``referenced`` ones -- large tensors that stay put, like the arms and the pulled arms' rows --,
+  which the graph reads where they live (a tensor at another address is another graph);
+* the ``scalars`` (Python floats or ``None``, like the update's widths) are held in 0-d tensors, so a width that
+  changes at every call replays the same graph; a 0-d tensor on the host is read when captured (its value is part
+  of the graph's key); other values (sizes, flags, the kernel) are part of the key;
+* the outputs are copied out after each replay, since the next replay overwrites them.
+
+On a device type outside ``devices`` nothing is captured; listing ``"cpu"`` runs the function eagerly on the same
+buffers -- what a graph replays, testable anywhere. A capture that fails says so once and :meth:`UpdateGraphs.run`
+returns ``None`` from then on: the caller runs the function itself.
+
+Example:
+    >>> import torch
+    >>> def step(x, y, w):
+    ...     return (x * w + y, x.sum())
+    >>> graphs = UpdateGraphs(devices=("cpu",), referenced=("y",), scalars=("w",))
+    >>> x, y = torch.ones(3), torch.arange(3.0)
+    >>> out = graphs.run(step, {"x": x, "y": y, "w": 2.0}, torch.float32)
+    >>> out[0].tolist(), graphs.run(step, {"x": 2 * x, "y": y, "w": 0.5}, torch.float32)[0].tolist(), len(graphs)
+    ([2.0, 3.0, 4.0], [1.0, 2.0, 3.0], 1)
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+
+import torch
+
+__all__ = ["GRAPH_BYTES", "CaptureFailed", "UpdateGraph", "UpdateGraphs"]
+
+#: the most bytes a graph's largest output may hold (the update's `(m_cap, A)` rows); past it the call runs eagerly.
+GRAPH_BYTES = 2**31
+
+
+class UpdateGraph:
+    """Static buffers for one key's inputs and, on CUDA, the graph of ``fn`` on them (captured at the first call).
+
+    Args:
+        fn: the function, called with keyword arguments; it returns a tuple (or named tuple) of tensors.
+        args: the first call's arguments by name; scalars: the names held in 0-d tensors of ``scalar_dtype``;
+        referenced: the tensors read where they live.
+    """
+
+    def __init__(self, fn: Callable, args: dict, scalars: tuple[str, ...], referenced: tuple[str, ...],
+                 scalar_dtype: torch.dtype, device: torch.device):
+        self.fn, self.device = fn, torch.device(device)
+        self.static: dict = {}
+        self._copied: list[str] = []
+        self._scalars: list[str] = []
+        for name, value in args.items():
+            if name in scalars and value is not None:
+                self.static[name] = torch.zeros((), dtype=scalar_dtype, device=self.device)
+                self._scalars.append(name)
+            elif isinstance(value, torch.Tensor) and name not in referenced and value.device == self.device:
+                self.static[name] = torch.empty_like(value, memory_format=torch.contiguous_format)
+                self._copied.append(name)
+            else:
+                self.static[name] = value
+        self._graph: torch.cuda.CUDAGraph | None = None
+        self._out = None
+
+    def run(self, args: dict):
+        """``fn`` on ``args`` (their key this graph's): the inputs copied in, then replayed (CUDA) or called; the
+        outputs are copies."""
+        for name in self._copied:
+            self.static[name].copy_(args[name])
+        for name in self._scalars:
+            self.static[name].fill_(args[name])
+        if self.device.type != "cuda":
+            out = self.fn(**self.static)
+        else:
+            if self._graph is None:
+                self._capture()
+            self._graph.replay()
+            out = self._out
+        copies = [t.clone() for t in out]  # the next call overwrites the graph's outputs and the buffers
+        return type(out)(*copies) if hasattr(out, "_fields") else type(out)(copies)
+
+    def _capture(self) -> None:
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side):  # warm up (cuBLAS and cuSOLVER workspaces, a compilation) outside the capture
+            self.fn(**self.static)
+        torch.cuda.current_stream(self.device).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        try:
+            with torch.cuda.graph(graph):
+                out = self.fn(**self.static)
+        except Exception as err:  # noqa: BLE001 - whatever cannot be captured (a host read, a library call)
+            raise CaptureFailed(f"{type(err).__name__}: {str(err)[:200]}") from err
+        self._out, self._graph = out, graph
+
+
+class CaptureFailed(RuntimeError):
+    """A function that ran eagerly could not be captured in a CUDA graph."""
+
+
+class UpdateGraphs:
+    """The :class:`UpdateGraph` of each key a caller meets, the latest ``keep`` kept, on the device types
+    ``devices``; none is pickled or copied (each is captured again when needed).
+
+    Args:
+        devices: where graphs are used (``"cuda"``; ``"cpu"`` runs the buffers eagerly, for tests).
+        referenced, scalars: the argument names read where they live, and held in 0-d tensors (module docstring).
+        keep: graphs kept (each holds its own memory: the update's `(m_cap, A)` rows among it).
+
+    Attributes:
+        enabled: ``False`` after a capture failed (every call then returns ``None``).
+        built: graphs built so far (each a capture on CUDA).
+    """
+
+    def __init__(self, devices: tuple[str, ...] = ("cuda",), referenced: tuple[str, ...] = ("K_P", "kdiag", "arms"),
+                 scalars: tuple[str, ...] = ("width", "prune_width"), keep: int = 3):
+        self.devices, self.referenced, self.scalars = tuple(devices), tuple(referenced), tuple(scalars)
+        self.keep, self.enabled, self.built = int(keep), True, 0
+        self._graphs: dict[tuple, UpdateGraph] = {}
+
+    def __getstate__(self) -> dict:
+        return self.__dict__ | {"_graphs": {}}
+
+    def __len__(self) -> int:
+        return len(self._graphs)
+
+    def run(self, fn: Callable, args: dict, scalar_dtype: torch.dtype, out_bytes: int = 0):
+        """``fn(**args)`` through the graph of its key; ``None`` (the caller calls ``fn``) on a device type not in
+        :attr:`devices`, when the largest output holds more than :data:`GRAPH_BYTES` (``out_bytes``), or once a
+        capture has failed (warned once)."""
+        if not self.enabled or out_bytes > GRAPH_BYTES:
+            return None
+        device = next(v.device for v in args.values() if isinstance(v, torch.Tensor) and v.dim() > 0)
+        if device.type not in self.devices:
+            return None
+        key = (id(fn), scalar_dtype, *(self._key_part(n, v, device) for n, v in args.items()))
+        graph = self._graphs.pop(key, None)
+        if graph is None:
+            graph = UpdateGraph(fn, args, self.scalars, self.referenced, scalar_dtype, device)
+            self.built += 1
+            while len(self._graphs) >= self.keep:
+                self._graphs.pop(next(iter(self._graphs)))
+        try:
+            out = graph.run(args)
+        except CaptureFailed as err:  # a failing call raises as it would eagerly
+            self.enabled, self._graphs = False, {}
+            warnings.warn(f"UpdateGraphs: the CUDA graph capture failed ({err}); running without graphs from now on",
+                          RuntimeWarning, stacklevel=3)
+            return None
+        self._graphs[key] = graph  # the most recent last
+        return out
+
+    def _key_part(self, name: str, value, device: torch.device) -> tuple:
+        if name in self.scalars:
+            return name, value is None
+        if isinstance(value, torch.Tensor):
+            part = (name, tuple(value.shape), value.dtype, value.device)
+            if value.device != device:  # a host 0-d tensor: its value enters the graph at the capture
+                return (*part, value.tolist())
+            if name in self.referenced:
+                return (*part, value.data_ptr(), tuple(value.stride()))
+            return part
+        if isinstance(value, (bool, int, float, str, type(None))):
+            return name, value
+        return name, id(value)  # a module (the kernel): the graph reads its parameters where they live
