@@ -1,37 +1,40 @@
 #!/bin/bash
-# The measurements of one lent GPU run (docs/gpu.md), from the repository root: each piece time-guarded, in the
-# order of what matters most, its results tarred into $OUT after each piece so that a run stopped at its limit
-# still returns them. `_fixed` cases run the GPU's defaults (the fixed-capacity update, BBKB's device loop with its
-# picks replayed from CUDA graphs and its batch-end update read with the next batch), `_eager` ones the CPU's (the
-# eager update, the lazy loop), on the same machine; on CUDA the fixed-capacity update replays from CUDA graphs,
-# `--no-update-graphs` launches it operation by operation (the comparison at 10⁶ arms and on the anchor).
+# The measurements of one lent GPU run (docs/gpu.md), from the repository root: each piece time-guarded (about 610 s
+# if each ran to its limit; run it with timeout_s ~590), in the order of what matters most, its results tarred into
+# $OUT after each piece so that a run stopped at its limit still returns them. `_fixed` cases run the GPU's defaults
+# (the fixed-capacity update, BBKB's device loop with its picks replayed from CUDA graphs and its batch-end update
+# read with the next batch), `_eager` ones the CPU's (the eager update, the lazy loop), on the same machine; on CUDA
+# the fixed-capacity update replays from CUDA graphs, `--no-update-graphs` launches it operation by operation (the
+# comparison at 10⁶ arms and on the anchor).
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
 R=/tmp/res; mkdir -p $R
 finish() { (cd /tmp && tar czf "$OUT/res.tgz" res); }
 nvidia-smi -L; python -c "import torch, botorch, gpytorch; print(torch.__version__, botorch.__version__, gpytorch.__version__)"
 L="python -m benchmarks.launches --device cuda"
-for A in 1000000 10000000; do
-  timeout 80 $L --cases bkb_large_fixed bkb_large_eager --arms $A --steps 10 --timed-steps 30 --out $R/l$A 2>&1 | tail -3
-  finish
-done
+timeout 80 $L --cases bkb_large_fixed bkb_large_eager --arms 1000000 --steps 10 --timed-steps 30 --out $R/l1000000 \
+  2>&1 | tail -3
+finish
 timeout 60 $L --cases bkb_large_fixed --no-update-graphs --arms 1000000 --steps 10 --timed-steps 30 --out $R/lng \
   2>&1 | tail -3
 finish
-timeout 40 $L --cases bkb_anchor_fixed --steps 10 --timed-steps 50 --out $R/la 2>&1 | tail -3
-timeout 40 $L --cases bkb_anchor_fixed --no-update-graphs --steps 10 --timed-steps 50 --out $R/lang 2>&1 | tail -3
+timeout 30 $L --cases bkb_anchor_fixed --steps 10 --timed-steps 50 --out $R/la 2>&1 | tail -3
+timeout 30 $L --cases bkb_anchor_fixed --no-update-graphs --steps 10 --timed-steps 50 --out $R/lang 2>&1 | tail -3
 finish
+timeout 120 python -m pytest -q -n 16 -p no:cacheprovider -o addopts="" --timeout 60 tests > $R/pytest.txt 2>&1
+tail -4 $R/pytest.txt; grep FAILED $R/pytest.txt | head; finish
 timeout 60 $L --cases bbkb_cadata_fixed bbkb_cadata_eager --warmup 40 --steps 10 --timed-steps 10 --out $R/lc \
   2>&1 | tail -3
-finish
-timeout 100 python -m benchmarks.botorch_peer --device cuda --sizes 500 2000 5000 --out $R/bp 2>&1 | grep "^n="
 finish
 for dev in cuda cpu; do
   timeout 50 python -m benchmarks.batch --device $dev --threads 2 --methods BBKB:constant --seeds 3 \
     --out $R/batch_$dev 2>&1 | grep -E "median_wall|BBKB \(" | tail -4
   finish
 done
-timeout 120 python -m pytest -q -n 16 -p no:cacheprovider -o addopts="" --timeout 60 tests > $R/pytest.txt 2>&1
-tail -4 $R/pytest.txt; grep FAILED $R/pytest.txt | head; finish
+timeout 100 python -m benchmarks.botorch_peer --device cuda --sizes 500 2000 5000 --out $R/bp 2>&1 | grep "^n="
+finish
+timeout 80 $L --cases bkb_large_fixed bkb_large_eager --arms 10000000 --steps 10 --timed-steps 30 --out $R/l10000000 \
+  2>&1 | tail -3
+finish
 python - <<'P'
 import json, glob
 for f in sorted(glob.glob("/tmp/res/l*/launches.json")):

@@ -182,3 +182,23 @@ def test_on_cuda_an_update_is_one_graph_launch_beside_its_copies():
             b.tell(idx, f[idx])
     names = [e.name for e in prof.events()]
     assert sum("GraphLaunch" in n for n in names) >= 5, sorted(set(names))  # one replay per update at least
+
+
+def test_computed_dictionary_rows_replay_alike_and_a_kernel_write_is_another_graph(device):
+    """Many arms (no cached pulled rows): the kernel runs inside the update; the same picks replayed. A write to
+    the kernel's buffers makes the next update build another graph (a graph takes a host scalar when captured)."""
+    arms, f = _problem(9, device)
+    plain = _bandit(BKB, arms, 9, graphs=False, row_cache_bytes=0)
+    replayed = _bandit(BKB, arms, 9, graphs=True, row_cache_bytes=0)
+    assert _drive(replayed, f, 100, 9) == _drive(plain, f, 100, 9)
+    _same_state(replayed, plain)
+    graphs = UpdateGraphs(devices=("cpu",))
+    kernel = GaussianKernel(0.5)
+    step = lambda x, kernel: (kernel(x, x),)  # noqa: E731
+    x = torch.rand(4, 2, dtype=torch.float64)
+    first = graphs.run(step, {"x": x, "kernel": kernel}, torch.float64)[0]
+    graphs.run(step, {"x": x, "kernel": kernel}, torch.float64)
+    assert graphs.built == 1
+    kernel.lengthscale.fill_(0.25)
+    second = graphs.run(step, {"x": x, "kernel": kernel}, torch.float64)[0]
+    assert graphs.built == 2 and torch.equal(second, GaussianKernel(0.25)(x, x)) and not torch.equal(first, second)

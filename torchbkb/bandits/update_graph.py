@@ -8,8 +8,9 @@ A graph reads static buffers, so:
   most), except the ``referenced`` ones -- large tensors that stay put, like the arms and the pulled arms' rows --,
   which the graph reads where they live (a tensor at another address is another graph);
 * the ``scalars`` (Python floats or ``None``, like the update's widths) are held in 0-d tensors, so a width that
-  changes at every call replays the same graph; a 0-d tensor on the host is read when captured (its value is part
-  of the graph's key); other values (sizes, flags, the kernel) are part of the key;
+  changes at every call replays the same graph; a 0-d tensor on the host is read when captured (a new value -- a
+  write or another tensor -- is another graph), and so are a module's (the kernel's: a write to its parameters or
+  buffers is another graph); other values (sizes, flags) are part of the key;
 * the outputs are copied out after each replay, since the next replay overwrites them.
 
 On a device type outside ``devices`` nothing is captured; listing ``"cpu"`` runs the function eagerly on the same
@@ -34,7 +35,7 @@ from collections.abc import Callable
 
 import torch
 
-__all__ = ["GRAPH_BYTES", "CaptureFailed", "UpdateGraph", "UpdateGraphs"]
+__all__ = ["GRAPH_BYTES", "CaptureFailed", "UpdateGraph", "UpdateGraphs", "module_tensors"]
 
 #: the most bytes a graph's largest output may hold (the update's `(m_cap, A)` rows); past it the call runs eagerly.
 GRAPH_BYTES = 2**31
@@ -64,6 +65,7 @@ class UpdateGraph:
                 self._copied.append(name)
             else:
                 self.static[name] = value
+        self._held = [t for v in args.values() if isinstance(v, torch.nn.Module) for t in module_tensors(v)]
         self._graph: torch.cuda.CUDAGraph | None = None
         self._out = None
 
@@ -160,11 +162,18 @@ class UpdateGraphs:
             return name, value is None
         if isinstance(value, torch.Tensor):
             part = (name, tuple(value.shape), value.dtype, value.device)
-            if value.device != device:  # a host 0-d tensor: its value enters the graph at the capture
-                return (*part, value.tolist())
+            if value.device != device:  # a host 0-d tensor, read at the capture: the graph holds it, so its address
+                return (*part, value.data_ptr(), value._version)  # and version name its value (no read here)
             if name in self.referenced:
                 return (*part, value.data_ptr(), tuple(value.stride()))
             return part
         if isinstance(value, (bool, int, float, str, type(None))):
             return name, value
-        return name, id(value)  # a module (the kernel): the graph reads its parameters where they live
+        if isinstance(value, torch.nn.Module):  # the kernel: its tensors read (or, on the host, taken) when captured
+            return name, id(value), tuple((t.data_ptr(), t._version) for t in module_tensors(value))
+        return name, id(value)
+
+
+def module_tensors(module: torch.nn.Module) -> list[torch.Tensor]:
+    """The parameters and buffers of ``module``: a graph that calls it holds them (their addresses stay theirs)."""
+    return [*module.parameters(), *module.buffers()]
