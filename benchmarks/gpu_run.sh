@@ -9,7 +9,8 @@
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
 R=/tmp/res; mkdir -p $R
 finish() { (cd /tmp && tar czf "$OUT/res.tgz" res); }
-nvidia-smi -L; python -c "import torch, botorch, gpytorch; print(torch.__version__, botorch.__version__, gpytorch.__version__)"
+nvidia-smi -L
+python -c "import torch, botorch, gpytorch; print(torch.__version__, botorch.__version__, gpytorch.__version__)"
 L="python -m benchmarks.launches --device cuda"
 timeout 80 $L --cases bkb_large_fixed bkb_large_eager --arms 1000000 --steps 10 --timed-steps 30 --out $R/l1000000 \
   2>&1 | tail -3
@@ -39,5 +40,6 @@ python - <<'P'
 import json, glob
 for f in sorted(glob.glob("/tmp/res/l*/launches.json")):
     for r in json.load(open(f))["rows"]:
-        print(f, r["case"], r["update_graphs_built"], r["syncs_per_pick"], r["picks_per_step"], r["step_ms"]); [print("  ", v, k) for k, v in r["sync_sites"].items()]
+        print(f, r["case"], r["update_graphs_built"], r["syncs_per_pick"], r["picks_per_step"], r["step_ms"])
+        [print("  ", v, k) for k, v in r["sync_sites"].items()]
 P
