@@ -202,3 +202,46 @@ def test_computed_dictionary_rows_replay_alike_and_a_kernel_write_is_another_gra
     kernel.lengthscale.fill_(0.25)
     second = graphs.run(step, {"x": x, "kernel": kernel}, torch.float64)[0]
     assert graphs.built == 2 and torch.equal(second, GaussianKernel(0.25)(x, x)) and not torch.equal(first, second)
+
+
+class _EmulatedGraph:
+    """A CUDA graph's contract on the CPU: capturing allocates the outputs once, and every replay overwrites them in
+    place from the static buffers -- whatever keeps a reference to an output sees the next replay's values."""
+
+    def __init__(self, graph: UpdateGraph):
+        self.graph = graph
+
+    def replay(self):
+        for dst, src in zip(self.graph._out, self.graph.fn(**self.graph.static)):
+            dst.copy_(src)
+
+
+def _emulate_capture(monkeypatch):
+    import torchbkb.bandits.update_graph as module
+
+    def capture(self):
+        out = self.fn(**self.static)
+        self._out = type(out)(*(torch.full_like(t, 7) for t in out))  # garbage until the first replay
+        self._graph = _EmulatedGraph(self)
+
+    monkeypatch.setattr(module, "CAPTURED_ON", ("cpu",))
+    monkeypatch.setattr(UpdateGraph, "_capture", capture)
+
+
+@pytest.mark.parametrize("cls", [BKB, BBKB])
+def test_outputs_overwritten_at_every_replay_leave_the_choices_alone(cls, monkeypatch):
+    """With a graph's overwrite-in-place contract emulated, the same picks and state: nothing the bandit keeps is a
+    graph's output (a kept output would change under it at the next update), and a read-out held by a user stays."""
+    arms, f = _problem(10, "cpu")
+    kw = {"batch_bound": 2.0} if cls is BBKB else {"prune": True}
+    plain = _bandit(cls, arms, 10, graphs=False, **kw)
+    expected = _drive(plain, f, 150, 10)
+    _emulate_capture(monkeypatch)
+    replayed = _bandit(cls, arms, 10, graphs=True, **kw)
+    first = _drive(replayed, f, 100, 10)
+    held = replayed.arm_means
+    kept = held.clone()
+    assert _drive(replayed, f, 150, 10, first) == expected
+    assert torch.equal(held, kept)
+    _same_state(replayed, plain)
+    assert replayed.engine.graphs.built >= 1

@@ -35,8 +35,10 @@ from collections.abc import Callable
 
 import torch
 
-__all__ = ["GRAPH_BYTES", "CaptureFailed", "UpdateGraph", "UpdateGraphs", "module_tensors"]
+__all__ = ["CAPTURED_ON", "GRAPH_BYTES", "CaptureFailed", "UpdateGraph", "UpdateGraphs", "module_tensors"]
 
+#: the device types whose graphs are captured and replayed (elsewhere the buffers run eagerly).
+CAPTURED_ON = ("cuda",)
 #: the most bytes a graph's largest output may hold (the update's `(m_cap, A)` rows); past it the call runs eagerly.
 GRAPH_BYTES = 2**31
 
@@ -76,7 +78,7 @@ class UpdateGraph:
             self.static[name].copy_(args[name])
         for name in self._scalars:
             self.static[name].fill_(args[name])
-        if self.device.type != "cuda":
+        if self.device.type not in CAPTURED_ON:
             out = self.fn(**self.static)
         else:
             if self._graph is None:
