@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from torchbkb import BBKB, BKB
-from torchbkb.bandits.update_graph import GRAPH_BYTES, CaptureFailed, UpdateGraph, UpdateGraphs
+from torchbkb.bandits.update_graph import GRAPH_BYTES, UpdateGraph, UpdateGraphs
+from torchbkb.utils.graph_capture import CaptureFailed
 from torchbkb.gp.kernels import GaussianKernel
 
 
@@ -142,7 +143,7 @@ def test_keys_copy_inputs_hold_widths_in_tensors_and_read_large_tensors_where_th
     graphs.run(step, {"x": x2, "big": big.clone(), "w": 0.5, "n": 4, "q": q}, torch.float32)  # another address
     graphs.run(step, {"x": x2, "big": big, "w": 0.5, "n": 5, "q": q}, torch.float32)  # another size
     graphs.run(step, {"x": torch.ones(4), "big": big, "w": 0.5, "n": 4, "q": q}, torch.float32)  # another shape
-    assert graphs.built == 4 and len(graphs) == 2  # the latest two kept
+    assert graphs.built == 4 and len(graphs) == 2  # a third graph dropped both before it, all at once
     assert graphs.run(step, {"x": x2, "big": big, "w": None, "n": 4, "q": q}, torch.float32) is not None
     assert graphs.built == 5  # no width is another graph
 
@@ -154,6 +155,11 @@ def test_graphs_serve_their_devices_and_sizes_only():
     graphs = UpdateGraphs(devices=("cpu",))
     assert graphs.run(step, args, torch.float64, out_bytes=GRAPH_BYTES + 1) is None
     assert graphs.run(step, args, torch.float64, out_bytes=GRAPH_BYTES)[0].tolist() == [2.0, 2.0]
+    half = GRAPH_BYTES // 2 + 1  # two graphs of more than half the bytes are never kept together
+    graphs = UpdateGraphs(devices=("cpu",))
+    graphs.run(step, args, torch.float64, out_bytes=half)
+    graphs.run(step, {"x": torch.ones(3)}, torch.float64, out_bytes=half)
+    assert graphs.built == 2 and len(graphs) == 1
 
 
 def test_an_engine_pickled_before_the_graphs_launches_without_them():

@@ -33,10 +33,12 @@ import warnings
 import torch
 
 from torchbkb.bandits.device_batch import PickState, pick_step
+from torchbkb.utils.graph_capture import GraphStream
 
 __all__ = ["PickGraph", "PickGraphs", "GRAPH_BYTES", "COMPILED_PICKS", "pick_steps"]
 
-#: the most bytes of padded features a graph's buffers may hold; past it the eager loop runs.
+#: the most bytes of padded features a graph's buffers may hold (past it the eager loop runs), and one owner's
+#: graphs together.
 GRAPH_BYTES = 2**30
 #: picks per call of the compiled chunk (a graph of more picks calls it several times).
 COMPILED_PICKS = 8
@@ -64,10 +66,13 @@ class PickGraph:
         device: where the buffers live (a graph on CUDA only); picks: picks per replay.
         compiled: run the picks through ``torch.compile(fullgraph=True, backend=backend)``, :data:`COMPILED_PICKS`
             per call (``picks`` a multiple of it; otherwise eager).
+        stream: the owner's :class:`~torchbkb.utils.graph_capture.GraphStream` to capture on (default: one of its
+            own).
     """
 
     def __init__(self, num_arms: int, r_cap: int, dtype: torch.dtype, work: torch.dtype, device: torch.device,
-                 picks: int = 32, compiled: bool = False, backend: str = "inductor"):
+                 picks: int = 32, compiled: bool = False, backend: str = "inductor",
+                 stream: GraphStream | None = None):
         zeros = lambda *shape, dt=dtype: torch.zeros(*shape, dtype=dt, device=device)  # noqa: E731
         self.picks, self.device = int(picks), torch.device(device)
         self.compiled, self.backend = bool(compiled) and self.picks % COMPILED_PICKS == 0, backend
@@ -77,6 +82,7 @@ class PickGraph:
                                level=zeros((), dt=work), done=zeros((), dt=torch.bool),
                                count=zeros((), dt=torch.long))
         self.r = 0
+        self.stream = GraphStream() if stream is None else stream
         self._graph = None
         self._out: tuple[torch.Tensor, torch.Tensor] | None = None
 
@@ -157,28 +163,27 @@ class PickGraph:
 
     def _captured(self):
         saved = [t.clone() for t in self.state]
-        side = torch.cuda.Stream(self.device)
-        side.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(side):  # warm up (cuBLAS workspaces, a compilation) outside the capture
+
+        def warm_up():  # one chunk outside the capture, then the state as it was
             self._chunk()
-        torch.cuda.current_stream(self.device).wait_stream(side)
-        for dst, src in zip(self.state, saved):
-            dst.copy_(src)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            out = self._chunk()
-        return out, graph
+            for dst, src in zip(self.state, saved):
+                dst.copy_(src)
+
+        return self.stream.capture(self._chunk, self.device, warm_up)
 
 
 class PickGraphs:
     """The :class:`PickGraph` of each shape a bandit meets (a few: ``r_cap`` is a power of two), kept while it
-    lives (at most ``keep``), on the device types ``devices``, with their picks compiled when ``compiled`` (through
-    ``backend``); none is pickled or copied (it is rebuilt when needed)."""
+    lives (at most ``keep``, their features at most :data:`GRAPH_BYTES` together: past either, all are dropped at
+    once, :mod:`~torchbkb.utils.graph_capture`), captured on a stream of their own, on the device types ``devices``,
+    with their picks compiled when ``compiled`` (through ``backend``); none is pickled or copied (it is rebuilt when
+    needed)."""
 
     def __init__(self, keep: int = 4, devices: tuple[str, ...] = ("cuda",), compiled: bool = False,
                  backend: str = "inductor"):
         self.keep, self.devices = int(keep), tuple(devices)
         self.compiled, self.backend = bool(compiled), backend
+        self.stream = GraphStream()
         self._graphs: dict[tuple, PickGraph] = {}
 
     def __getstate__(self) -> dict:
@@ -194,11 +199,14 @@ class PickGraphs:
         if torch.device(device).type not in self.devices:
             return None
         r_cap = max(16, 1 << max(r - 1, 0).bit_length())
-        if num_arms * r_cap * torch.finfo(dtype).bits // 8 > GRAPH_BYTES:
+        size = num_arms * r_cap * torch.finfo(dtype).bits // 8
+        if size > GRAPH_BYTES:
             return None
         key = (num_arms, r_cap, dtype, work, str(device), picks)
         if key not in self._graphs:
-            if len(self._graphs) >= self.keep:
-                self._graphs.pop(next(iter(self._graphs)))
-            self._graphs[key] = PickGraph(num_arms, r_cap, dtype, work, device, picks, self.compiled, self.backend)
+            kept = sum(g.Z.numel() * g.Z.element_size() for g in self._graphs.values())
+            if self.stream.needs_flush(len(self._graphs), self.keep, kept, size, GRAPH_BYTES):
+                self.stream.flush(self._graphs)
+            self._graphs[key] = PickGraph(num_arms, r_cap, dtype, work, device, picks, self.compiled, self.backend,
+                                          self.stream)
         return self._graphs[key]

@@ -11,7 +11,9 @@ A graph reads static buffers, so:
   changes at every call replays the same graph; a 0-d tensor on the host is read when captured (a new value -- a
   write or another tensor -- is another graph), and so are a module's (the kernel's: a write to its parameters or
   buffers is another graph); other values (sizes, flags) are part of the key;
-* the outputs are copied out after each replay, since the next replay overwrites them.
+* the outputs are copied out after each replay, since the next replay overwrites them;
+* an owner's graphs are captured on a stream of its own and dropped all at once (:mod:`~torchbkb.utils.graph_capture`:
+  destroying a graph can release what the others captured on its stream use).
 
 On a device type outside ``devices`` nothing is captured; listing ``"cpu"`` runs the function eagerly on the same
 buffers -- what a graph replays, testable anywhere. A capture that fails says so once and :meth:`UpdateGraphs.run`
@@ -35,11 +37,14 @@ from collections.abc import Callable
 
 import torch
 
-__all__ = ["CAPTURED_ON", "GRAPH_BYTES", "CaptureFailed", "UpdateGraph", "UpdateGraphs", "module_tensors"]
+from torchbkb.utils.graph_capture import CaptureFailed, GraphStream
+
+__all__ = ["CAPTURED_ON", "GRAPH_BYTES", "UpdateGraph", "UpdateGraphs", "module_tensors"]
 
 #: the device types whose graphs are captured and replayed (elsewhere the buffers run eagerly).
 CAPTURED_ON = ("cuda",)
-#: the most bytes a graph's largest output may hold (the update's `(m_cap, A)` rows); past it the call runs eagerly.
+#: the most bytes a graph's largest output may hold (the update's `(m_cap, A)` rows; past it the call runs eagerly),
+#: and one owner's graphs together.
 GRAPH_BYTES = 2**31
 
 
@@ -53,8 +58,10 @@ class UpdateGraph:
     """
 
     def __init__(self, fn: Callable, args: dict, scalars: tuple[str, ...], referenced: tuple[str, ...],
-                 scalar_dtype: torch.dtype, device: torch.device):
-        self.fn, self.device = fn, torch.device(device)
+                 scalar_dtype: torch.dtype, device: torch.device, stream: GraphStream | None = None,
+                 out_bytes: int = 0):
+        self.fn, self.device, self.out_bytes = fn, torch.device(device), int(out_bytes)
+        self.stream = GraphStream() if stream is None else stream
         self.static: dict = {}
         self._copied: list[str] = []
         self._scalars: list[str] = []
@@ -89,27 +96,14 @@ class UpdateGraph:
         return type(out)(*copies) if hasattr(out, "_fields") else type(out)(copies)
 
     def _capture(self) -> None:
-        side = torch.cuda.Stream(self.device)
-        side.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(side):  # warm up (cuBLAS and cuSOLVER workspaces, a compilation) outside the capture
-            self.fn(**self.static)
-        torch.cuda.current_stream(self.device).wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        try:
-            with torch.cuda.graph(graph):
-                out = self.fn(**self.static)
-        except Exception as err:  # noqa: BLE001 - whatever cannot be captured (a host read, a library call)
-            raise CaptureFailed(f"{type(err).__name__}: {str(err)[:200]}") from err
-        self._out, self._graph = out, graph
-
-
-class CaptureFailed(RuntimeError):
-    """A function that ran eagerly could not be captured in a CUDA graph."""
+        self._out, self._graph = self.stream.capture(lambda: self.fn(**self.static), self.device)
 
 
 class UpdateGraphs:
-    """The :class:`UpdateGraph` of each key a caller meets, the latest ``keep`` kept, on the device types
-    ``devices``; none is pickled or copied (each is captured again when needed).
+    """The :class:`UpdateGraph` of each key a caller meets, captured on a stream of their own, on the device types
+    ``devices``: at most ``keep``, their large outputs at most :data:`GRAPH_BYTES` together (past either, all are
+    dropped at once: :mod:`~torchbkb.utils.graph_capture`); none is pickled or copied (each is captured again when
+    needed).
 
     Args:
         devices: where graphs are used (``"cuda"``; ``"cpu"`` runs the buffers eagerly, for tests).
@@ -122,9 +116,10 @@ class UpdateGraphs:
     """
 
     def __init__(self, devices: tuple[str, ...] = ("cuda",), referenced: tuple[str, ...] = ("K_P", "kdiag", "arms"),
-                 scalars: tuple[str, ...] = ("width", "prune_width"), keep: int = 3):
+                 scalars: tuple[str, ...] = ("width", "prune_width"), keep: int = 8):
         self.devices, self.referenced, self.scalars = tuple(devices), tuple(referenced), tuple(scalars)
         self.keep, self.enabled, self.built = int(keep), True, 0
+        self.stream = GraphStream()
         self._graphs: dict[tuple, UpdateGraph] = {}
 
     def __getstate__(self) -> dict:
@@ -143,20 +138,22 @@ class UpdateGraphs:
         if device.type not in self.devices:
             return None
         key = (id(fn), scalar_dtype, *(self._key_part(n, v, device) for n, v in args.items()))
-        graph = self._graphs.pop(key, None)
+        graph = self._graphs.get(key)
         if graph is None:
-            graph = UpdateGraph(fn, args, self.scalars, self.referenced, scalar_dtype, device)
+            kept = sum(g.out_bytes for g in self._graphs.values())
+            if self.stream.needs_flush(len(self._graphs), self.keep, kept, out_bytes, GRAPH_BYTES):
+                self.stream.flush(self._graphs)
+            graph = UpdateGraph(fn, args, self.scalars, self.referenced, scalar_dtype, device, self.stream, out_bytes)
             self.built += 1
-            while len(self._graphs) >= self.keep:
-                self._graphs.pop(next(iter(self._graphs)))
         try:
             out = graph.run(args)
         except CaptureFailed as err:  # a failing call raises as it would eagerly
-            self.enabled, self._graphs = False, {}
+            self.enabled = False
+            self.stream.flush(self._graphs)
             warnings.warn(f"UpdateGraphs: the CUDA graph capture failed ({err}); running without graphs from now on",
                           RuntimeWarning, stacklevel=3)
             return None
-        self._graphs[key] = graph  # the most recent last
+        self._graphs[key] = graph
         return out
 
     def _key_part(self, name: str, value, device: torch.device) -> tuple:
