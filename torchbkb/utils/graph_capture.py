@@ -5,9 +5,10 @@ PyTorch keys cuBLAS workspaces by stream, and a graph bakes the workspace of the
 kernels. By default every ``torch.cuda.graph`` in a process captures on one shared side stream, and from PyTorch
 2.11 destroying a graph releases the workspace of its capture stream (pytorch/pytorch#175276): a graph dropped
 while another one captured on that stream lives leaves the other one reading freed memory (pytorch/pytorch#193402).
-So a :class:`GraphStream` gives its owner a capture stream of its own (warm-up and capture both run on it) and
-tells the owner to drop every graph at once (:meth:`GraphStream.flush`, after the device finished them) rather
-than one at a time.
+So a :class:`GraphStream` gives its owner a capture stream of its own (warm-up and capture both run on it; PyTorch
+hands streams out round-robin from a pool of 32 per device, so two owners share one only when 32 were taken between
+them) and tells the owner to drop every graph at once (:meth:`GraphStream.flush`, after the device finished them)
+rather than one at a time.
 
 Example:
     >>> import torch
