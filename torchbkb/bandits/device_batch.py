@@ -61,7 +61,7 @@ def pick_step(Z: torch.Tensor, mean: torch.Tensor, rls0: torch.Tensor, state: Pi
 
     Args:
         Z: `(A, r)`; mean, rls0: `(A,)` in ``Z``'s dtype; state: :class:`PickState`; alpha: ``α̃``; C: ``C̃``;
-        stall_check: no cap (a stalled stop rule ends the batch); at_cap: this pick is the cap's.
+        stall_check: no cap (a stalled stop rule ends the batch); at_cap: this pick is the cap's (a Python bool).
     """
     work, dt = state.V_inv.dtype, Z.dtype
     # (1,) on the device, lowest index among ties; read with index_select: x[i] with a 0-d tensor reads i on the host
@@ -74,14 +74,16 @@ def pick_step(Z: torch.Tensor, mean: torch.Tensor, rls0: torch.Tensor, state: Pi
     if stall_check:
         stalls = stalls | ((C - state.level) >= UNBOUNDED_PICKS * s0.clamp_min(0.0))
     level = torch.where(state.done, state.level, state.level + s0)
-    last = ~state.done & ((level > C) | stalls | at_cap)
-    g = torch.where(state.done | last, torch.zeros_like(s), 1.0 / (1.0 + s))  # the last pick is not hallucinated
+    live = ~state.done
+    last = live if at_cap else live & ((level > C) | stalls)  # at_cap, a Python bool: no kernel of its own
+    ended = state.done | last
+    g = torch.where(ended, 0.0, 1.0 / (1.0 + s))  # the last pick is not hallucinated
     V_t = state.V_inv - g * torch.outer(u, u)
     w = Z @ u.to(dt)  # (A,)
     cur = (state.cur - g.to(dt) * w * w).clamp_min(0.0)
     ucb = mean + alpha * cur.sqrt()
-    count = state.count + (~state.done).long()
-    return i[0], state.cur.index_select(0, i)[0], PickState(cur, ucb, V_t, level, state.done | last, count)
+    count = state.count + live  # long + bool: the count of live picks
+    return i[0], state.cur.index_select(0, i)[0], PickState(cur, ucb, V_t, level, ended, count)
 
 
 def use_device_loop(device: torch.device) -> bool:
