@@ -4,9 +4,9 @@
 captured once per shape and replayed at every update (on a GPU the update costs its launches, not its arithmetic).
 A graph reads static buffers, so:
 
-* each call copies its tensor inputs into the graph's buffers (device copies; for the update, `(A,)` vectors at
-  most), except the ``referenced`` ones -- large tensors that stay put, like the arms and the pulled arms' rows --,
-  which the graph reads where they live (a tensor at another address is another graph);
+* each call copies its tensor inputs into the graph's buffers (device copies; for the update, the pulled arms, the
+  draws and the last variances), except the ``referenced`` ones -- tensors that stay put, like the arms, the pulled
+  arms' rows and the counts --, which the graph reads where they live (a tensor at another address is another graph);
 * the ``scalars`` (Python floats or ``None``, like the update's widths) are held in 0-d tensors, so a width that
   changes at every call replays the same graph; a 0-d tensor on the host is read when captured (a new value -- a
   write or another tensor -- is another graph), and so are a module's (the kernel's: a write to its parameters or
@@ -39,8 +39,11 @@ import torch
 
 from torchbkb.utils.graph_capture import CaptureFailed, GraphStream
 
-__all__ = ["CAPTURED_ON", "GRAPH_BYTES", "UpdateGraph", "UpdateGraphs", "module_tensors"]
+__all__ = ["CAPTURED_ON", "GRAPH_BYTES", "REFERENCED", "UpdateGraph", "UpdateGraphs", "module_tensors"]
 
+#: the update's arguments read where they live: the bandit's tensors that stay put (written in place, or replaced:
+#: another graph) -- the pulled arms' rows, ``k(a, a)``, the arms, the counts, the reward sums, the exclusions.
+REFERENCED = ("K_P", "kdiag", "arms", "counts", "reward_sums", "excluded")
 #: the device types whose graphs are captured and replayed (elsewhere the buffers run eagerly).
 CAPTURED_ON = ("cuda",)
 #: the most bytes a graph's largest output may hold (the update's `(m_cap, A)` rows; past it the call runs eagerly),
@@ -115,7 +118,7 @@ class UpdateGraphs:
         built: graphs built so far (each a capture on CUDA).
     """
 
-    def __init__(self, devices: tuple[str, ...] = ("cuda",), referenced: tuple[str, ...] = ("K_P", "kdiag", "arms"),
+    def __init__(self, devices: tuple[str, ...] = ("cuda",), referenced: tuple[str, ...] = REFERENCED,
                  scalars: tuple[str, ...] = ("width", "prune_width"), keep: int = 8):
         self.devices, self.referenced, self.scalars = tuple(devices), tuple(referenced), tuple(scalars)
         self.keep, self.enabled, self.built = int(keep), True, 0
