@@ -33,7 +33,7 @@ import warnings
 import torch
 
 from torchbkb.bandits.device_batch import PickState, pick_step
-from torchbkb.utils.graph_capture import GraphStream
+from torchbkb.utils.graph_capture import GraphCache, GraphStream
 
 __all__ = ["PickGraph", "PickGraphs", "GRAPH_BYTES", "COMPILED_PICKS", "pick_steps"]
 
@@ -172,7 +172,7 @@ class PickGraph:
         return self.stream.capture(self._chunk, self.device, warm_up)
 
 
-class PickGraphs:
+class PickGraphs(GraphCache):
     """The :class:`PickGraph` of each shape a bandit meets (a few: ``r_cap`` is a power of two), kept while it
     lives (at most ``keep``, their features at most :data:`GRAPH_BYTES` together: past either, all are dropped at
     once, :mod:`~torchbkb.utils.graph_capture`), captured on a stream of their own, on the device types ``devices``,
@@ -181,16 +181,9 @@ class PickGraphs:
 
     def __init__(self, keep: int = 4, devices: tuple[str, ...] = ("cuda",), compiled: bool = False,
                  backend: str = "inductor"):
-        self.keep, self.devices = int(keep), tuple(devices)
+        super().__init__(keep, GRAPH_BYTES)
+        self.devices = tuple(devices)
         self.compiled, self.backend = bool(compiled), backend
-        self.stream = GraphStream()
-        self._graphs: dict[tuple, PickGraph] = {}
-
-    def __getstate__(self) -> dict:
-        return self.__dict__ | {"_graphs": {}}
-
-    def __len__(self) -> int:
-        return len(self._graphs)
 
     def get(self, num_arms: int, r: int, dtype: torch.dtype, work: torch.dtype, device: torch.device,
             picks: int) -> PickGraph | None:
@@ -203,10 +196,8 @@ class PickGraphs:
         if size > GRAPH_BYTES:
             return None
         key = (num_arms, r_cap, dtype, work, str(device), picks)
-        if key not in self._graphs:
-            kept = sum(g.Z.numel() * g.Z.element_size() for g in self._graphs.values())
-            if self.stream.needs_flush(len(self._graphs), self.keep, kept, size, GRAPH_BYTES):
-                self.stream.flush(self._graphs)
-            self._graphs[key] = PickGraph(num_arms, r_cap, dtype, work, device, picks, self.compiled, self.backend,
-                                          self.stream)
-        return self._graphs[key]
+        graph = self.cached(key)
+        if graph is None:
+            graph = PickGraph(num_arms, r_cap, dtype, work, device, picks, self.compiled, self.backend, self.stream)
+            self.store(key, graph, size)
+        return graph

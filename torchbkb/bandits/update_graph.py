@@ -37,7 +37,7 @@ from collections.abc import Callable
 
 import torch
 
-from torchbkb.utils.graph_capture import CaptureFailed, GraphStream
+from torchbkb.utils.graph_capture import CaptureFailed, GraphCache, GraphStream
 
 __all__ = ["CAPTURED_ON", "GRAPH_BYTES", "REFERENCED", "UpdateGraph", "UpdateGraphs", "module_tensors"]
 
@@ -61,9 +61,8 @@ class UpdateGraph:
     """
 
     def __init__(self, fn: Callable, args: dict, scalars: tuple[str, ...], referenced: tuple[str, ...],
-                 scalar_dtype: torch.dtype, device: torch.device, stream: GraphStream | None = None,
-                 out_bytes: int = 0):
-        self.fn, self.device, self.out_bytes = fn, torch.device(device), int(out_bytes)
+                 scalar_dtype: torch.dtype, device: torch.device, stream: GraphStream | None = None):
+        self.fn, self.device = fn, torch.device(device)
         self.stream = GraphStream() if stream is None else stream
         self.static: dict = {}
         self._copied: list[str] = []
@@ -102,7 +101,7 @@ class UpdateGraph:
         self._out, self._graph = self.stream.capture(lambda: self.fn(**self.static), self.device)
 
 
-class UpdateGraphs:
+class UpdateGraphs(GraphCache):
     """The :class:`UpdateGraph` of each key a caller meets, captured on a stream of their own, on the device types
     ``devices``: at most ``keep``, their large outputs at most :data:`GRAPH_BYTES` together (past either, all are
     dropped at once: :mod:`~torchbkb.utils.graph_capture`); none is pickled or copied (each is captured again when
@@ -120,16 +119,9 @@ class UpdateGraphs:
 
     def __init__(self, devices: tuple[str, ...] = ("cuda",), referenced: tuple[str, ...] = REFERENCED,
                  scalars: tuple[str, ...] = ("width", "prune_width"), keep: int = 8):
+        super().__init__(keep, GRAPH_BYTES)
         self.devices, self.referenced, self.scalars = tuple(devices), tuple(referenced), tuple(scalars)
-        self.keep, self.enabled, self.built = int(keep), True, 0
-        self.stream = GraphStream()
-        self._graphs: dict[tuple, UpdateGraph] = {}
-
-    def __getstate__(self) -> dict:
-        return self.__dict__ | {"_graphs": {}}
-
-    def __len__(self) -> int:
-        return len(self._graphs)
+        self.enabled, self.built = True, 0
 
     def run(self, fn: Callable, args: dict, scalar_dtype: torch.dtype, out_bytes: int = 0):
         """``fn(**args)`` through the graph of its key; ``None`` (the caller calls ``fn``) on a device type not in
@@ -141,23 +133,19 @@ class UpdateGraphs:
         if device.type not in self.devices:
             return None
         key = (id(fn), scalar_dtype, *(self._key_part(n, v, device) for n, v in args.items()))
-        graph = self._graphs.get(key)
+        graph = self.cached(key)
         if graph is None:
-            kept = sum(g.out_bytes for g in self._graphs.values())
-            if self.stream.needs_flush(len(self._graphs), self.keep, kept, out_bytes, GRAPH_BYTES):
-                self.stream.flush(self._graphs)
-            graph = UpdateGraph(fn, args, self.scalars, self.referenced, scalar_dtype, device, self.stream, out_bytes)
+            graph = UpdateGraph(fn, args, self.scalars, self.referenced, scalar_dtype, device, self.stream)
+            self.store(key, graph, out_bytes)
             self.built += 1
         try:
-            out = graph.run(args)
+            return graph.run(args)
         except CaptureFailed as err:  # a failing call raises as it would eagerly
             self.enabled = False
-            self.stream.flush(self._graphs)
+            self.clear()
             warnings.warn(f"UpdateGraphs: the CUDA graph capture failed ({err}); running without graphs from now on",
                           RuntimeWarning, stacklevel=3)
             return None
-        self._graphs[key] = graph
-        return out
 
     def _key_part(self, name: str, value, device: torch.device) -> tuple:
         if name in self.scalars:

@@ -7,16 +7,15 @@ kernels. By default every ``torch.cuda.graph`` in a process captures on one shar
 while another one captured on that stream lives leaves the other one reading freed memory (pytorch/pytorch#193402).
 So a :class:`GraphStream` gives its owner a capture stream of its own (warm-up and capture both run on it; PyTorch
 hands streams out round-robin from a pool of 32 per device, so two owners share one only when 32 were taken between
-them) and tells the owner to drop every graph at once (:meth:`GraphStream.flush`, after the device finished them)
-rather than one at a time.
+them), and a :class:`GraphCache` drops all of an owner's graphs at once (after the device finished them) rather
+than one at a time.
 
 Example:
-    >>> import torch
-    >>> stream = GraphStream()
-    >>> stream.needs_flush(kept=3, keep=4, kept_bytes=0, new_bytes=10, max_bytes=100)
-    False
-    >>> stream.needs_flush(kept=4, keep=4, kept_bytes=0, new_bytes=10, max_bytes=100)
-    True
+    >>> cache = GraphCache(keep=2, max_bytes=100)
+    >>> cache.store("a", "graph a", 10); cache.store("b", "graph b", 10); len(cache)
+    2
+    >>> cache.store("c", "graph c", 10); len(cache), cache.cached("a"), cache.cached("c")
+    (1, None, 'graph c')
 """
 
 from __future__ import annotations
@@ -25,7 +24,7 @@ from collections.abc import Callable
 
 import torch
 
-__all__ = ["CaptureFailed", "GraphStream"]
+__all__ = ["CaptureFailed", "GraphCache", "GraphStream"]
 
 
 class CaptureFailed(RuntimeError):
@@ -33,7 +32,7 @@ class CaptureFailed(RuntimeError):
 
 
 class GraphStream:
-    """One owner's capture stream (created on first use, per device; never pickled) and its flush rule."""
+    """One owner's capture stream (created on first use, per device; never pickled)."""
 
     def __init__(self):
         self._streams: dict[torch.device, torch.cuda.Stream] = {}
@@ -62,16 +61,47 @@ class GraphStream:
             raise CaptureFailed(f"{type(err).__name__}: {str(err)[:200]}") from err
         return out, graph
 
-    @staticmethod
-    def needs_flush(kept: int, keep: int, kept_bytes: int, new_bytes: int, max_bytes: int) -> bool:
-        """Whether an owner holding ``kept`` graphs (``kept_bytes`` of large outputs) drops them all before it
-        builds one more of ``new_bytes``: more than ``keep`` graphs, or more than ``max_bytes`` together."""
-        return kept > 0 and (kept >= keep or kept_bytes + new_bytes > max_bytes)
+    def synchronize(self) -> None:
+        """Wait for the devices this owner captured on (a replay in flight keeps reading its graph's memory)."""
+        for device in self._streams:
+            torch.cuda.synchronize(device)
 
-    def flush(self, graphs: dict) -> None:
-        """Drop every graph in ``graphs`` once the device has finished what was queued (a replay in flight keeps
-        reading its memory)."""
-        if graphs:
-            for device in self._streams:
-                torch.cuda.synchronize(device)
-        graphs.clear()
+
+class GraphCache:
+    """One owner's graphs by key, captured on its :attr:`stream`: at most ``keep`` of them, holding at most
+    ``max_bytes`` together; past either, all are dropped at once before one more is added. None is pickled or copied
+    (each is captured again when needed).
+
+    Args:
+        keep: graphs kept; max_bytes: their large buffers' bytes together.
+    """
+
+    def __init__(self, keep: int, max_bytes: int):
+        self.keep, self.max_bytes = int(keep), int(max_bytes)
+        self.stream = GraphStream()
+        self.entries: dict = {}  # key -> (graph, its bytes)
+
+    def __getstate__(self) -> dict:
+        return self.__dict__ | {"entries": {}}
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def cached(self, key):
+        """The graph kept under ``key``, or ``None``."""
+        entry = self.entries.get(key)
+        return None if entry is None else entry[0]
+
+    def store(self, key, graph, size: int) -> None:
+        """Keep ``graph`` (``size`` bytes) under ``key``, after dropping every graph if it would pass a bound."""
+        kept = sum(b for _, b in self.entries.values())
+        if self.entries and key not in self.entries and (len(self.entries) >= self.keep
+                                                         or kept + size > self.max_bytes):
+            self.clear()
+        self.entries[key] = (graph, int(size))
+
+    def clear(self) -> None:
+        """Drop every graph, once the device has finished what was queued."""
+        if self.entries:
+            self.stream.synchronize()
+        self.entries.clear()
