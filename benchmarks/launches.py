@@ -27,7 +27,9 @@ Cases (steps counted after a warm-up, the median per step over the measured wind
   ``--compiled`` runs the fixed-capacity update through ``torch.compile`` (``bandit.engine.compiled``) and BBKB's
   replayed picks too (``PickGraphs(compiled=True)``); on CUDA the update replays from CUDA graphs
   (``bandit.engine.graphs``; ``--no-update-graphs`` launches it operation by operation). A replayed update's
-  kernels run inside its graph: the counts see its copies in and out, not them.
+  kernels run inside its graph: the counts see its copies in and out, not them. On the CPU the BKB ``_fixed`` cases
+  also forecast that count (``kernels_per_pick_update_replayed``: the graph's buffers run eagerly, the update's own
+  kernels counted apart and replaced by one launch).
 
 Beside the counts, each case times its steps without the profiler (the median over ``--timed-steps`` steps)
 and, interleaved with them, its **arithmetic floor**: the ``(A × m)·(m × m)`` product that scores every arm at
@@ -234,16 +236,46 @@ def count(case: str, args, device, dtype) -> dict:
         with KernelCount() as kc:
             k = step()
         kernels.append(kc.work / k)
+    replayed = None
+    if device.type == "cpu" and case.startswith("bkb_") and b.fixed_capacity and not b.engine.compiled:
+        replayed = replayed_kernels(b, step, args.steps)
     step_s, floor_s = time_steps(b, step, device, dtype, args.timed_steps)
     return {"step_s": step_s, "floor_s": floor_s, "step_over_floor": step_s / floor_s, "num_arms": b.num_arms,
             "case": case, "device": str(device), "compiled": b.engine.compiled, "ops_per_pick": statistics.median(ops),
-            "kernels_per_pick": statistics.median(kernels),
+            "kernels_per_pick": statistics.median(kernels), "kernels_per_pick_update_replayed": replayed,
             "syncs_per_pick": statistics.median(syncs),
             "sync_kind": "measured (set_sync_debug_mode)" if device.type == "cuda" else "forecast (data-dependent ops)",
             "picks_per_step": statistics.median(picks), "sync_sites": dict(sites.most_common(20)),
             "dictionary_size": b.dictionary_size,
             "update_graphs_built": None if b.engine.graphs is None else b.engine.graphs.built,
             "top_ops_last_step": dict(last.most_common(12))}
+
+
+def replayed_kernels(b, step, n: int) -> float:
+    """A forecast on the CPU: the kernels per pick a GPU launches with the fixed-capacity update replayed from a CUDA
+    graph -- the step's, with the graph's buffers run eagerly (copies in and out included), less the update's own,
+    plus one launch per update (the median over ``n`` steps)."""
+    from torchbkb.bandits import fixed_capacity
+    from torchbkb.bandits.update_graph import UpdateGraphs
+
+    original, graphs, inner, per = fixed_capacity.fixed_update, b.engine.graphs, [], []
+
+    def counted(*a, **kw):
+        with KernelCount() as kc:
+            out = original(*a, **kw)
+        inner.append(kc.work)
+        return out
+
+    fixed_capacity.fixed_update, b.engine.graphs = counted, UpdateGraphs(devices=("cpu",))
+    try:
+        for _ in range(n):
+            inner.clear()
+            with KernelCount() as kc:
+                k = step()
+            per.append((kc.work - sum(inner) + len(inner)) / k)
+    finally:
+        fixed_capacity.fixed_update, b.engine.graphs = original, graphs
+    return statistics.median(per)
 
 
 def time_steps(b, step, device, dtype, n: int) -> tuple[float, float]:
@@ -298,7 +330,8 @@ def main(argv=None):
     for r in rows:
         r["step_ms"], r["floor_ms"] = 1e3 * r["step_s"], 1e3 * r["floor_s"]
     print_table(rows,
-                ["case", "device", "num_arms", "ops_per_pick", "kernels_per_pick", "syncs_per_pick", "sync_kind",
+                ["case", "device", "num_arms", "ops_per_pick", "kernels_per_pick", "kernels_per_pick_update_replayed",
+                 "syncs_per_pick", "sync_kind",
                  "picks_per_step", "dictionary_size", "update_graphs_built", "step_ms", "floor_ms", "step_over_floor"],
                 f"launches ({torch.get_num_threads()} threads)")
     print(write_json(args.out, "launches", {"settings": vars(args), "rows": rows}))
