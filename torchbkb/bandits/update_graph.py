@@ -57,13 +57,12 @@ class UpdateGraph:
     Args:
         fn: the function, called with keyword arguments; it returns a tuple (or named tuple) of tensors.
         args: the first call's arguments by name; scalars: the names held in 0-d tensors of ``scalar_dtype``;
-        referenced: the tensors read where they live.
+        referenced: the tensors read where they live; stream: the owner's, to capture on.
     """
 
     def __init__(self, fn: Callable, args: dict, scalars: tuple[str, ...], referenced: tuple[str, ...],
-                 scalar_dtype: torch.dtype, device: torch.device, stream: GraphStream | None = None):
-        self.fn, self.device = fn, torch.device(device)
-        self.stream = GraphStream() if stream is None else stream
+                 scalar_dtype: torch.dtype, device: torch.device, stream: GraphStream):
+        self.fn, self.device, self.stream = fn, torch.device(device), stream
         self.static: dict = {}
         self._copied: list[str] = []
         self._scalars: list[str] = []
