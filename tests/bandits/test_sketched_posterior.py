@@ -38,8 +38,10 @@ def test_the_posterior_is_the_bandits_state_without_a_factorization(cls, kw, fix
     assert torch.equal(post.V_inv, bandit.V_inverse())
     assert torch.equal(post.embedding.projection, bandit.row_posterior.W)
     pm, pv = post(arms)
-    scale = float(rls.max())
-    assert close(pm, mean, 1e-12) and close(pv / bandit.lam, rls, 1e-12 * scale)
+    # one state, two products: the fixed-capacity scores come from padded buffers, whose BLAS kernels sum in
+    # another order (about 1e-11 apart on an AVX2 machine, 1e-13 on an AVX-512 one)
+    tol = 1e-10 if fixed else 1e-12
+    assert close(pm, mean, tol * float(mean.abs().max())) and close(pv / bandit.lam, rls, tol * float(rls.max()))
     assert bandit.posterior is post  # kept until the next update
 
 
