@@ -1,5 +1,5 @@
 #!/bin/bash
-# The measurements of one lent GPU run (docs/gpu.md), from the repository root: each piece time-guarded (about 610 s
+# The measurements of one lent GPU run (docs/gpu.md), from the repository root: each piece time-guarded (about 670 s
 # if each ran to its limit; run it with timeout_s ~590), in the order of what matters most, its results tarred into
 # $OUT after each piece so that a run stopped at its limit still returns them. `_fixed` cases run the GPU's defaults
 # (the fixed-capacity update, BBKB's device loop with its picks replayed from CUDA graphs and its batch-end update
@@ -31,6 +31,9 @@ for dev in cuda cpu; do
     --out $R/batch_$dev 2>&1 | grep -E "median_wall|BBKB \(" | tail -4
   finish
 done
+timeout 60 python -m benchmarks.pick_loop --device cuda --variants eager graph graph_compiled --repeats 20 \
+  --out $R/pl 2>&1 | tail -6
+finish
 timeout 100 python -m benchmarks.botorch_peer --device cuda --sizes 500 2000 5000 --out $R/bp 2>&1 | grep "^n="
 finish
 timeout 80 $L --cases bkb_large_fixed bkb_large_eager --arms 10000000 --steps 10 --timed-steps 30 --out $R/l10000000 \

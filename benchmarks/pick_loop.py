@@ -2,13 +2,15 @@
 
 BBKB's device loop (:func:`torchbkb.bandits.device_batch.pick_step`) costs a few kernel launches per pick with no
 host read; on a GPU each launch is microseconds of Python and driver time for microseconds of arithmetic. This
-times ``--chunk`` picks at a time, at Cadata's size (``--arms`` × ``--rank`` features, no stop: ``C̃`` unbounded):
+times ``--chunk`` picks at a time, at Cadata's size (``--arms`` × ``--rank`` features, no stop: ``C̃ = 1000``,
+which a chunk neither reaches nor stalls at; an unbounded ``C̃`` would end every batch at its first pick):
 
 * ``eager`` -- the picks as the library runs them;
 * ``graph`` -- the same picks replayed from a CUDA graph (:class:`~torchbkb.bandits.pick_graph.PickGraph`, the
-  library's; on the CPU the same chunk on its padded buffers, eagerly);
-* ``graph_compiled`` -- the library's graph of compiled picks (``PickGraphs(compiled=True)``: 8 picks per
-  compiled call, captured together; on the CPU compiled, not captured);
+  library's: every pick hallucinated, the stop rule on the host; on the CPU the same chunk on its padded buffers,
+  eagerly);
+* ``graph_compiled`` -- the library's graph of compiled picks (``PickGraphs(compiled=True)``: one compiled call
+  per pick, shapes dynamic, captured together; on the CPU compiled, not captured);
 * ``compiled`` -- the chunk through ``torch.compile(fullgraph=True)``;
 * ``compiled_graph`` -- the same with ``mode="reduce-overhead"`` (inductor's CUDA graphs; CUDA only).
 
@@ -78,10 +80,26 @@ def replayed(Z, mean, rls0, V_inv, alpha, C, picks, compiled=False):
     def run(state):
         for dst, src in zip(graph.state, state):
             (dst[: src.shape[0], : src.shape[1]] if dst.dim() == 2 else dst).copy_(src)
-        ids, _ = graph.replay()
-        return ids, graph.state
+        return graph.replay().ids, graph.state
 
     return run
+
+
+def gpu_kernels(run, state0, device, picks: int) -> float | None:
+    """The device's kernels per pick of one ``run``, as the profiler sees them (CUDA only: ``None`` elsewhere, or
+    where the profiler cannot see them)."""
+    if device.type != "cuda":
+        return None
+    from torch.profiler import ProfilerActivity, profile
+
+    try:
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            run(state0)
+            sync(device)
+        n = sum(e.count for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA)
+    except Exception:  # noqa: BLE001 - a profiler without CUPTI: no count
+        return None
+    return n / picks
 
 
 def main(argv=None):
@@ -96,7 +114,7 @@ def main(argv=None):
     if args.quick:
         args.arms, args.repeats = 2000, 3
     Z, mean, rls, V_inv = problem(args.arms, args.rank, device, dtype)
-    alpha, C = 0.894, 1e30
+    alpha, C = 0.894, 1e3
     from torchbkb.bandits.pick_graph import pick_steps
 
     def chunk(Z, mean, rls0, state, alpha, C):  # the library's k picks, without their variances
@@ -128,7 +146,7 @@ def main(argv=None):
             continue
         ref = first if ref is None else ref
         rows.append({"variant": name, "setup_s": setup_s, "pick_us": 1e6 * per_chunk / args.chunk,
-                     "same_picks": first == ref})
+                     "same_picks": first == ref, "gpu_kernels_per_pick": gpu_kernels(run, state0, device, args.chunk)})
         print(rows[-1], flush=True)
     print_table([r for r in rows if "pick_us" in r], ["variant", "setup_s", "pick_us", "same_picks"],
                 f"BBKB picks, A = {args.arms}, r = {args.rank}, {args.chunk} per chunk, {device}")

@@ -3,22 +3,29 @@
 A batch ends with the first pick for which ``1 + Σ_{s in batch} σ̃²_fb(x_s) > C̃`` (``"sum"``, BBKB,
 001 Algorithm 1) or ``Π (1 + σ̃²_fb(x_s)) > C̃`` (``"product"``, GP-BUCB), or at ``max_batch_size``.
 Repeated picks of one arm move the rule in closed form (:func:`level_after`), so a run of picks is counted
-without looping over it (:func:`picks_to_stop`).
+without looping over it (:func:`picks_to_stop`). :func:`sum_rule_end` is the device loop's ``"sum"`` rule, pick by
+pick in the device's arithmetic, for picks read back from the device.
 
 Example:
     >>> picks_to_stop(1.0, 0.4, 2.0, "sum")           # 1 + 0.4 + 0.4 <= 2, the third pick passes 2
     3
     >>> check_batch_limits(2.0, None)
     (2.0, None)
+    >>> sum_rule_end([0.4, 0.4, 0.4, 0.4], 1.0, 2.0)     # the third pick passes 2
+    (2, 2.2)
 """
 
 from __future__ import annotations
 
 import math
 
+import numpy as np
+import torch
+
 from torchbkb.errors import InputDataError
 
-__all__ = ["UNBOUNDED_PICKS", "check_batch_limits", "level_after", "picks_to_stop", "stop_rule_stalls"]
+__all__ = ["UNBOUNDED_PICKS", "check_batch_limits", "level_after", "picks_to_stop", "stop_rule_stalls",
+           "sum_rule_end", "HOST_RULE_DTYPES"]
 
 # a stop rule that needs more picks of one arm than this cannot end a batch that anyone evaluates (σ̃²_fb of
 # the arm ≈ 0 next to C̃): without max_batch_size the batch ends with that pick, as for σ̃²_fb = 0
@@ -45,6 +52,38 @@ def stop_rule_stalls(level: float, s0: float, batch_bound: float, stop_rule: str
         True
     """
     return s0 <= 0.0 or picks_to_stop(level, s0, batch_bound, stop_rule) is None
+
+
+#: the dtypes whose arithmetic :func:`sum_rule_end` repeats on the host
+HOST_RULE_DTYPES = {torch.float64: float, torch.float32: np.float32}
+
+
+def sum_rule_end(rls_start, level: float, batch_bound: float, dtype: torch.dtype = torch.float64
+                 ) -> tuple[int | None, float]:
+    """The ``"sum"`` rule with no cap over consecutive picks, as the device loop
+    (:func:`~torchbkb.bandits.device_batch.pick_step`) computes it in ``dtype`` (a key of
+    :data:`HOST_RULE_DTYPES`): a pick with ``σ̃²_fb = s`` ends the batch when the level passes ``C̃`` with it or the
+    rule stalls before it (``C̃ - level >= UNBOUNDED_PICKS · max(s, 0)``: with the level at most ``C̃``, every
+    ``s <= 0`` stalls).
+
+    Args:
+        rls_start: the picks' batch-start variances, in order (floats holding values of ``dtype``).
+        level: the level before them (``1`` at a batch's start).
+        batch_bound: ``C̃``.
+
+    Returns:
+        ``(j, level)``: the position of the batch's last pick among them (``None``: the batch goes on) and the
+        level after it (after them all).
+    """
+    f = HOST_RULE_DTYPES[dtype]
+    C, lvl, zero, unbounded = f(batch_bound), f(level), f(0.0), f(UNBOUNDED_PICKS)
+    for j, s in enumerate(rls_start):
+        s0 = f(s)
+        stalls = (C - lvl) >= unbounded * max(s0, zero)
+        lvl = lvl + s0
+        if lvl > C or stalls:
+            return j, float(lvl)
+    return None, float(lvl)
 
 
 def check_batch_limits(batch_bound: float, max_batch_size: int | None = None) -> tuple[float, int | None]:

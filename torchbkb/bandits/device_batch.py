@@ -11,7 +11,9 @@ picks once per batch. Same rule and picks as ``select_batch(..., lazy=False)``::
 
 with the batch's last pick not hallucinated. The stop level ``1 + Σ σ̃²_fb(x_s)`` and a repeated arm's
 hallucinations are summed pick by pick here and run by run there, so a batch can end one pick apart only where the
-level meets ``C̃`` within rounding.
+level meets ``C̃`` within rounding. Replayed from a CUDA graph
+(:mod:`~torchbkb.bandits.pick_graph`), the picks skip the done flag (:func:`hallucinated_pick`, every pick
+hallucinated: half the kernels) and the host applies the same rule, in the same arithmetic, to the picks it reads.
 
 Example:
     >>> import torch
@@ -31,10 +33,10 @@ from typing import NamedTuple
 import torch
 
 from torchbkb.bandits.batch_selection import BatchSelection
-from torchbkb.bandits.batch_stop_rule import UNBOUNDED_PICKS, check_batch_limits
+from torchbkb.bandits.batch_stop_rule import HOST_RULE_DTYPES, UNBOUNDED_PICKS, check_batch_limits, sum_rule_end
 
-__all__ = ["select_batch_on_device", "run_batch_on_device", "pick_step", "PickState", "use_device_loop", "CHECK_EVERY",
-           "DEVICE_PICKS_MAX"]
+__all__ = ["select_batch_on_device", "run_batch_on_device", "pick_step", "hallucinated_pick", "PickState",
+           "use_device_loop", "CHECK_EVERY", "DEVICE_PICKS_MAX"]
 
 #: Picks between two host reads of the done flag.
 CHECK_EVERY = 32
@@ -63,27 +65,57 @@ def pick_step(Z: torch.Tensor, mean: torch.Tensor, rls0: torch.Tensor, state: Pi
         Z: `(A, r)`; mean, rls0: `(A,)` in ``Z``'s dtype; state: :class:`PickState`; alpha: ``α̃``; C: ``C̃``;
         stall_check: no cap (a stalled stop rule ends the batch); at_cap: this pick is the cap's (a Python bool).
     """
-    work, dt = state.V_inv.dtype, Z.dtype
+    work = state.V_inv.dtype
     # (1,) on the device, lowest index among ties; read with index_select: x[i] with a 0-d tensor reads i on the host
     i = torch.argmax(state.ucb).reshape(1)
-    z = Z.index_select(0, i)[0].to(work)  # (r,)
-    u = state.V_inv @ z
-    s = z @ u
+    u, s = _solve(Z, state.V_inv, i)
     s0 = rls0.index_select(0, i)[0].to(work)
-    stalls = s0 <= 0  # a zero variance, or (without a cap) a rule that would need over UNBOUNDED_PICKS picks
-    if stall_check:
-        stalls = stalls | ((C - state.level) >= UNBOUNDED_PICKS * s0.clamp_min(0.0))
+    if stall_check:  # while the batch lasts its level is at most C, so a zero variance (s0 <= 0) stalls here too
+        stalls = (C - state.level) >= UNBOUNDED_PICKS * s0.clamp_min(0.0)
+    else:  # a zero variance, which could never end the batch
+        stalls = s0 <= 0
     level = torch.where(state.done, state.level, state.level + s0)
     live = ~state.done
-    last = live if at_cap else live & ((level > C) | stalls)  # at_cap, a Python bool: no kernel of its own
-    ended = state.done | last
-    g = torch.where(ended, 0.0, 1.0 / (1.0 + s))  # the last pick is not hallucinated
+    ended = state.done | (live if at_cap else (level > C) | stalls)  # at_cap, a Python bool: no kernel of its own
+    g = torch.reciprocal(1.0 + s).masked_fill(ended, 0.0)  # the last pick is not hallucinated
+    cur, ucb, V_t = _hallucinate(Z, mean, alpha, state, u, g)
+    count = state.count + live  # long + bool: the count of live picks
+    return i[0], state.cur.index_select(0, i)[0], PickState(cur, ucb, V_t, level, ended, count)
+
+
+def hallucinated_pick(Z: torch.Tensor, mean: torch.Tensor, state: PickState, alpha: float
+                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, PickState]:
+    """:func:`pick_step` with every pick hallucinated and no stop rule (about half its kernels): the picks up to a
+    batch's end are the same; its reader ends the batch from the picks' ``σ̃²_fb``
+    (:func:`~torchbkb.bandits.batch_stop_rule.sum_rule_end`) and forms the ``V⁻¹`` at the end from ``u``, ``g``.
+
+    Returns:
+        ``(i, σ̃²_t(i), u, g, state)``: the arm, its variance when picked, ``u_t = V_{t-1}⁻¹ z(i)`` `(r,)`,
+        ``c_t = 1 / (1 + z(i)ᵀ u_t)`` (0-d), and the state with ``cur``, ``ucb``, ``V_inv`` moved (the others as
+        they were).
+    """
+    i = torch.argmax(state.ucb).reshape(1)
+    u, s = _solve(Z, state.V_inv, i)
+    g = torch.reciprocal(1.0 + s)
+    cur, ucb, V_t = _hallucinate(Z, mean, alpha, state, u, g)
+    return i[0], state.cur.index_select(0, i)[0], u, g, state._replace(cur=cur, ucb=ucb, V_inv=V_t)
+
+
+def _solve(Z: torch.Tensor, V_inv: torch.Tensor, i: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``u = V⁻¹ z(i)`` and ``s = z(i)ᵀ u`` in ``V⁻¹``'s dtype."""
+    z = Z.index_select(0, i)[0].to(V_inv.dtype)  # (r,)
+    u = V_inv @ z
+    return u, z @ u
+
+
+def _hallucinate(Z: torch.Tensor, mean: torch.Tensor, alpha, state: PickState, u: torch.Tensor, g: torch.Tensor
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The rank-one step with weight ``g``: ``σ̃²_t``, the UCBs and ``V_t⁻¹``."""
+    dt = Z.dtype
     V_t = state.V_inv - g * torch.outer(u, u)
     w = Z @ u.to(dt)  # (A,)
     cur = (state.cur - g.to(dt) * w * w).clamp_min(0.0)
-    ucb = mean + alpha * cur.sqrt()
-    count = state.count + live  # long + bool: the count of live picks
-    return i[0], state.cur.index_select(0, i)[0], PickState(cur, ucb, V_t, level, ended, count)
+    return cur, mean + alpha * cur.sqrt(), V_t
 
 
 def use_device_loop(device: torch.device) -> bool:
@@ -137,8 +169,10 @@ def run_batch_on_device(
         first_check: picks before the first read (default ``check_every``): a batch that ends before it is read
             once; the picks computed past its end are dropped.
         pick_limit: give up (return ``None``) when the batch has not ended after this many picks.
-        graphs: a :class:`~torchbkb.bandits.pick_graph.PickGraphs`: on its devices (CUDA) and with no cap, the
-            picks are replayed ``check_every`` at a time from a CUDA graph (the same steps on padded features).
+        graphs: a :class:`~torchbkb.bandits.pick_graph.PickGraphs`: on its devices (CUDA), with no cap and ``V⁻¹``
+            in float32 or float64, the picks are replayed ``check_every`` at a time from a CUDA graph (the same
+            picks on padded features, every one hallucinated; the host ends the batch and the final ``V⁻¹`` sums
+            the batch's rank-one terms).
         extra: ``(tensor, out)``: a float64 `(k,)` tensor read with the first read, its values appended to ``out``
             (a caller's own flags: one read for both).
 
@@ -152,65 +186,87 @@ def run_batch_on_device(
     alpha = float(alpha)
     mean_c, rls0 = mean.to(dt), rls.to(dt)
     limit = UNBOUNDED_PICKS if cap is None else cap
-    graph = None
-    if graphs is not None and cap is None:
-        graph = graphs.get(A, Z.shape[1], dt, work, dev, check_every)
-    if graph is not None:  # replays of check_every picks, the first read after whole replays
-        graph.load(Z, mean_c, rls0, V_inv, alpha, C)
-        per = graph.picks
-
-        def advance(k: int, t: int) -> tuple[torch.Tensor, torch.Tensor, PickState]:
-            out = [graph.replay() for _ in range(-(-k // per))]
-            return torch.cat([i for i, _ in out]), torch.cat([s for _, s in out]), graph.state
-    else:
-        state = PickState(
-            cur=rls0.clone(),
-            ucb=mean_c + alpha * rls0.clamp_min(0.0).sqrt(),
-            V_inv=V_inv.clone(),
-            level=torch.ones((), dtype=work, device=dev),
-            done=torch.zeros((), dtype=torch.bool, device=dev),
-            count=torch.zeros((), dtype=torch.long, device=dev),
-        )
-
-        def advance(k: int, t: int) -> tuple[torch.Tensor, torch.Tensor, PickState]:
-            nonlocal state
-            ids, rls_in = [], []
-            for j in range(k):
-                i, rls_i, state = pick_step(Z, mean_c, rls0, state, alpha, C, cap is None, t + j + 1 >= limit)
-                ids.append(i)
-                rls_in.append(rls_i)
-            return torch.stack(ids), torch.stack(rls_in), state
-
-    picks, in_batch, ids = [], [], []
     size = check_every if first_check is None else max(int(first_check), 1)
+    if graphs is not None and cap is None and work in HOST_RULE_DTYPES:
+        graph = graphs.get(A, Z.shape[1], dt, work, dev, check_every)
+        if graph is not None:
+            return _replayed_batch(graph, Z, mean_c, rls0, V_inv, alpha, C, rls.dtype, size, check_every,
+                                   pick_limit, extra)
+    state = PickState(
+        cur=rls0.clone(),
+        ucb=mean_c + alpha * rls0.clamp_min(0.0).sqrt(),
+        V_inv=V_inv.clone(),
+        level=torch.ones((), dtype=work, device=dev),
+        done=torch.zeros((), dtype=torch.bool, device=dev),
+        count=torch.zeros((), dtype=torch.long, device=dev),
+    )
+    picks, in_batch, ids = [], [], []
     t = n = 0
     while t < limit:
-        chunk, rls_in, last = advance(min(size, limit - t), t)
+        chunk, rls_in = [], []
+        for j in range(min(size, limit - t)):
+            i, rls_i, state = pick_step(Z, mean_c, rls0, state, alpha, C, cap is None, t + j + 1 >= limit)
+            chunk.append(i)
+            rls_in.append(rls_i)
+        chunk = torch.stack(chunk)
         t += chunk.numel()
         picks.append(chunk)
-        in_batch.append(rls_in)
-        read = torch.cat([torch.stack([last.done.long(), last.count]), chunk])
-        if extra is None:
-            read = read.tolist()  # the one host read per check_every picks (or per the first ones)
-        else:  # the caller's flags in the same read
-            flags, out = extra
-            both = torch.cat([flags.to(torch.float64), read.to(torch.float64)]).tolist()
-            out += both[: flags.numel()]
-            read, extra = [int(v) for v in both[flags.numel():]], None
+        in_batch.append(torch.stack(rls_in))
+        read, extra = _read(torch.cat([torch.stack([state.done.long(), state.count]), chunk]), extra)
         ids += read[2:]
-        n = read[1]
+        n = int(read[1])
         if read[0]:
             break
         if pick_limit is not None and t >= pick_limit:
             return None
         size = check_every
     idx = torch.cat(picks)[:n]
+    selection = BatchSelection(indices=idx, rls_start=rls0[idx].to(rls.dtype),
+                               rls_in_batch=torch.cat(in_batch)[:n].to(rls.dtype), ucb_evaluations=A * n,
+                               V_inv=state.V_inv)
+    return selection, [int(v) for v in ids[:n]]
+
+
+def _replayed_batch(graph, Z, mean_c, rls0, V_inv, alpha, C, out_dtype, size, check_every, pick_limit, extra):
+    """:func:`run_batch_on_device`'s batch from a :class:`~torchbkb.bandits.pick_graph.PickGraph`'s replays: the
+    host reads each chunk's arms and ``σ̃²_fb`` and ends the batch there (the device loop's rule, repeated), and
+    the final ``V⁻¹`` is ``V_fb⁻¹ - Σ_{t<n} c_t u_t u_tᵀ`` (the hallucinated picks' rank-one terms, summed)."""
+    graph.load(Z, mean_c, rls0, V_inv, alpha, C)
+    per, work = graph.picks, V_inv.dtype
+    done, ids, level, t, n = [], [], 1.0, 0, None
+    while n is None:
+        ran = [graph.replay() for _ in range(-(-size // per))]
+        read, extra = _read(torch.cat([r.read for r in ran]), extra)
+        for k, r in enumerate(ran):
+            end, level = sum_rule_end(read[2 * per * k + per: 2 * per * (k + 1)], level, C, work)
+            done.append(r)
+            ids += read[2 * per * k: 2 * per * k + per]
+            if end is not None:
+                n = t + end + 1
+                break
+            t += per
+            if t >= UNBOUNDED_PICKS:  # the rule stalls before: as the device loop, never reached in practice
+                n = t
+                break
+        if n is None and pick_limit is not None and t >= pick_limit:
+            return None
+        size = check_every
+    idx = torch.cat([r.ids for r in done])[:n]
     r = Z.shape[1]
-    selection = BatchSelection(
-        indices=idx,
-        rls_start=rls0[idx].to(rls.dtype),
-        rls_in_batch=torch.cat(in_batch)[:n].to(rls.dtype),
-        ucb_evaluations=A * n,
-        V_inv=last.V_inv[:r, :r].clone() if graph is not None else last.V_inv,
-    )
-    return selection, ids[:n]
+    u = torch.cat([d.u for d in done])[: n - 1, :r]
+    g = torch.cat([d.g for d in done])[: n - 1]
+    selection = BatchSelection(indices=idx, rls_start=rls0[idx].to(out_dtype),
+                               rls_in_batch=torch.cat([d.rls_in for d in done])[:n].to(out_dtype),
+                               ucb_evaluations=Z.shape[0] * n, V_inv=V_inv - u.T @ (g[:, None] * u))
+    return selection, [int(v) for v in ids[:n]]
+
+
+def _read(values: torch.Tensor, extra: tuple[torch.Tensor, list] | None) -> tuple[list, None]:
+    """The one host read of ``values`` (a chunk's), with the caller's ``extra`` flags when given (appended to its
+    list): the values as Python numbers, and ``None`` for the flags, read now."""
+    if extra is None:
+        return values.tolist(), None
+    flags, out = extra
+    both = torch.cat([flags.to(torch.float64), values.to(torch.float64)]).tolist()
+    out += both[: flags.numel()]
+    return both[flags.numel():], None

@@ -1,19 +1,27 @@
 """BBKB's device-loop picks replayed from a CUDA graph: one launch for a chunk of picks instead of a few per pick.
 
-:func:`~torchbkb.bandits.device_batch.pick_step` has no host read and fixed shapes, so a chunk of picks can be
-captured once in a CUDA graph and replayed: on a GPU the eager loop spends its time launching a few small kernels per
-pick, the replay launches them all at once. The graph works on static buffers: the features are padded with zero
-columns to a capacity ``r_cap`` (a power of two, so few graphs serve a run whose dictionary size changes), ``V⁻¹``
-with a zero block (``V⁻¹ z`` is unchanged, the padded entries are 0), and ``α̃``, ``C̃`` are 0-d tensors, so a
-new batch only copies its inputs in. The chunk writes its state back into the buffers, so replays follow each other.
+A device-loop pick has no host read and fixed shapes, so a chunk of picks can be captured once in a CUDA graph and
+replayed: on a GPU the eager loop spends its time launching a few small kernels per pick, the replay launches them
+all at once. The graph works on static buffers: the features are padded with zero columns to a capacity ``r_cap``
+(a power of two, so few graphs serve a run whose dictionary size changes), ``V⁻¹`` with a zero block (``V⁻¹ z`` is
+unchanged, the padded entries are 0), and ``α̃`` is a 0-d tensor, so a new batch only copies its inputs in. The
+chunk writes its state back into the buffers, so replays follow each other.
+
+The chunk's picks are :func:`~torchbkb.bandits.device_batch.hallucinated_pick`'s: every pick hallucinated, no stop
+rule on the device (half the kernels of :func:`~torchbkb.bandits.device_batch.pick_step`). The host ends the batch
+from the values it reads anyway (the arms and their ``σ̃²_fb``,
+:func:`~torchbkb.bandits.batch_stop_rule.sum_rule_end`) and forms the batch's final ``V⁻¹`` from the chunk's ``u``
+and ``g``: the picks up to the batch's end are the device loop's.
 
 On the CPU (no graph) :meth:`PickGraph.replay` runs the same chunk eagerly on the same buffers: the arithmetic a
 graph replays, testable anywhere.
 
-Inside the graph each pick is still ~20 small kernels of a few µs. ``compiled=True`` runs the chunk as calls of
-:data:`COMPILED_PICKS` picks through ``torch.compile(fullgraph=True)`` (fewer, fused kernels) before capturing it;
-off by default: a compilation takes tens of seconds per shape, and its gain on a GPU is not measured yet. A
-compilation or capture that fails says so once and the eager picks are captured instead.
+Inside the graph each pick is still ~18 small kernels of a few µs. ``compiled=True`` runs each pick through one
+``torch.compile(fullgraph=True, dynamic=True)`` of :func:`hallucinated_picks` (:data:`COMPILED_PICKS` pick a call:
+fewer, fused kernels) before capturing the chunk; one compilation, shared by every graph of the process, serves
+every shape (compiling a longer call costs about the picks it unrolls, and a static one compiles again per shape).
+Off by default: its gain on a GPU is not measured yet. A compilation or capture that fails says so once and the
+eager picks are captured instead.
 
 Example:
     >>> import torch
@@ -21,28 +29,29 @@ Example:
     >>> g = PickGraph(num_arms=3, r_cap=16, dtype=torch.float64, work=torch.float64, device=torch.device("cpu"))
     >>> g.load(Z, torch.tensor([0.0, 0.1, 0.2], dtype=torch.float64), torch.ones(3, dtype=torch.float64),
     ...        torch.eye(3, dtype=torch.float64), alpha=1.0, batch_bound=2.5)
-    >>> ids, _ = g.replay()
-    >>> ids[:2].tolist()
+    >>> g.replay().ids[:2].tolist()
     [2, 1]
 """
 
 from __future__ import annotations
 
 import warnings
+from typing import NamedTuple
 
 import torch
 
-from torchbkb.bandits.device_batch import PickState, pick_step
+from torchbkb.bandits.device_batch import PickState, hallucinated_pick, pick_step
 from torchbkb.utils.graph_capture import GraphCache, GraphStream
 
-__all__ = ["PickGraph", "PickGraphs", "GRAPH_BYTES", "COMPILED_PICKS", "pick_steps"]
+__all__ = ["PickGraph", "PickGraphs", "GRAPH_BYTES", "COMPILED_PICKS", "pick_steps", "hallucinated_picks", "Replay"]
 
 #: the most bytes of padded features a graph's buffers may hold (past it the eager loop runs), and one owner's
 #: graphs together.
 GRAPH_BYTES = 2**30
-#: picks per call of the compiled chunk (a graph of more picks calls it several times).
-COMPILED_PICKS = 8
-_COMPILED: dict[str, object] = {}  # backend -> torch.compile(pick_steps), shared by every graph
+#: picks per call of the compiled chunk (a graph of more picks calls it several times): one, whose compilation
+#: costs least (a call of 8 picks took 5 times as long to compile on the CPU).
+COMPILED_PICKS = 1
+_COMPILED: dict[str, object] = {}  # backend -> torch.compile(hallucinated_picks, dynamic=True), shared by all graphs
 
 
 def pick_steps(Z: torch.Tensor, mean: torch.Tensor, rls0: torch.Tensor, state: PickState, alpha: torch.Tensor,
@@ -57,15 +66,39 @@ def pick_steps(Z: torch.Tensor, mean: torch.Tensor, rls0: torch.Tensor, state: P
     return torch.stack(ids), torch.stack(rls_in), state
 
 
+def hallucinated_picks(Z: torch.Tensor, mean: torch.Tensor, state: PickState, alpha: torch.Tensor, k: int
+                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, PickState]:
+    """``k`` picks of :func:`~torchbkb.bandits.device_batch.hallucinated_pick`: their arms `(k,)`, their ``σ̃²``
+    when picked `(k,)`, their ``u`` `(k, r)` and ``g`` `(k,)`, and the state after them."""
+    ids, rls_in, us, gs = [], [], [], []
+    for _ in range(k):
+        i, s_i, u, g, state = hallucinated_pick(Z, mean, state, alpha)
+        ids.append(i)
+        rls_in.append(s_i)
+        us.append(u)
+        gs.append(g)
+    return torch.stack(ids), torch.stack(rls_in), torch.stack(us), torch.stack(gs), state
+
+
+class Replay(NamedTuple):
+    """A replayed chunk's picks (copies)."""
+
+    ids: torch.Tensor  #: `(picks,)` the arms, in order
+    rls_in: torch.Tensor  #: `(picks,)` their ``σ̃²_t`` when picked
+    u: torch.Tensor  #: `(picks, r_cap)` ``u_t = V_{t-1}⁻¹ z(x_t)``, in ``V⁻¹``'s dtype
+    g: torch.Tensor  #: `(picks,)` ``c_t = 1 / (1 + z(x_t)ᵀ u_t)``
+    read: torch.Tensor  #: `(2 picks,)` float64: the arms, then their ``σ̃²_fb`` (the host's one read)
+
+
 class PickGraph:
     """Static buffers for ``num_arms`` arms and ``r_cap`` feature columns, and ``picks`` picks of
-    :func:`~torchbkb.bandits.device_batch.pick_step` on them, captured in a CUDA graph on a CUDA device.
+    :func:`~torchbkb.bandits.device_batch.hallucinated_pick` on them, captured in a CUDA graph on a CUDA device.
 
     Args:
         num_arms, r_cap: the buffers' arms and feature columns; dtype: the features'; work: ``V⁻¹``'s dtype.
         device: where the buffers live (a graph on CUDA only); picks: picks per replay.
-        compiled: run the picks through ``torch.compile(fullgraph=True, backend=backend)``, :data:`COMPILED_PICKS`
-            per call (``picks`` a multiple of it; otherwise eager).
+        compiled: run the picks through ``torch.compile(fullgraph=True, dynamic=True, backend=backend)``,
+            :data:`COMPILED_PICKS` per call (``picks`` a multiple of it; otherwise eager).
         stream: the owner's :class:`~torchbkb.utils.graph_capture.GraphStream` to capture on (default: one of its
             own).
     """
@@ -77,7 +110,7 @@ class PickGraph:
         self.picks, self.device = int(picks), torch.device(device)
         self.compiled, self.backend = bool(compiled) and self.picks % COMPILED_PICKS == 0, backend
         self.Z, self.mean, self.rls0 = zeros(num_arms, r_cap), zeros(num_arms), zeros(num_arms)
-        self.alpha, self.C = zeros(()), zeros((), dt=work)
+        self.alpha, self.batch_bound = zeros(()), 1.0
         self.state = PickState(cur=zeros(num_arms), ucb=zeros(num_arms), V_inv=zeros(r_cap, r_cap, dt=work),
                                level=zeros((), dt=work), done=zeros((), dt=torch.bool),
                                count=zeros((), dt=torch.long))
@@ -98,7 +131,7 @@ class PickGraph:
         self.mean.copy_(mean)
         self.rls0.copy_(rls0)
         self.alpha.fill_(alpha)
-        self.C.fill_(batch_bound)
+        self.batch_bound = float(batch_bound)  # for the reader's stop rule
         s = self.state
         s.cur.copy_(rls0)
         s.ucb.copy_(mean + float(alpha) * rls0.clamp_min(0.0).sqrt())  # the eager loop's expression
@@ -108,36 +141,36 @@ class PickGraph:
         s.done.fill_(False)
         s.count.zero_()
 
-    def _chunk(self) -> tuple[torch.Tensor, torch.Tensor]:
+    def _chunk(self) -> tuple[torch.Tensor, ...]:
         """``picks`` picks from the buffers' state, written back into it after the last one (a failure before
-        leaves it as it was); their arms and ``σ̃²`` when picked."""
-        args = (self.Z, self.mean, self.rls0)
+        leaves it as it was): :class:`Replay`'s fields."""
+        state, parts = self.state, []
         if self.compiled:
             if self.backend not in _COMPILED:
-                _COMPILED[self.backend] = torch.compile(pick_steps, fullgraph=True, backend=self.backend)
-            state, ids, rls_in = self.state, [], []
+                _COMPILED[self.backend] = torch.compile(hallucinated_picks, fullgraph=True, dynamic=True,
+                                                        backend=self.backend)
             for _ in range(self.picks // COMPILED_PICKS):
-                i, s_i, state = _COMPILED[self.backend](*args, state, self.alpha, self.C, COMPILED_PICKS)
-                ids.append(i)
-                rls_in.append(s_i)
-            ids, rls_in = torch.cat(ids), torch.cat(rls_in)
+                *out, state = _COMPILED[self.backend](self.Z, self.mean, state, self.alpha, COMPILED_PICKS)
+                parts.append(out)
+            ids, rls_in, u, g = (torch.cat(p) for p in zip(*parts))
         else:
-            ids, rls_in, state = pick_steps(*args, self.state, self.alpha, self.C, self.picks)
-        for dst, src in zip(self.state, state):
+            ids, rls_in, u, g, state = hallucinated_picks(self.Z, self.mean, state, self.alpha, self.picks)
+        read = torch.cat([ids.to(torch.float64), self.rls0.index_select(0, ids).to(torch.float64)])
+        for dst, src in zip(self.state[:3], state[:3]):  # cur, ucb, V_inv; the host keeps the stop rule
             dst.copy_(src)
-        return ids, rls_in
+        return ids, rls_in, u, g, read
 
-    def replay(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """The next ``picks`` picks `(picks,)` and their ``σ̃²`` `(picks,)` (copies: the next replay overwrites the
-        graph's outputs); on a CUDA device from the graph, captured at the first call."""
+    def replay(self) -> Replay:
+        """The next ``picks`` picks (copies: the next replay overwrites the graph's outputs); on a CUDA device
+        from the graph, captured at the first call."""
         if self.device.type != "cuda":
-            return self._run_chunk()
+            return Replay(*self._run_chunk())
         if self._graph is None:
             self._capture()
         self._graph.replay()
-        return self._out[0].clone(), self._out[1].clone()
+        return Replay(*(t.clone() for t in self._out))
 
-    def _run_chunk(self) -> tuple[torch.Tensor, torch.Tensor]:
+    def _run_chunk(self) -> tuple[torch.Tensor, ...]:
         """:meth:`_chunk`; a compiled chunk whose compilation fails warns once and runs eagerly from then on."""
         if not self.compiled:
             return self._chunk()
