@@ -25,8 +25,9 @@ Cases (steps counted after a warm-up, the median per step over the measured wind
   one host read per update, every arm scored; BBKB's device loop, replayed picks and deferred update) or as on the
   CPU (the eager update with its data-dependent shapes and pruning; the lazy loop), whatever the device;
   ``--compiled`` runs the fixed-capacity update through ``torch.compile`` (``bandit.engine.compiled``) and BBKB's
-  replayed picks too (``PickGraphs(compiled=True)``); on CUDA the update replays from CUDA graphs
-  (``bandit.engine.graphs``; ``--no-update-graphs`` launches it operation by operation). A replayed update's
+  replayed picks too (``PickGraphs(compiled=True)``; ``--compiled-picks`` the picks alone); on CUDA the update
+  replays from CUDA graphs (``bandit.engine.graphs``; ``--no-update-graphs`` launches it operation by operation).
+  A replayed update's
   kernels run inside its graph: the counts see its copies in and out, not them. On the CPU the BKB ``_fixed`` cases
   also forecast that count (``kernels_per_pick_update_replayed``: the graph's buffers run eagerly, the update's own
   kernels counted apart and replaced by one launch).
@@ -67,10 +68,11 @@ SYNC_OPS = ("aten::_local_scalar_dense", "aten::nonzero", "aten::masked_select",
 
 
 def bandit(case: str, device, dtype, arms_large: int, chunk_size: int | None = None, compiled: bool = False,
-           update_graphs: bool = True):
+           update_graphs: bool = True, compiled_picks: bool = False):
     """The case's bandit; a ``_fixed`` case runs as on a GPU (the fixed-capacity update, BBKB's device loop), an
     ``_eager`` one as on the CPU (the eager update, the lazy loop), whatever the device; ``compiled`` compiles the
-    fixed-capacity update; without ``update_graphs`` it is never replayed from a CUDA graph."""
+    fixed-capacity update and BBKB's replayed picks, ``compiled_picks`` the picks alone; without ``update_graphs``
+    the update is never replayed from a CUDA graph."""
     base = case.removesuffix("_fixed").removesuffix("_eager")
     b, values, noise_std = plain_bandit(base, device, dtype, arms_large, chunk_size)
     if base != case:
@@ -84,7 +86,8 @@ def bandit(case: str, device, dtype, arms_large: int, chunk_size: int | None = N
         from torchbkb.bandits.pick_graph import PickGraphs
 
         # as on a GPU: replayed picks (eagerly off CUDA, on the same buffers), the batch end's update deferred
-        b.pick_graphs = PickGraphs(devices=("cpu", "cuda"), compiled=compiled) if b.fixed_capacity else None
+        picks = PickGraphs(devices=("cpu", "cuda"), compiled=compiled or compiled_picks)
+        b.pick_graphs = picks if b.fixed_capacity else None
     return b, values, noise_std
 
 
@@ -202,7 +205,7 @@ def top_level_ops(prof) -> list[str]:
 
 def count(case: str, args, device, dtype) -> dict:
     b, values, noise_std = bandit(case, device, dtype, args.arms, args.chunk_size, args.compiled,
-                                  not args.no_update_graphs)
+                                  not args.no_update_graphs, args.compiled_picks)
     g = torch.Generator(device=values.device).manual_seed(1)
 
     def step() -> int:
@@ -241,7 +244,9 @@ def count(case: str, args, device, dtype) -> dict:
         replayed = replayed_kernels(b, step, args.steps)
     step_s, floor_s = time_steps(b, step, device, dtype, args.timed_steps)
     return {"step_s": step_s, "floor_s": floor_s, "step_over_floor": step_s / floor_s, "num_arms": b.num_arms,
-            "case": case, "device": str(device), "compiled": b.engine.compiled, "ops_per_pick": statistics.median(ops),
+            "case": case, "device": str(device), "compiled": b.engine.compiled,
+            "compiled_picks": bool(getattr(getattr(b, "pick_graphs", None), "compiled", False)),
+            "ops_per_pick": statistics.median(ops),
             "kernels_per_pick": statistics.median(kernels), "kernels_per_pick_update_replayed": replayed,
             "syncs_per_pick": statistics.median(syncs),
             "sync_kind": "measured (set_sync_debug_mode)" if device.type == "cuda" else "forecast (data-dependent ops)",
@@ -316,6 +321,8 @@ def main(argv=None):
                    help="steps timed without the profiler, beside the floor GEMM")
     p.add_argument("--compiled", action="store_true",
                    help="compile the fixed-capacity update (torch.compile, fullgraph; a failure falls back, recorded)")
+    p.add_argument("--compiled-picks", action="store_true",
+                   help="compile BBKB's replayed picks alone (PickGraphs(compiled=True); a failure falls back)")
     p.add_argument("--no-update-graphs", action="store_true",
                    help="never replay the fixed-capacity update from a CUDA graph (bandit.engine.graphs = None)")
     p.add_argument("--chunk-size", type=int, default=None,
