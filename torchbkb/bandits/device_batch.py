@@ -233,13 +233,13 @@ def _replayed_batch(graph, Z, mean_c, rls0, V_inv, alpha, C, out_dtype, size, ch
     the final ``V⁻¹`` is ``V_fb⁻¹ - Σ_{t<n} c_t u_t u_tᵀ`` (the hallucinated picks' rank-one terms, summed)."""
     graph.load(Z, mean_c, rls0, V_inv, alpha, C)
     per, work = graph.picks, V_inv.dtype
-    done, ids, level, t, n = [], [], 1.0, 0, None
+    replays, ids, level, t, n = [], [], 1.0, 0, None
     while n is None:
         ran = [graph.replay() for _ in range(-(-size // per))]
         read, extra = _read(torch.cat([r.read for r in ran]), extra)
         for k, r in enumerate(ran):
             end, level = sum_rule_end(read[2 * per * k + per: 2 * per * (k + 1)], level, C, work)
-            done.append(r)
+            replays.append(r)
             ids += read[2 * per * k: 2 * per * k + per]
             if end is not None:
                 n = t + end + 1
@@ -251,12 +251,12 @@ def _replayed_batch(graph, Z, mean_c, rls0, V_inv, alpha, C, out_dtype, size, ch
         if n is None and pick_limit is not None and t >= pick_limit:
             return None
         size = check_every
-    idx = torch.cat([r.ids for r in done])[:n]
+    idx = torch.cat([r.ids for r in replays])[:n]
     r = Z.shape[1]
-    u = torch.cat([d.u for d in done])[: n - 1, :r]
-    g = torch.cat([d.g for d in done])[: n - 1]
+    u = torch.cat([d.u for d in replays])[: n - 1, :r]
+    g = torch.cat([d.g for d in replays])[: n - 1]
     selection = BatchSelection(indices=idx, rls_start=rls0[idx].to(out_dtype),
-                               rls_in_batch=torch.cat([d.rls_in for d in done])[:n].to(out_dtype),
+                               rls_in_batch=torch.cat([d.rls_in for d in replays])[:n].to(out_dtype),
                                ucb_evaluations=Z.shape[0] * n, V_inv=V_inv - u.T @ (g[:, None] * u))
     return selection, [int(v) for v in ids[:n]]
 
