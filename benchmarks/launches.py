@@ -27,10 +27,9 @@ Cases (steps counted after a warm-up, the median per step over the measured wind
   ``--compiled`` runs the fixed-capacity update through ``torch.compile`` (``bandit.engine.compiled``) and BBKB's
   replayed picks too (``PickGraphs(compiled=True)``; ``--compiled-picks`` the picks alone); on CUDA the update
   replays from CUDA graphs (``bandit.engine.graphs``; ``--no-update-graphs`` launches it operation by operation).
-  A replayed update's
-  kernels run inside its graph: the counts see its copies in and out, not them. On the CPU the BKB ``_fixed`` cases
-  also forecast that count (``kernels_per_pick_update_replayed``: the graph's buffers run eagerly, the update's own
-  kernels counted apart and replaced by one launch).
+  A replayed update's kernels run inside its graph: the counts see its copies in and out, not them. On the CPU the
+  BKB ``_fixed`` cases also forecast that count (``kernels_per_pick_update_replayed``: the graph's buffers run
+  eagerly, the update's own kernels counted apart and replaced by one launch).
 
 Beside the counts, each case times its steps without the profiler (the median over ``--timed-steps`` steps)
 and, interleaved with them, its **arithmetic floor**: the ``(A × m)·(m × m)`` product that scores every arm at

@@ -238,7 +238,7 @@ def _replayed_batch(graph, Z, mean_c, rls0, V_inv, alpha, C, out_dtype, size, ch
         ran = [graph.replay() for _ in range(-(-size // per))]
         read, extra = _read(torch.cat([r.read for r in ran]), extra)
         for k, r in enumerate(ran):
-            end, level = sum_rule_end(read[2 * per * k + per: 2 * per * (k + 1)], level, C, work)
+            end, level = sum_rule_end(read[2 * per * k + per: 2 * per * (k + 1)], level, graph.batch_bound, work)
             replays.append(r)
             ids += read[2 * per * k: 2 * per * k + per]
             if end is not None:

@@ -122,7 +122,8 @@ class PickGraph:
     def load(self, Z: torch.Tensor, mean: torch.Tensor, rls0: torch.Tensor, V_inv: torch.Tensor, alpha: float,
              batch_bound: float) -> None:
         """Copy a batch's start into the buffers (device copies and fills only): ``Z`` `(A, r)`, ``mean``, ``rls0``
-        `(A,)` in the buffers' dtype, ``V_inv`` `(r, r)`; the state as at the batch's first pick."""
+        `(A,)` in the buffers' dtype, ``V_inv`` `(r, r)`; the state's ``cur``, ``ucb`` and ``V_inv`` as at the
+        batch's first pick (its ``level``, ``done`` and ``count`` are not used: the reader keeps the stop rule)."""
         r = Z.shape[1]
         self.Z[:, :r].copy_(Z)
         if r < self.r or self._graph is None:
@@ -131,15 +132,12 @@ class PickGraph:
         self.mean.copy_(mean)
         self.rls0.copy_(rls0)
         self.alpha.fill_(alpha)
-        self.batch_bound = float(batch_bound)  # for the reader's stop rule
+        self.batch_bound = float(batch_bound)  # the reader's stop rule takes it from here
         s = self.state
         s.cur.copy_(rls0)
         s.ucb.copy_(mean + float(alpha) * rls0.clamp_min(0.0).sqrt())  # the eager loop's expression
         s.V_inv.zero_()
         s.V_inv[:r, :r].copy_(V_inv)
-        s.level.fill_(1.0)
-        s.done.fill_(False)
-        s.count.zero_()
 
     def _chunk(self) -> tuple[torch.Tensor, ...]:
         """``picks`` picks from the buffers' state, written back into it after the last one (a failure before
