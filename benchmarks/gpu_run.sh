@@ -34,7 +34,7 @@ for dev in cuda cpu; do
     --out $R/batch_$dev 2>&1 | grep -E "median_wall|BBKB \(" | tail -4
   finish
 done
-timeout 60 python -m benchmarks.pick_loop --device cuda --variants eager graph graph_compiled --repeats 20 \
+timeout 60 python -m benchmarks.pick_loop --device cuda --variants eager flagged graph graph_compiled --repeats 20 \
   --out $R/pl 2>&1 | tail -6
 finish
 timeout 100 python -m benchmarks.botorch_peer --device cuda --sizes 500 2000 5000 --out $R/bp 2>&1 | grep "^n="

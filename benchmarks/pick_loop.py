@@ -1,11 +1,14 @@
 """Seconds per BBKB in-batch pick on a device: the eager pick loop against the same picks compiled and replayed.
 
-BBKB's device loop (:func:`torchbkb.bandits.device_batch.pick_step`) costs a few kernel launches per pick with no
-host read; on a GPU each launch is microseconds of Python and driver time for microseconds of arithmetic. This
+BBKB's device loop (:func:`torchbkb.bandits.device_batch.hallucinated_pick`) costs a few kernel launches per pick
+with no host read; on a GPU each launch is microseconds of Python and driver time for microseconds of arithmetic. This
 times ``--chunk`` picks at a time, at Cadata's size (``--arms`` × ``--rank`` features, no stop: ``C̃ = 1000``,
 which a chunk neither reaches nor stalls at; an unbounded ``C̃`` would end every batch at its first pick):
 
-* ``eager`` -- the picks as the library runs them;
+* ``eager`` -- the picks as the library runs them without a graph (every pick hallucinated, the stop rule on the
+  host);
+* ``flagged`` -- the same picks with the stop rule on the device as a done flag
+  (:func:`~torchbkb.bandits.device_batch.pick_step`, ``run_batch_on_device(..., rule_on_host=False)``);
 * ``graph`` -- the same picks replayed from a CUDA graph (:class:`~torchbkb.bandits.pick_graph.PickGraph`, the
   library's: every pick hallucinated, the stop rule on the host; on the CPU the same chunk on its padded buffers,
   eagerly);
@@ -108,16 +111,22 @@ def main(argv=None):
     p.add_argument("--rank", type=int, default=40)
     p.add_argument("--chunk", type=int, default=32)
     p.add_argument("--repeats", type=int, default=30)
-    p.add_argument("--variants", nargs="*", default=["eager", "graph", "graph_compiled", "compiled", "compiled_graph"])
+    p.add_argument("--variants", nargs="*", default=["eager", "flagged", "graph", "graph_compiled", "compiled",
+                                                          "compiled_graph"])
     args = p.parse_args(argv)
     device, dtype = setup(args, default_threads=1)
     if args.quick:
         args.arms, args.repeats = 2000, 3
     Z, mean, rls, V_inv = problem(args.arms, args.rank, device, dtype)
     alpha, C = 0.894, 1e3
+    from torchbkb.bandits.device_batch import hallucinated_picks
     from torchbkb.bandits.pick_graph import pick_steps
 
     def chunk(Z, mean, rls0, state, alpha, C):  # the library's k picks, without their variances
+        ids, _, _, _, state = hallucinated_picks(Z, mean, state, alpha, args.chunk)
+        return ids, state
+
+    def flagged(Z, mean, rls0, state, alpha, C):  # the same picks with the stop rule as a done flag
         ids, _, state = pick_steps(Z, mean, rls0, state, alpha, C, args.chunk)
         return ids, state
 
@@ -128,8 +137,9 @@ def main(argv=None):
             continue
         t0 = time.perf_counter()
         try:
-            if name == "eager":
-                run = lambda st: chunk(Z, mean, rls, st, alpha, C)  # noqa: E731
+            if name in ("eager", "flagged"):
+                fn = chunk if name == "eager" else flagged
+                run = lambda st, fn=fn: fn(Z, mean, rls, st, alpha, C)  # noqa: E731
             elif name in ("graph", "graph_compiled"):
                 run = replayed(Z, mean, rls, V_inv, alpha, C, args.chunk, compiled=name == "graph_compiled")
             else:

@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from torchbkb.bandits.batch_selection import select_batch
-from torchbkb.bandits.device_batch import select_batch_on_device
+from torchbkb.bandits.device_batch import run_batch_on_device, select_batch_on_device
 
 
 def _problem(A, r, seed, device, scale=1.0, lam=0.1):
@@ -43,11 +43,14 @@ def test_runs_of_one_arm_excluded_arms_and_a_zero_variance_end_as_in_the_lazy_se
         out = select_batch_on_device(Z, mean, rls, V_inv, 1.0, C, cap)
         assert torch.equal(out.indices, ref.indices)
         assert len(set(out.indices.tolist())) < out.indices.numel() or out.indices.numel() <= 7
-    rls_zero = rls.clone()
-    rls_zero[int((mean + rls.sqrt()).argmax())] = 0.0  # the best arm has σ̃²_fb = 0: the batch ends with it
-    ref = select_batch(Z, mean, rls_zero, V_inv, 1.0, 3.0, validate=False)
-    out = select_batch_on_device(Z, mean, rls_zero, V_inv, 1.0, 3.0)
-    assert torch.equal(out.indices, ref.indices)
+    for s0, cap, length in ((0.0, None, 1), (0.0, 7, 1), (1e-30, None, 1), (1e-30, 7, 7)):
+        # σ̃²_fb = 0 ends the batch with the best arm; a negligible one too (the rule stalls), unless a cap ends it
+        mean_best, rls_best = mean.clone(), rls.clone()
+        mean_best[1], rls_best[1] = mean.max() + 10.0, s0  # arm 1 wins every pick
+        ref = select_batch(Z, mean_best, rls_best, V_inv, 1.0, 3.0, cap, validate=False)
+        for rule_on_host in (True, False):
+            out = run_batch_on_device(Z, mean_best, rls_best, V_inv, 1.0, 3.0, cap, rule_on_host=rule_on_host)[0]
+            assert torch.equal(out.indices, ref.indices) and out.indices.numel() == length
 
 
 @settings(max_examples=40, deadline=None)
@@ -119,8 +122,6 @@ def test_a_pick_compiles_as_one_graph_and_equals_the_eager_pick(stall_check, dev
 def test_a_batch_past_the_pick_limit_is_given_up():
     """``pick_limit``: a batch that has not ended after that many picks returns ``None`` (BBKB hands it to the lazy
     loop, which takes long runs of one arm in closed form); one that ends within it is the same batch."""
-    from torchbkb.bandits.device_batch import run_batch_on_device
-
     Z, mean, rls, V_inv = _problem(200, 5, 3, torch.device("cpu"))
     whole = run_batch_on_device(Z, mean, rls, V_inv, 1.0, 6.0)
     n = whole[0].indices.numel()

@@ -42,8 +42,9 @@ def _same(a, b):
                                             (300, 20, 30.0, 70)])
 def test_replayed_picks_are_the_eager_loops(A, r, C, first, device):
     Z, mean, rls, V_inv = _problem(A, r, 0, device)
-    eager = run_batch_on_device(Z, mean, rls, V_inv, 1.3, C, first_check=first)
-    _same(run_batch_on_device(Z, mean, rls, V_inv, 1.3, C, first_check=first, graphs=_graphs()), eager)
+    flagged = run_batch_on_device(Z, mean, rls, V_inv, 1.3, C, first_check=first, rule_on_host=False)
+    _same(run_batch_on_device(Z, mean, rls, V_inv, 1.3, C, first_check=first, graphs=_graphs()), flagged)
+    _same(run_batch_on_device(Z, mean, rls, V_inv, 1.3, C, first_check=first), flagged)
 
 
 @settings(max_examples=25, deadline=None)
@@ -63,11 +64,13 @@ def test_one_cache_serves_batches_of_other_sizes(seed, rs, C, alpha):
 @settings(max_examples=40, deadline=None)
 @given(seed=st.integers(0, 2**16), r=st.integers(1, 12), C=st.sampled_from([1.0, 1.5, 2.0, 2.25, 3.0, 7.75]),
        mode=st.sampled_from(["random", "quarter", "zeros", "tiny", "quarter+zeros"]),
-       work=st.sampled_from(["float64", "float32"]), first=st.sampled_from([None, 3, 40]))
-def test_the_hosts_stop_rule_ends_the_batch_where_the_device_loop_does(seed, r, C, mode, work, first):
-    """The replayed chunk leaves the stop rule to the host (:func:`sum_rule_end`): the same batch as the eager
-    device loop's done flag, at levels that meet ``C̃`` exactly (σ̃²_fb = 1/4), zero or negligible variances (the
-    stalled rule), and in a float32 ``V⁻¹`` whose arithmetic the host repeats."""
+       work=st.sampled_from(["float64", "float32"]), first=st.sampled_from([None, 3, 40]),
+       cap=st.sampled_from([None, None, 1, 5, 33]))
+def test_the_hosts_stop_rule_ends_the_batch_where_the_device_loop_does(seed, r, C, mode, work, first, cap):
+    """Replayed or eager, the hallucinated picks leave the stop rule to the host (:func:`sum_rule_end`): the same
+    batch as the device loop's done flag, at levels that meet ``C̃`` exactly (σ̃²_fb = 1/4), zero or negligible
+    variances (the stalled rule, or with a cap the zero variance alone), a cap within or at a chunk's end, and in
+    a float32 ``V⁻¹`` whose arithmetic the host repeats."""
     Z, mean, rls, V_inv = _problem(90, r, seed, "cpu")
     g = torch.Generator().manual_seed(seed)
     if mode.startswith("quarter"):
@@ -77,15 +80,16 @@ def test_the_hosts_stop_rule_ends_the_batch_where_the_device_loop_does(seed, r, 
     if mode == "tiny":
         rls = rls * torch.where(torch.rand(rls.shape, generator=g, dtype=rls.dtype) < 0.3, 1e-12, 1.0)
     V_inv = V_inv.to(getattr(torch, work))
-    eager = run_batch_on_device(Z, mean, rls, V_inv, 0.8, C, first_check=first)
-    _same(run_batch_on_device(Z, mean, rls, V_inv, 0.8, C, first_check=first, graphs=_graphs()), eager)
+    flagged = run_batch_on_device(Z, mean, rls, V_inv, 0.8, C, cap, first_check=first, rule_on_host=False)
+    _same(run_batch_on_device(Z, mean, rls, V_inv, 0.8, C, cap, first_check=first, graphs=_graphs()), flagged)
+    _same(run_batch_on_device(Z, mean, rls, V_inv, 0.8, C, cap, first_check=first), flagged)
 
 
 def test_a_cap_or_too_large_features_run_the_eager_loop():
     graphs = _graphs()
     Z, mean, rls, V_inv = _problem(100, 4, 1, "cpu")
     _same(run_batch_on_device(Z, mean, rls, V_inv, 1.0, 50.0, 7, graphs=graphs),
-          run_batch_on_device(Z, mean, rls, V_inv, 1.0, 50.0, 7))
+          run_batch_on_device(Z, mean, rls, V_inv, 1.0, 50.0, 7, rule_on_host=False))
     assert len(graphs) == 0  # a capped batch never uses a graph
     assert graphs.get(GRAPH_BYTES // 8 // 16 + 1, 16, torch.float64, torch.float64, torch.device("cpu"), 32) is None
     assert PickGraphs().get(100, 4, torch.float64, torch.float64, torch.device("cpu"), 32) is None  # CUDA only
@@ -213,8 +217,9 @@ def test_replayed_picks_in_float32_and_without_features(r):
 
 def test_a_replayed_pick_launches_half_the_kernels_of_a_device_loop_pick():
     """What a GPU launches inside the graph, counted at the dispatcher on the CPU (views and empty allocations
-    left out): a replayed pick, with no done flag, at most 20 kernels (18.3 now); the eager device loop's pick
-    with its stop rule on the device, over 30. The batch is the same."""
+    left out): a replayed pick, with no done flag, at most 20 kernels (18.3 now), as many as an eager pick with
+    the rule on the host; a pick with the stop rule on the device (its done flag), over 30. The batch is the
+    same."""
     from benchmarks.launches import KernelCount
 
     Z, mean, rls, V_inv = _problem(2000, 12, 0, "cpu")
@@ -226,4 +231,6 @@ def test_a_replayed_pick_launches_half_the_kernels_of_a_device_loop_pick():
         graph.replay()
     with KernelCount() as eager:
         run_batch_on_device(Z, mean, rls, V_inv, 1.0, 1e3, pick_limit=32)
-    assert replayed.work <= 20 * 32 < 30 * 32 < eager.work
+    with KernelCount() as flagged:
+        run_batch_on_device(Z, mean, rls, V_inv, 1.0, 1e3, pick_limit=32, rule_on_host=False)
+    assert max(replayed.work, eager.work) <= 20 * 32 < 30 * 32 < flagged.work

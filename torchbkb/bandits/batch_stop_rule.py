@@ -58,13 +58,13 @@ def stop_rule_stalls(level: float, s0: float, batch_bound: float, stop_rule: str
 HOST_RULE_DTYPES = {torch.float64: float, torch.float32: np.float32}
 
 
-def sum_rule_end(rls_start, level: float, batch_bound: float, dtype: torch.dtype = torch.float64
-                 ) -> tuple[int | None, float]:
-    """The ``"sum"`` rule with no cap over consecutive picks, as the device loop
+def sum_rule_end(rls_start, level: float, batch_bound: float, dtype: torch.dtype = torch.float64,
+                 stall: bool = True) -> tuple[int | None, float]:
+    """The ``"sum"`` rule over consecutive picks, as the device loop's done flag
     (:func:`~torchbkb.bandits.device_batch.pick_step`) computes it in ``dtype`` (a key of
-    :data:`HOST_RULE_DTYPES`): a pick with ``σ̃²_fb = s`` ends the batch when the level passes ``C̃`` with it or the
-    rule stalls before it (``C̃ - level >= UNBOUNDED_PICKS · max(s, 0)``: with the level at most ``C̃``, every
-    ``s <= 0`` stalls).
+    :data:`HOST_RULE_DTYPES`): a pick with ``σ̃²_fb = s`` ends the batch when the level passes ``C̃`` with it or,
+    with ``stall`` (no cap), the rule stalls before it (``C̃ - level >= UNBOUNDED_PICKS · max(s, 0)``: with the
+    level at most ``C̃``, every ``s <= 0`` stalls); without ``stall`` (a cap ends the batch later) when ``s <= 0``.
 
     Args:
         rls_start: the picks' batch-start variances, in order (floats holding values of ``dtype``).
@@ -79,7 +79,7 @@ def sum_rule_end(rls_start, level: float, batch_bound: float, dtype: torch.dtype
     C, lvl, zero, unbounded = f(batch_bound), f(level), f(0.0), f(UNBOUNDED_PICKS)
     for j, s in enumerate(rls_start):
         s0 = f(s)
-        stalls = (C - lvl) >= unbounded * max(s0, zero)
+        stalls = (C - lvl) >= unbounded * max(s0, zero) if stall else s0 <= zero
         lvl = lvl + s0
         if lvl > C or stalls:
             return j, float(lvl)

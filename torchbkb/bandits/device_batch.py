@@ -2,18 +2,20 @@
 
 :func:`~torchbkb.bandits.batch_selection.select_batch` refreshes only the arms that can still win (lazy UCB) and reads
 each pick on the host to decide which: the fewest flops, and on a GPU a host synchronization or several per pick
-(``docs/gpu.md``). Here every pick refreshes every
-arm -- ``O(A·r)`` flops, a few kernel launches, no host read -- and the stop rule is kept on the device as a done
-flag: picks after it are computed and dropped, and the host reads the flag once per ``check_every`` picks and the
-picks once per batch. Same rule and picks as ``select_batch(..., lazy=False)``::
+(``docs/gpu.md``). Here every pick refreshes every arm -- ``O(A·r)`` flops, a few kernel launches, no host read
+(:func:`hallucinated_pick`) -- and the host ends the batch from what it reads once per ``check_every`` picks: the
+arms and their ``σ̃²_fb``, to which it applies the stop rule in the device's arithmetic
+(:func:`~torchbkb.bandits.batch_stop_rule.sum_rule_end`). Every pick is hallucinated; the picks past the batch's
+end are dropped, and its final ``V⁻¹`` sums the rank-one terms of all its picks but the last. Same rule and picks
+as ``select_batch(..., lazy=False)``::
 
     σ̃²_t(a) = σ̃²_{t-1}(a) - c_t (z(a)ᵀ u_t)²,   u_t = V_{t-1}⁻¹ z(x_t),   c_t = 1 / (1 + z(x_t)ᵀ u_t)
 
-with the batch's last pick not hallucinated. The stop level ``1 + Σ σ̃²_fb(x_s)`` and a repeated arm's
-hallucinations are summed pick by pick here and run by run there, so a batch can end one pick apart only where the
-level meets ``C̃`` within rounding. Replayed from a CUDA graph
-(:mod:`~torchbkb.bandits.pick_graph`), the picks skip the done flag (:func:`hallucinated_pick`, every pick
-hallucinated: half the kernels) and the host applies the same rule, in the same arithmetic, to the picks it reads.
+The stop level ``1 + Σ σ̃²_fb(x_s)`` and a repeated arm's hallucinations are summed pick by pick here and run by
+run there, so a batch can end one pick apart only where the level meets ``C̃`` within rounding. The picks run
+eagerly or replayed from a CUDA graph (:mod:`~torchbkb.bandits.pick_graph`). :func:`pick_step` keeps the rule on
+the device as a done flag (``rule_on_host=False``, and a ``V⁻¹`` in a dtype the host cannot repeat): about 30
+kernels a pick against :func:`hallucinated_pick`'s 18.
 
 Example:
     >>> import torch
@@ -35,8 +37,8 @@ import torch
 from torchbkb.bandits.batch_selection import BatchSelection
 from torchbkb.bandits.batch_stop_rule import HOST_RULE_DTYPES, UNBOUNDED_PICKS, check_batch_limits, sum_rule_end
 
-__all__ = ["select_batch_on_device", "run_batch_on_device", "pick_step", "hallucinated_pick", "PickState",
-           "use_device_loop", "CHECK_EVERY", "DEVICE_PICKS_MAX"]
+__all__ = ["select_batch_on_device", "run_batch_on_device", "pick_step", "hallucinated_pick", "hallucinated_picks",
+           "PickState", "Replay", "use_device_loop", "CHECK_EVERY", "DEVICE_PICKS_MAX"]
 
 #: Picks between two host reads of the done flag.
 CHECK_EVERY = 32
@@ -101,6 +103,30 @@ def hallucinated_pick(Z: torch.Tensor, mean: torch.Tensor, state: PickState, alp
     return i[0], state.cur.index_select(0, i)[0], u, g, state._replace(cur=cur, ucb=ucb, V_inv=V_t)
 
 
+def hallucinated_picks(Z: torch.Tensor, mean: torch.Tensor, state: PickState, alpha, k: int
+                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, PickState]:
+    """``k`` picks of :func:`hallucinated_pick`: their arms `(k,)`, their ``σ̃²`` when picked `(k,)`, their ``u``
+    `(k, r)` and ``g`` `(k,)`, and the state after them."""
+    ids, rls_in, us, gs = [], [], [], []
+    for _ in range(k):
+        i, s_i, u, g, state = hallucinated_pick(Z, mean, state, alpha)
+        ids.append(i)
+        rls_in.append(s_i)
+        us.append(u)
+        gs.append(g)
+    return torch.stack(ids), torch.stack(rls_in), torch.stack(us), torch.stack(gs), state
+
+
+class Replay(NamedTuple):
+    """A chunk of hallucinated picks, as the host's reader takes it."""
+
+    ids: torch.Tensor  #: `(picks,)` the arms, in order
+    rls_in: torch.Tensor  #: `(picks,)` their ``σ̃²_t`` when picked
+    u: torch.Tensor  #: `(picks, r')` ``u_t = V_{t-1}⁻¹ z(x_t)`` in ``V⁻¹``'s dtype (``r' >= r``: zero past ``r``)
+    g: torch.Tensor  #: `(picks,)` ``c_t = 1 / (1 + z(x_t)ᵀ u_t)``
+    read: torch.Tensor  #: `(2 picks,)` float64: the arms, then their ``σ̃²_fb`` (the host's one read)
+
+
 def _solve(Z: torch.Tensor, V_inv: torch.Tensor, i: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``u = V⁻¹ z(i)`` and ``s = z(i)ᵀ u`` in ``V⁻¹``'s dtype."""
     z = Z.index_select(0, i)[0].to(V_inv.dtype)  # (r,)
@@ -153,9 +179,10 @@ def run_batch_on_device(
     pick_limit: int | None = None,
     graphs=None,
     extra: tuple[torch.Tensor, list] | None = None,
+    rule_on_host: bool = True,
 ) -> tuple[BatchSelection, list[int]] | None:
-    """One BBKB batch (the ``"sum"`` stop rule) with no host read inside a pick, and its picks on the host: the done
-    flag, the count and the picks so far are read together, once per ``check_every`` picks.
+    """One BBKB batch (the ``"sum"`` stop rule) with no host read inside a pick, and its picks on the host: the
+    picks so far (and what the stop rule needs of them) are read together, once per ``check_every`` picks.
 
     Args:
         Z: `(A, r)` embedded candidates (a tensor; the UCBs are computed in its dtype).
@@ -165,33 +192,96 @@ def run_batch_on_device(
         alpha: the multiplier ``α̃`` of ``σ̃`` in the UCB.
         batch_bound: ``C̃ >= 1``.
         max_batch_size: optional cap on the batch length.
-        check_every: picks between two host reads of the done flag.
+        check_every: picks between two host reads.
         first_check: picks before the first read (default ``check_every``): a batch that ends before it is read
             once; the picks computed past its end are dropped.
         pick_limit: give up (return ``None``) when the batch has not ended after this many picks.
-        graphs: a :class:`~torchbkb.bandits.pick_graph.PickGraphs`: on its devices (CUDA), with no cap and ``V⁻¹``
-            in float32 or float64, the picks are replayed ``check_every`` at a time from a CUDA graph (the same
-            picks on padded features, every one hallucinated; the host ends the batch and the final ``V⁻¹`` sums
-            the batch's rank-one terms).
+        graphs: a :class:`~torchbkb.bandits.pick_graph.PickGraphs`: on its devices (CUDA), with no cap, the picks
+            are replayed ``check_every`` at a time from a CUDA graph (the same picks on padded features).
         extra: ``(tensor, out)``: a float64 `(k,)` tensor read with the first read, its values appended to ``out``
             (a caller's own flags: one read for both).
+        rule_on_host: the host ends the batch (:func:`hallucinated_pick`); ``False`` keeps the rule on the device
+            as a done flag (:func:`pick_step`: the same batch, more kernels), as a ``V⁻¹`` in a dtype other than
+            float32 and float64 does.
 
     Returns:
         ``(selection, ids)``: a :class:`~torchbkb.bandits.batch_selection.BatchSelection` (``ucb_evaluations``
         counts every arm of every pick) and its indices as Python ints; ``None`` past ``pick_limit``.
     """
     C, cap = check_batch_limits(batch_bound, max_batch_size)
-    A = Z.shape[0]
-    dt, work, dev = Z.dtype, V_inv.dtype, Z.device
+    dt, work = Z.dtype, V_inv.dtype
     alpha = float(alpha)
     mean_c, rls0 = mean.to(dt), rls.to(dt)
-    limit = UNBOUNDED_PICKS if cap is None else cap
     size = check_every if first_check is None else max(int(first_check), 1)
-    if graphs is not None and cap is None and work in HOST_RULE_DTYPES:
-        graph = graphs.get(A, Z.shape[1], dt, work, dev, check_every)
-        if graph is not None:
-            return _replayed_batch(graph, Z, mean_c, rls0, V_inv, alpha, C, rls.dtype, size, check_every,
-                                   pick_limit, extra)
+    if not (rule_on_host and work in HOST_RULE_DTYPES):
+        return _flagged_batch(Z, mean_c, rls0, V_inv, alpha, C, cap, rls.dtype, size, check_every, pick_limit,
+                              extra)
+    graph = None
+    if graphs is not None and cap is None:
+        graph = graphs.get(Z.shape[0], Z.shape[1], dt, work, Z.device, check_every)
+    if graph is not None:
+        graph.load(Z, mean_c, rls0, V_inv, alpha, C)
+        chunks = lambda k: [graph.replay() for _ in range(-(-k // graph.picks))]  # noqa: E731
+    else:
+        chunks = _eager_chunks(Z, mean_c, rls0, V_inv, alpha)
+    return _host_ruled_batch(chunks, Z, rls0, V_inv, C, cap, rls.dtype, size, check_every, pick_limit, extra)
+
+
+def _eager_chunks(Z, mean_c, rls0, V_inv, alpha):
+    """``k -> [Replay]``: the next ``k`` hallucinated picks, run eagerly from the batch's start."""
+    zero = torch.zeros((), dtype=V_inv.dtype, device=Z.device)
+    state = PickState(cur=rls0.clone(), ucb=mean_c + alpha * rls0.clamp_min(0.0).sqrt(), V_inv=V_inv.clone(),
+                      level=zero, done=zero.bool(), count=zero.long())  # the last three unused: the host's rule
+
+    def chunk(k: int) -> list[Replay]:
+        nonlocal state
+        ids, rls_in, u, g, state = hallucinated_picks(Z, mean_c, state, alpha, k)
+        read = torch.cat([ids.to(torch.float64), rls0.index_select(0, ids).to(torch.float64)])
+        return [Replay(ids, rls_in, u, g, read)]
+
+    return chunk
+
+
+def _host_ruled_batch(chunks, Z, rls0, V_inv, C, cap, out_dtype, size, check_every, pick_limit, extra):
+    """:func:`run_batch_on_device`'s batch from chunks of hallucinated picks (``chunks(k)``: at least ``k`` more,
+    as :class:`Replay` s): the host reads each round's arms and ``σ̃²_fb`` and ends the batch there (the done
+    flag's rule, repeated; the cap's pick ends it too), and the final ``V⁻¹`` is ``V_fb⁻¹ - Σ_{t<n} c_t u_t u_tᵀ``
+    (the hallucinated picks' rank-one terms, summed)."""
+    work, limit = V_inv.dtype, UNBOUNDED_PICKS if cap is None else cap
+    parts, ids, level, t, n = [], [], 1.0, 0, None
+    while n is None:
+        ran = chunks(min(size, limit - t))
+        read, extra = _read(torch.cat([p.read for p in ran]), extra)
+        o = 0
+        for p in ran:
+            k = p.ids.numel()
+            end, level = sum_rule_end(read[o + k: o + 2 * k], level, C, work, stall=cap is None)
+            if t + k >= limit:  # the cap's pick (without one, the 2²⁴th) is the last
+                end = limit - 1 - t if end is None else min(end, limit - 1 - t)
+            parts.append(p)
+            ids += read[o: o + k]
+            if end is not None:
+                n = t + end + 1
+                break
+            t, o = t + k, o + 2 * k
+        if n is None and pick_limit is not None and t >= pick_limit:
+            return None
+        size = check_every
+    idx = torch.cat([p.ids for p in parts])[:n]
+    r = Z.shape[1]
+    u = torch.cat([p.u for p in parts])[: n - 1, :r]
+    g = torch.cat([p.g for p in parts])[: n - 1]
+    selection = BatchSelection(indices=idx, rls_start=rls0[idx].to(out_dtype),
+                               rls_in_batch=torch.cat([p.rls_in for p in parts])[:n].to(out_dtype),
+                               ucb_evaluations=Z.shape[0] * n, V_inv=V_inv - u.T @ (g[:, None] * u))
+    return selection, [int(v) for v in ids[:n]]
+
+
+def _flagged_batch(Z, mean_c, rls0, V_inv, alpha, C, cap, out_dtype, size, check_every, pick_limit, extra):
+    """:func:`run_batch_on_device`'s batch with the stop rule on the device (:func:`pick_step`'s done flag): the
+    flag, the count and the picks so far read together."""
+    A, work, dev = Z.shape[0], V_inv.dtype, Z.device
+    limit = UNBOUNDED_PICKS if cap is None else cap
     state = PickState(
         cur=rls0.clone(),
         ucb=mean_c + alpha * rls0.clamp_min(0.0).sqrt(),
@@ -221,43 +311,9 @@ def run_batch_on_device(
             return None
         size = check_every
     idx = torch.cat(picks)[:n]
-    selection = BatchSelection(indices=idx, rls_start=rls0[idx].to(rls.dtype),
-                               rls_in_batch=torch.cat(in_batch)[:n].to(rls.dtype), ucb_evaluations=A * n,
-                               V_inv=state.V_inv)
-    return selection, [int(v) for v in ids[:n]]
-
-
-def _replayed_batch(graph, Z, mean_c, rls0, V_inv, alpha, C, out_dtype, size, check_every, pick_limit, extra):
-    """:func:`run_batch_on_device`'s batch from a :class:`~torchbkb.bandits.pick_graph.PickGraph`'s replays: the
-    host reads each chunk's arms and ``σ̃²_fb`` and ends the batch there (the device loop's rule, repeated), and
-    the final ``V⁻¹`` is ``V_fb⁻¹ - Σ_{t<n} c_t u_t u_tᵀ`` (the hallucinated picks' rank-one terms, summed)."""
-    graph.load(Z, mean_c, rls0, V_inv, alpha, C)
-    per, work = graph.picks, V_inv.dtype
-    replays, ids, level, t, n = [], [], 1.0, 0, None
-    while n is None:
-        ran = [graph.replay() for _ in range(-(-size // per))]
-        read, extra = _read(torch.cat([r.read for r in ran]), extra)
-        for k, r in enumerate(ran):
-            end, level = sum_rule_end(read[2 * per * k + per: 2 * per * (k + 1)], level, graph.batch_bound, work)
-            replays.append(r)
-            ids += read[2 * per * k: 2 * per * k + per]
-            if end is not None:
-                n = t + end + 1
-                break
-            t += per
-            if t >= UNBOUNDED_PICKS:  # the rule stalls before: as the device loop, never reached in practice
-                n = t
-                break
-        if n is None and pick_limit is not None and t >= pick_limit:
-            return None
-        size = check_every
-    idx = torch.cat([r.ids for r in replays])[:n]
-    r = Z.shape[1]
-    u = torch.cat([d.u for d in replays])[: n - 1, :r]
-    g = torch.cat([d.g for d in replays])[: n - 1]
     selection = BatchSelection(indices=idx, rls_start=rls0[idx].to(out_dtype),
-                               rls_in_batch=torch.cat([d.rls_in for d in replays])[:n].to(out_dtype),
-                               ucb_evaluations=Z.shape[0] * n, V_inv=V_inv - u.T @ (g[:, None] * u))
+                               rls_in_batch=torch.cat(in_batch)[:n].to(out_dtype), ucb_evaluations=A * n,
+                               V_inv=state.V_inv)
     return selection, [int(v) for v in ids[:n]]
 
 

@@ -17,11 +17,11 @@ On the CPU (no graph) :meth:`PickGraph.replay` runs the same chunk eagerly on th
 graph replays, testable anywhere.
 
 Inside the graph each pick is still ~18 small kernels of a few µs. ``compiled=True`` runs each pick through one
-``torch.compile(fullgraph=True, dynamic=True)`` of :func:`hallucinated_picks` (:data:`COMPILED_PICKS` pick a call:
-fewer, fused kernels) before capturing the chunk; one compilation, shared by every graph of the process, serves
-every shape (compiling a longer call costs about the picks it unrolls, and a static one compiles again per shape).
-Off by default: its gain on a GPU is not measured yet. A compilation or capture that fails says so once and the
-eager picks are captured instead.
+``torch.compile(fullgraph=True, dynamic=True)`` of :func:`~torchbkb.bandits.device_batch.hallucinated_picks`
+(:data:`COMPILED_PICKS` pick a call: fewer, fused kernels) before capturing the chunk; one compilation, shared by every
+graph of the process, serves every shape (compiling a longer call costs about the picks it unrolls, and a static one
+compiles again per shape). Off by default: its gain on a GPU is not measured yet. A compilation or capture that fails
+says so once and the eager picks are captured instead.
 
 Example:
     >>> import torch
@@ -36,11 +36,9 @@ Example:
 from __future__ import annotations
 
 import warnings
-from typing import NamedTuple
-
 import torch
 
-from torchbkb.bandits.device_batch import PickState, hallucinated_pick, pick_step
+from torchbkb.bandits.device_batch import PickState, Replay, hallucinated_picks, pick_step
 from torchbkb.utils.graph_capture import GraphCache, GraphStream
 
 __all__ = ["PickGraph", "PickGraphs", "GRAPH_BYTES", "COMPILED_PICKS", "pick_steps", "hallucinated_picks", "Replay"]
@@ -64,30 +62,6 @@ def pick_steps(Z: torch.Tensor, mean: torch.Tensor, rls0: torch.Tensor, state: P
         ids.append(i)
         rls_in.append(s_i)
     return torch.stack(ids), torch.stack(rls_in), state
-
-
-def hallucinated_picks(Z: torch.Tensor, mean: torch.Tensor, state: PickState, alpha: torch.Tensor, k: int
-                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, PickState]:
-    """``k`` picks of :func:`~torchbkb.bandits.device_batch.hallucinated_pick`: their arms `(k,)`, their ``σ̃²``
-    when picked `(k,)`, their ``u`` `(k, r)` and ``g`` `(k,)`, and the state after them."""
-    ids, rls_in, us, gs = [], [], [], []
-    for _ in range(k):
-        i, s_i, u, g, state = hallucinated_pick(Z, mean, state, alpha)
-        ids.append(i)
-        rls_in.append(s_i)
-        us.append(u)
-        gs.append(g)
-    return torch.stack(ids), torch.stack(rls_in), torch.stack(us), torch.stack(gs), state
-
-
-class Replay(NamedTuple):
-    """A replayed chunk's picks (copies)."""
-
-    ids: torch.Tensor  #: `(picks,)` the arms, in order
-    rls_in: torch.Tensor  #: `(picks,)` their ``σ̃²_t`` when picked
-    u: torch.Tensor  #: `(picks, r_cap)` ``u_t = V_{t-1}⁻¹ z(x_t)``, in ``V⁻¹``'s dtype
-    g: torch.Tensor  #: `(picks,)` ``c_t = 1 / (1 + z(x_t)ᵀ u_t)``
-    read: torch.Tensor  #: `(2 picks,)` float64: the arms, then their ``σ̃²_fb`` (the host's one read)
 
 
 class PickGraph:
@@ -141,7 +115,7 @@ class PickGraph:
 
     def _chunk(self) -> tuple[torch.Tensor, ...]:
         """``picks`` picks from the buffers' state, written back into it after the last one (a failure before
-        leaves it as it was): :class:`Replay`'s fields."""
+        leaves it as it was): :class:`~torchbkb.bandits.device_batch.Replay`'s fields."""
         state, parts = self.state, []
         if self.compiled:
             if self.backend not in _COMPILED:
