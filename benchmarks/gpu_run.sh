@@ -1,5 +1,5 @@
 #!/bin/bash
-# The measurements of one lent GPU run (docs/gpu.md), from the repository root: each piece time-guarded (about 730 s
+# The measurements of one lent GPU run (docs/gpu.md), from the repository root: each piece time-guarded (about 775 s
 # if each ran to its limit; run it with timeout_s ~590), in the order of what matters most, its results tarred into
 # $OUT after each piece so that a run stopped at its limit still returns them. `_fixed` cases run the GPU's defaults
 # (the fixed-capacity update, BBKB's device loop with its picks replayed from CUDA graphs and its batch-end update
@@ -24,6 +24,9 @@ finish
 timeout 120 python -m pytest -q -n 16 -p no:cacheprovider -o addopts="" --timeout 60 tests > $R/pytest.txt 2>&1
 tail -4 $R/pytest.txt; grep FAILED $R/pytest.txt | head; finish
 timeout 60 $L --cases bbkb_cadata_fixed bbkb_cadata_eager --warmup 40 --steps 10 --timed-steps 10 --out $R/lc \
+  2>&1 | tail -3
+finish
+timeout 45 $L --cases bbkb_cadata_fixed --host-rewards --warmup 40 --steps 10 --timed-steps 10 --out $R/lch \
   2>&1 | tail -3
 finish
 timeout 60 $L --cases bbkb_cadata_fixed --compiled-picks --warmup 40 --steps 10 --timed-steps 10 --out $R/lcc \

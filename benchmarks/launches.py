@@ -206,12 +206,19 @@ def count(case: str, args, device, dtype) -> dict:
     b, values, noise_std = bandit(case, device, dtype, args.arms, args.chunk_size, args.compiled,
                                   not args.no_update_graphs, args.compiled_picks)
     g = torch.Generator(device=values.device).manual_seed(1)
+    on_host = values.detach().cpu() if args.host_rewards else None  # a black box on the host: no device read
 
     def step() -> int:
         idx = b.ask()
-        y = values[idx] + noise_std * torch.randn(idx.shape, generator=g, dtype=values.dtype, device=values.device)
+        if on_host is None:
+            y = values[idx] + noise_std * torch.randn(idx.shape, generator=g, dtype=values.dtype, device=values.device)
+        else:
+            ids = torch.tensor(b.pending_ids)
+            y = on_host[ids] + noise_std * torch.randn(ids.shape, generator=g_host, dtype=on_host.dtype)
         b.tell(idx, y)
         return int(idx.shape[0])
+
+    g_host = torch.Generator().manual_seed(1)
 
     for _ in range(args.warmup):
         step()
@@ -243,7 +250,7 @@ def count(case: str, args, device, dtype) -> dict:
         replayed = replayed_kernels(b, step, args.steps)
     step_s, floor_s = time_steps(b, step, device, dtype, args.timed_steps)
     return {"step_s": step_s, "floor_s": floor_s, "step_over_floor": step_s / floor_s, "num_arms": b.num_arms,
-            "case": case, "device": str(device), "compiled": b.engine.compiled,
+            "case": case, "device": str(device), "compiled": b.engine.compiled, "host_rewards": on_host is not None,
             "compiled_picks": bool(getattr(getattr(b, "pick_graphs", None), "compiled", False)),
             "ops_per_pick": statistics.median(ops),
             "kernels_per_pick": statistics.median(kernels), "kernels_per_pick_update_replayed": replayed,
@@ -324,6 +331,9 @@ def main(argv=None):
                    help="compile BBKB's replayed picks alone (PickGraphs(compiled=True); a failure falls back)")
     p.add_argument("--no-update-graphs", action="store_true",
                    help="never replay the fixed-capacity update from a CUDA graph (bandit.engine.graphs = None)")
+    p.add_argument("--host-rewards", action="store_true",
+                   help="rewards computed on the host from the arms ask hands over (bandit.pending_ids), as a black "
+                        "box's: the device is read only by the bandit (default: on the device, read by tell)")
     p.add_argument("--chunk-size", type=int, default=None,
                    help="arms scored at once (default: the library's, sized for the device)")
     args = p.parse_args(argv)

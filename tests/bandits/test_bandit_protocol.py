@@ -151,6 +151,31 @@ def test_pending_is_a_multiset_told_in_any_order_and_in_parts(data):
         b.tell(torch.tensor(part), F[torch.tensor(part)])
         for a in part:
             reference.remove(a)
-        assert b.pending.tolist() == reference
+        assert b.pending.tolist() == reference == b.pending_ids
     assert b.t == len(batch) and b.history["index"] == [batch[j] for j in order] and b.batch_id == 1
     assert len(b.ask()) == len(batch) and b.batch_id == 2  # the batch ended: a new one is asked
+
+
+def test_run_hands_the_objective_the_asked_arms_without_reading_the_tensor_ask_returned(monkeypatch):
+    """``torchbkb.run`` takes the asked arms from :attr:`pending_ids` (the host's copy) and tells the very tensor
+    ``ask`` returned: on a GPU a read of that tensor would be one more host synchronization per batch."""
+    import types
+
+    from torchbkb import run
+
+    b = _FixedBatch([3, 1, 3, 4])
+    asked, read, ask, tolist = [], [], b.ask, torch.Tensor.tolist
+
+    def recording_ask(self):
+        asked.append(ask())
+        return asked[-1]
+
+    def recording_tolist(t):
+        read.extend(i for i, a in enumerate(asked) if t is a)
+        return tolist(t)
+
+    b.ask = types.MethodType(recording_ask, b)
+    monkeypatch.setattr(torch.Tensor, "tolist", recording_tolist)
+    hist = run(b, F, budget=10, progress=False)
+    assert len(asked) == 3 and not read
+    assert hist.index == [3, 1, 3, 4, 3, 1, 3, 4, 3, 1]  # the last batch cut to the budget

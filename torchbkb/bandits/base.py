@@ -105,6 +105,12 @@ class Bandit(BanditCheckpoint):
         """`(k,)` long, the arms asked and not yet told or discarded (in ask order)."""
         return self._long(self._pending)
 
+    @property
+    def pending_ids(self) -> list[int]:
+        """:attr:`pending` as Python ints, from the host: what a loop on a GPU passes to its objective without
+        reading the tensor ``ask`` returned (a host synchronization)."""
+        return list(self._pending)
+
     def ask(self) -> torch.Tensor:
         """The arm(s) to evaluate next.
 

@@ -189,7 +189,8 @@ def run(
             fill_sizes()  # the ask ran the deferred update: its size is known without a read of its own
             room = budget - len(hist)
             whole = room >= idx.numel()  # the usual case: the batch fits the budget
-            todo, extra = (idx.tolist(), None) if whole else (idx[:room].tolist(), idx[room:])
+            ids = bandit.pending_ids  # the asked arms on the host: no read of the tensor (a sync on a GPU)
+            todo, extra = (ids, None) if whole else (ids[:room], idx[room:])
             batch = bandit.batch_id - 1
             out = evaluator.evaluate(todo)
             hist.errors.extend((batch, todo[j], kind, msg) for j, kind, msg in out.errors)
