@@ -32,6 +32,7 @@ from collections.abc import Callable
 import torch
 
 from torchbkb.errors import InputDataError, ObjectiveOutputError, check_finite
+from torchbkb.utils.host_copy import to_device
 
 __all__ = ["ArmObjective", "TensorObjective", "as_objective", "check_rewards", "check_values"]
 
@@ -74,9 +75,9 @@ class ArmObjective:
         idx = torch.as_tensor(indices, dtype=torch.long).reshape(-1)
         noise = torch.randn(idx.shape, generator=self.generator, dtype=torch.float64) * self.noise_std
         v = self.values
-        if idx.device != v.device:
-            idx = idx.to(v.device)
-        return v[idx] + (noise if noise.dtype == v.dtype and noise.device == v.device else noise.to(v))
+        idx = to_device(idx, v.device)  # from pinned memory: no host wait on a GPU
+        noise = to_device(noise, v.device)
+        return v[idx] + (noise if noise.dtype == v.dtype else noise.to(v.dtype))
 
     def state_dict(self) -> dict:
         """``{"generator": state}``: the noise generator's state, so that a resumed run draws the same noise."""
@@ -105,7 +106,7 @@ class TensorObjective:
         self.values = values
 
     def __call__(self, idx: torch.Tensor) -> torch.Tensor:
-        return self.values[torch.as_tensor(idx, dtype=torch.long).to(self.values.device)]
+        return self.values[to_device(torch.as_tensor(idx, dtype=torch.long), self.values.device)]
 
 
 def as_objective(objective: Any, A: int) -> Callable[[torch.Tensor], Any]:
