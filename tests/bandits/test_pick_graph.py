@@ -206,13 +206,14 @@ def test_pruned_candidates_are_picked_without_a_graph():
 @pytest.mark.parametrize("r", [0, 1, 17])
 def test_replayed_picks_in_float32_and_without_features(r):
     """Float32 features with a float64 ``V⁻¹`` (the bandits' mix), and an empty dictionary (``r = 0``, ``z ≡ 0``):
-    the eager loop's batch."""
+    replayed or eager, the done flag's batch."""
     Z, mean, rls, V_inv = _problem(150, max(r, 1), 5, "cpu")
     Z, V_inv = (Z[:, :r], V_inv[:r, :r]) if r else (Z[:, :0], V_inv[:0, :0])
     rls = rls if r else torch.ones_like(rls)
     Z32, mean32, rls32 = Z.float(), mean.float(), rls.float()
-    eager = run_batch_on_device(Z32, mean32, rls32, V_inv, 0.7, 3.0)
-    _same(run_batch_on_device(Z32, mean32, rls32, V_inv, 0.7, 3.0, graphs=_graphs()), eager)
+    flagged = run_batch_on_device(Z32, mean32, rls32, V_inv, 0.7, 3.0, rule_on_host=False)
+    _same(run_batch_on_device(Z32, mean32, rls32, V_inv, 0.7, 3.0, graphs=_graphs()), flagged)
+    _same(run_batch_on_device(Z32, mean32, rls32, V_inv, 0.7, 3.0), flagged)
 
 
 def test_a_replayed_pick_launches_half_the_kernels_of_a_device_loop_pick():
