@@ -245,8 +245,8 @@ def _eager_chunks(Z, mean_c, rls0, V_inv, alpha):
 def _host_ruled_batch(chunks, Z, rls0, V_inv, C, cap, out_dtype, size, check_every, pick_limit, extra):
     """:func:`run_batch_on_device`'s batch from chunks of hallucinated picks (``chunks(k)``: at least ``k`` more,
     as :class:`Replay` s): the host reads each round's arms and ``σ̃²_fb`` and ends the batch there (the done
-    flag's rule, repeated; the cap's pick ends it too), and the final ``V⁻¹`` is ``V_fb⁻¹ - Σ_{t<n} c_t u_t u_tᵀ``
-    (the hallucinated picks' rank-one terms, summed)."""
+    flag's rule, repeated; the cap's pick ends it too), and the final ``V⁻¹`` is
+    ``V_fb⁻¹ - Σ_{t<n} c_t u_t u_tᵀ`` (the hallucinated picks' rank-one terms, summed)."""
     work, limit = V_inv.dtype, UNBOUNDED_PICKS if cap is None else cap
     parts, ids, level, t, n = [], [], 1.0, 0, None
     while n is None:
