@@ -207,6 +207,7 @@ def count(case: str, args, device, dtype) -> dict:
                                   not args.no_update_graphs, args.compiled_picks)
     g = torch.Generator(device=values.device).manual_seed(1)
     on_host = values.detach().cpu() if args.host_rewards else None  # a black box on the host: no device read
+    g_host = torch.Generator().manual_seed(1)
 
     def step() -> int:
         idx = b.ask()
@@ -217,8 +218,6 @@ def count(case: str, args, device, dtype) -> dict:
             y = on_host[ids] + noise_std * torch.randn(ids.shape, generator=g_host, dtype=on_host.dtype)
         b.tell(idx, y)
         return int(idx.shape[0])
-
-    g_host = torch.Generator().manual_seed(1)
 
     for _ in range(args.warmup):
         step()

@@ -126,6 +126,13 @@ class Replay(NamedTuple):
     g: torch.Tensor  #: `(picks,)` ``c_t = 1 / (1 + z(x_t)ᵀ u_t)``
     read: torch.Tensor  #: `(2 picks,)` float64: the arms, then their ``σ̃²_fb`` (the host's one read)
 
+    @classmethod
+    def of(cls, ids: torch.Tensor, rls_in: torch.Tensor, u: torch.Tensor, g: torch.Tensor,
+           rls0: torch.Tensor) -> Replay:
+        """The chunk of :func:`hallucinated_picks`' outputs, its :attr:`read` formed from the batch-start
+        variances ``rls0`` `(A,)`."""
+        return cls(ids, rls_in, u, g, torch.cat([ids.to(torch.float64), rls0.index_select(0, ids).to(torch.float64)]))
+
 
 def _solve(Z: torch.Tensor, V_inv: torch.Tensor, i: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``u = V⁻¹ z(i)`` and ``s = z(i)ᵀ u`` in ``V⁻¹``'s dtype."""
@@ -227,17 +234,23 @@ def run_batch_on_device(
     return _host_ruled_batch(chunks, Z, rls0, V_inv, C, cap, rls.dtype, size, check_every, pick_limit, extra)
 
 
+def _start_state(mean_c, rls0, V_inv, alpha) -> PickState:
+    """The state before a batch's first pick (level 1, not done, no pick counted)."""
+    dev, work = rls0.device, V_inv.dtype
+    return PickState(cur=rls0.clone(), ucb=mean_c + alpha * rls0.clamp_min(0.0).sqrt(), V_inv=V_inv.clone(),
+                     level=torch.ones((), dtype=work, device=dev), done=torch.zeros((), dtype=torch.bool, device=dev),
+                     count=torch.zeros((), dtype=torch.long, device=dev))
+
+
 def _eager_chunks(Z, mean_c, rls0, V_inv, alpha):
-    """``k -> [Replay]``: the next ``k`` hallucinated picks, run eagerly from the batch's start."""
-    zero = torch.zeros((), dtype=V_inv.dtype, device=Z.device)
-    state = PickState(cur=rls0.clone(), ucb=mean_c + alpha * rls0.clamp_min(0.0).sqrt(), V_inv=V_inv.clone(),
-                      level=zero, done=zero.bool(), count=zero.long())  # the last three unused: the host's rule
+    """``k -> [Replay]``: the next ``k`` hallucinated picks, run eagerly from the batch's start (its level, done
+    flag and count unused: the host keeps the rule)."""
+    state = _start_state(mean_c, rls0, V_inv, alpha)
 
     def chunk(k: int) -> list[Replay]:
         nonlocal state
-        ids, rls_in, u, g, state = hallucinated_picks(Z, mean_c, state, alpha, k)
-        read = torch.cat([ids.to(torch.float64), rls0.index_select(0, ids).to(torch.float64)])
-        return [Replay(ids, rls_in, u, g, read)]
+        *out, state = hallucinated_picks(Z, mean_c, state, alpha, k)
+        return [Replay.of(*out, rls0)]
 
     return chunk
 
@@ -280,16 +293,8 @@ def _host_ruled_batch(chunks, Z, rls0, V_inv, C, cap, out_dtype, size, check_eve
 def _flagged_batch(Z, mean_c, rls0, V_inv, alpha, C, cap, out_dtype, size, check_every, pick_limit, extra):
     """:func:`run_batch_on_device`'s batch with the stop rule on the device (:func:`pick_step`'s done flag): the
     flag, the count and the picks so far read together."""
-    A, work, dev = Z.shape[0], V_inv.dtype, Z.device
-    limit = UNBOUNDED_PICKS if cap is None else cap
-    state = PickState(
-        cur=rls0.clone(),
-        ucb=mean_c + alpha * rls0.clamp_min(0.0).sqrt(),
-        V_inv=V_inv.clone(),
-        level=torch.ones((), dtype=work, device=dev),
-        done=torch.zeros((), dtype=torch.bool, device=dev),
-        count=torch.zeros((), dtype=torch.long, device=dev),
-    )
+    A, limit = Z.shape[0], UNBOUNDED_PICKS if cap is None else cap
+    state = _start_state(mean_c, rls0, V_inv, alpha)
     picks, in_batch, ids = [], [], []
     t = n = 0
     while t < limit:

@@ -36,6 +36,7 @@ Example:
 from __future__ import annotations
 
 import warnings
+
 import torch
 
 from torchbkb.bandits.device_batch import PickState, Replay, hallucinated_picks, pick_step
@@ -91,7 +92,7 @@ class PickGraph:
         self.r = 0
         self.stream = GraphStream() if stream is None else stream
         self._graph = None
-        self._out: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._out: Replay | None = None  # the graph's outputs
 
     def load(self, Z: torch.Tensor, mean: torch.Tensor, rls0: torch.Tensor, V_inv: torch.Tensor, alpha: float,
              batch_bound: float) -> None:
@@ -113,9 +114,9 @@ class PickGraph:
         s.V_inv.zero_()
         s.V_inv[:r, :r].copy_(V_inv)
 
-    def _chunk(self) -> tuple[torch.Tensor, ...]:
+    def _chunk(self) -> Replay:
         """``picks`` picks from the buffers' state, written back into it after the last one (a failure before
-        leaves it as it was): :class:`~torchbkb.bandits.device_batch.Replay`'s fields."""
+        leaves it as it was)."""
         state, parts = self.state, []
         if self.compiled:
             if self.backend not in _COMPILED:
@@ -124,25 +125,24 @@ class PickGraph:
             for _ in range(self.picks // COMPILED_PICKS):
                 *out, state = _COMPILED[self.backend](self.Z, self.mean, state, self.alpha, COMPILED_PICKS)
                 parts.append(out)
-            ids, rls_in, u, g = (torch.cat(p) for p in zip(*parts))
+            out = [torch.cat(p) for p in zip(*parts)]
         else:
-            ids, rls_in, u, g, state = hallucinated_picks(self.Z, self.mean, state, self.alpha, self.picks)
-        read = torch.cat([ids.to(torch.float64), self.rls0.index_select(0, ids).to(torch.float64)])
+            *out, state = hallucinated_picks(self.Z, self.mean, state, self.alpha, self.picks)
         for dst, src in zip(self.state[:3], state[:3]):  # cur, ucb, V_inv; the host keeps the stop rule
             dst.copy_(src)
-        return ids, rls_in, u, g, read
+        return Replay.of(*out, self.rls0)
 
     def replay(self) -> Replay:
         """The next ``picks`` picks (copies: the next replay overwrites the graph's outputs); on a CUDA device
         from the graph, captured at the first call."""
         if self.device.type != "cuda":
-            return Replay(*self._run_chunk())
+            return self._run_chunk()
         if self._graph is None:
             self._capture()
         self._graph.replay()
         return Replay(*(t.clone() for t in self._out))
 
-    def _run_chunk(self) -> tuple[torch.Tensor, ...]:
+    def _run_chunk(self) -> Replay:
         """:meth:`_chunk`; a compiled chunk whose compilation fails warns once and runs eagerly from then on."""
         if not self.compiled:
             return self._chunk()
