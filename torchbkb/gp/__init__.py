@@ -1,6 +1,6 @@
 """The Gaussian-process layer: kernels, the Nyström embedding, the DTC and exact posteriors, their functional
-algebra, the collapsed evidence bound and the linear algebra under them. It imports nothing else of torchbkb but
-its errors.
+algebra and the fit every DTC posterior holds (:class:`DTCFit`), the collapsed evidence bound and the linear algebra
+under them. It imports nothing else of torchbkb but its errors and utilities.
 
 Example:
     >>> import torch
@@ -10,6 +10,7 @@ Example:
     4
 """
 
+from torchbkb.gp.dtc_fit import DTCFit
 from torchbkb.gp.dtc_posterior import DTCPosterior
 from torchbkb.gp.exact_gp_state import ExactGPState
 from torchbkb.gp.exact_posterior import ExactPosterior
@@ -19,4 +20,4 @@ from torchbkb.gp.kernels import GaussianKernel, KernelAdapter, as_kernel
 from torchbkb.gp.nystrom import NystromEmbedding
 
 __all__ = ["GaussianKernel", "KernelAdapter", "as_kernel", "NystromEmbedding", "DTCPosterior", "ExactPosterior",
-           "ExactGPState", "KernelRowPosterior", "DTCState"]
+           "ExactGPState", "KernelRowPosterior", "DTCState", "DTCFit"]

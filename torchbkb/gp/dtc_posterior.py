@@ -32,14 +32,16 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from torchbkb.gp.functional import DTCState, add_diagonal, chunked, fit_features, score_features, score_kernel_rows
-from torchbkb.gp.rank_one import RankOneDowndate, downdate, sherman_morrison
 from torchbkb.errors import InputDataError, TorchBKBError, check_positive
+from torchbkb.gp.dtc_fit import DTCFit
+from torchbkb.gp.dtc_scoring import DTCScoring
+from torchbkb.gp.functional import DTCState, chunked
+from torchbkb.gp.linalg import check_units, compute_dtype, keep_dtype_on_apply
 from torchbkb.gp.nystrom import NystromEmbedding
 from torchbkb.gp.observations import check_dtc_state, check_features, check_weighted_data
-from torchbkb.gp.dtc_scoring import DTCScoring
+from torchbkb.gp.rank_one import RankOneDowndate
 from torchbkb.gp.stable_scoring import AccuracyMonitor
-from torchbkb.gp.linalg import check_units, compute_dtype, keep_dtype_on_apply, spd_inverse
+from torchbkb.utils.state_loading import load_state_dict_atomically
 
 __all__ = ["DTCPosterior", "RankOneDowndate"]
 
@@ -107,13 +109,62 @@ class DTCPosterior(DTCScoring, nn.Module):
         """Leading batch shape of the training data."""
         return self.train_X.shape[:-2]
 
+    # ------------------------------------------------------------------ the fit, as module state
+    @property
+    def ZtZ(self) -> torch.Tensor:
+        """`(*b, r, r)` ``Zᵀ C Z`` over observed and pending rows (compute dtype: float64 for float32 inputs)."""
+        return self._fit.ZtZ
+
+    @property
+    def Zty(self) -> torch.Tensor:
+        """`(*b', r)` ``Zᵀ C y`` (pending rows enter with their posterior mean)."""
+        return self._fit.Zty
+
+    @property
+    def V_inv(self) -> torch.Tensor:
+        """`(*b, r, r)` ``V⁻¹``."""
+        return self._fit.V_inv
+
+    @property
+    def weights(self) -> torch.Tensor:
+        """`(*b', r)` ``w = V⁻¹ Zᵀ C y`` of the observed rows."""
+        return self._fit.weights
+
     def _apply(self, fn, recurse: bool = True):
-        # .to(dtype) moves the float64 r×r state across devices but never rounds it
-        before = (self.V_inv, self.weights, self.embedding.projection)
-        out = keep_dtype_on_apply(self, ("ZtZ", "Zty", "V_inv", "weights", "noise"), fn, recurse, super()._apply)
-        if any(a is not b for a, b in zip(before, (self.V_inv, self.weights, self.embedding.projection))):
-            self._op = None  # moved or cast: the scoring operator is derived again (a no-op .to() keeps it:
-        return out  # BoTorch's analytic acquisitions call .to(X) on every forward)
+        # .to(dtype) moves the float64 r×r state across devices but never rounds it; a no-op .to() keeps the fit
+        # and what was derived from it (BoTorch's analytic acquisitions call .to(X) on every forward)
+        out = keep_dtype_on_apply(self, ("noise",), fn, recurse, super()._apply)
+        self._fit = self._fit.moved(lambda t: t.to(device=fn(t).device), self.embedding.projection)
+        return out
+
+    def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
+        """``nn.Module.load_state_dict``, every entry or none
+        (:func:`~torchbkb.utils.state_loading.load_state_dict_atomically`); the posterior scores with the loaded fit."""
+        return load_state_dict_atomically(self, nn.Module.load_state_dict, state_dict, strict, assign=assign)
+
+    def _save_to_state_dict(self, destination, prefix, keep_vars):
+        super()._save_to_state_dict(destination, prefix, keep_vars)
+        for name, t in self._fit.tensors().items():  # the fit under the names it has always had
+            destination[prefix + name] = t if keep_vars else t.detach()
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                              error_msgs):
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                                      error_msgs)
+        loaded, errors = {}, len(error_msgs)
+        for name, own in self._fit.tensors().items():
+            key = prefix + name
+            if key in unexpected_keys:
+                unexpected_keys.remove(key)  # nn.Module knows its buffers only
+            if key not in state_dict:
+                missing_keys.extend([key] if strict else [])
+            elif not isinstance(state_dict[key], torch.Tensor) or state_dict[key].shape != own.shape:
+                got = getattr(state_dict[key], "shape", type(state_dict[key]).__name__)
+                error_msgs.append(f"size mismatch for {key}: expected shape {tuple(own.shape)}, got {got}")
+            else:
+                loaded[name] = state_dict[key].detach().to(own).clone()
+        if len(error_msgs) == errors and loaded:
+            self._fit = self._fit.replaced(**loaded)  # a new fit: nothing derived from the old one is kept
 
     # ------------------------------------------------------------------ fitting
     def fit(self, X: torch.Tensor, y: torch.Tensor, counts: torch.Tensor | None = None, *,
@@ -161,19 +212,17 @@ class DTCPosterior(DTCScoring, nn.Module):
         X, y, counts = check_weighted_data(self.embedding, X, y, counts, "X", "y")
         emb = self.embedding
         check_dtc_state(state, X.shape[:-2], emb.rank, emb.num_inducing, self.ZtZ.dtype, emb.inducing_points.device)
-        own = type(state)(*(t.detach().clone() for t in state))  # buffers of its own: load_state_dict copies in place
-        parts = {"ZtZ": own.ZtZ, "Zty": own.Zty, "V_inv": own.V_inv, "weights": own.weights}
+        own = type(state)(*(t.detach().clone() for t in state))  # tensors of its own: a user may write into them
         b = X.shape[:-2]
-        self._set_state(parts, X, y, counts, X.new_empty((*b, 0, X.shape[-1])), X.new_empty((*b, 0)))
-        self._op = (own.M, own.a)
+        self._set_state(DTCFit.from_state(emb.projection, own, self.lam), X, y, counts,
+                        X.new_empty((*b, 0, X.shape[-1])), X.new_empty((*b, 0)))
         return self
 
     @property
     def state(self) -> DTCState:
         """The fitted state, :class:`~torchbkb.gp.functional.DTCState` (its operator derived on first use)."""
         self._check_fresh()
-        M, a = self._scoring_operator(self.V_inv.dtype)
-        return DTCState(M, a, self.V_inv, self.weights, self.ZtZ, self.Zty)
+        return self._fit.state(self.lam)
 
     def refit(self) -> DTCPosterior:
         """Re-embed the stored data (observed and pending) with the embedding's current dictionary."""
@@ -246,29 +295,8 @@ class DTCPosterior(DTCScoring, nn.Module):
             The :class:`RankOneDowndate` of the last point when ``k == 1``, else ``None``.
         """
         Z = check_features(Z, y, counts, self.ZtZ.shape[-1]).to(self.ZtZ.dtype)  # (*b, k, r); nothing stored yet
-        k = Z.shape[-2]
-        c = torch.ones(Z.shape[:-1], dtype=Z.dtype, device=Z.device) if counts is None else counts.to(Z.dtype)
-        ZtZ = self.ZtZ + (Z.transpose(-1, -2) * c.unsqueeze(-2)) @ Z  # (*b, r, r)
-        if y is None:
-            y_eff = (Z @ self.weights.unsqueeze(-1)).squeeze(-1)  # (*b, k): pseudo-reward = current mean
-        else:
-            y_eff = y.to(Z.dtype)
-        Zty = self.Zty + ((c * y_eff).unsqueeze(-2) @ Z).squeeze(-2)  # (*b, r)
-        self._since_refactor += k
-        result = None
-        if self._since_refactor >= self.refactor_every or k > 4:
-            V_inv = spd_inverse(add_diagonal(ZtZ, self.lam), name="V")
-            self._since_refactor = 0
-            if k == 1:
-                result = downdate(self.V_inv, Z[..., 0, :], c[..., 0])
-        else:  # k <= 4 Sherman-Morrison steps, O(r²) each
-            V_inv, result = sherman_morrison(self.V_inv, Z, c)
-            if k != 1:
-                result = None
-        self.ZtZ, self.Zty, self.V_inv = ZtZ, Zty, V_inv
-        self._op = None
-        if y is not None:
-            self.weights = (V_inv @ Zty.unsqueeze(-1)).squeeze(-1)  # (*b, r)
+        c = torch.ones(Z.shape[:-1], dtype=Z.dtype, device=Z.device) if counts is None else counts
+        self._fit, result = self._fit.updated(Z, y, c, self.lam, refactor_every=self.refactor_every)
         return result
 
     # ------------------------------------------------------------------ prediction
@@ -297,8 +325,8 @@ class DTCPosterior(DTCScoring, nn.Module):
         Returns:
             ``(mean, rls)``, each `(*b, n)` in ``Z``'s dtype.
         """
-        return chunked(lambda i, j: score_features(Z[..., i:j, :], kdiag[..., i:j], self.V_inv, self.weights, self.lam),
-                       Z.shape[-2], self.chunk_size)
+        self._check_fresh()
+        return self._fit.score_features(Z, kdiag, self.lam, self.chunk_size)
 
     def score_cross(self, K: torch.Tensor, kdiag: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Mean and **RLS-scale** variance from cross-covariances with the dictionary, without embedding.
@@ -315,8 +343,7 @@ class DTCPosterior(DTCScoring, nn.Module):
             ``(mean, rls)``, each `(*b, n)` in ``K``'s dtype.
         """
         self._check_fresh()
-        M, a = self._scoring_operator(K.dtype)
-        return score_kernel_rows(K, kdiag, M, a, self.lam, self.chunk_size)
+        return self._fit.score_rows(K, kdiag, self.lam, self.chunk_size)
 
     def effective_dimension(self) -> torch.Tensor:
         """``Σ_i c_i σ̃²(x_i)`` over the observed rows (RLS scale) -- the estimate of ``d_eff`` of 000 Eq. 5."""
@@ -331,31 +358,30 @@ class DTCPosterior(DTCScoring, nn.Module):
             self.embedding.check_input(Xq, "Xq")
         return chunked(lambda i, j: self._score_points(Xq[..., i:j, :]), Xq.shape[-2], self.chunk_size)
 
-    def _build(self, X, y, counts, n_observed: int | None = None, features: torch.Tensor | None = None) -> dict:
-        """The state from scratch (:func:`~torchbkb.gp.functional.fit_features`), embedding ``X`` in chunks of
-        :attr:`chunk_size` rows: never an `(n, r)` feature matrix beyond a chunk."""
-        r, dtype = self.embedding.rank, compute_dtype(self.embedding.inducing_points.dtype, self.embedding.rank)
+    def _build(self, X, y, counts, n_observed: int | None = None, features: torch.Tensor | None = None) -> DTCFit:
+        """The fit from scratch (:meth:`DTCFit.from_features`), embedding ``X`` in chunks of :attr:`chunk_size`
+        rows: never an `(n, r)` feature matrix beyond a chunk."""
+        dtype = compute_dtype(self.embedding.inducing_points.dtype, self.embedding.rank)
         step = max(X.shape[-2], 1) if features is not None else self.chunk_size  # given features: one pass
         rows = (lambda a, b: features[..., a:b, :].to(dtype)) if features is not None else (
                 lambda a, b: self._embed(X[..., a:b, :], dtype))
-        return fit_features(rows, X.shape[-2], counts, y, self.lam, rank=r, dtype=dtype, batch=X.shape[:-2],
-                            device=X.device, step=step, n_observed=n_observed)
+        return DTCFit.from_features(self.embedding.projection, rows, X.shape[-2], counts, y, self.lam, dtype=dtype,
+                                    batch=X.shape[:-2], device=X.device, step=step, n_observed=n_observed)
 
     def _embed(self, X: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         with torch.no_grad():
             return self.embedding(X).to(dtype)
 
-    def _set_state(self, state, X, y, counts, pending_X, pending_counts) -> None:
+    def _set_state(self, fit: DTCFit, X, y, counts, pending_X, pending_counts) -> None:
         buffers = self._buffers  # every name is a tensor buffer after __init__: plain dict stores
-        for name, value in (*state.items(), ("train_X", X), ("train_y", y), ("train_counts", counts),
-                            ("pending_X", pending_X), ("pending_counts", pending_counts)):
+        for name, value in (("train_X", X), ("train_y", y), ("train_counts", counts), ("pending_X", pending_X),
+                            ("pending_counts", pending_counts)):
             if name in buffers:
                 buffers[name] = value
             else:
                 self.register_buffer(name, value)
-        self._since_refactor = 0
+        self._fit = fit
         self._emb_version = self.embedding.version
-        self._op = self._stable = None
 
     def _check_fresh(self) -> None:
         if self._emb_version != self.embedding.version:

@@ -1,11 +1,11 @@
 """How a fitted DTC posterior scores raw points, one at a time or jointly: one `(c × m)·(m × m)` product against the
 scoring operator ``M = Wᵀ (I/λ - V⁻¹) W`` (:func:`~torchbkb.gp.functional.scoring_operator`, the bandits'
 derivation), or the feature form when that product cancels for this posterior (:mod:`torchbkb.gp.stable_scoring`);
-the operator and the choice are derived once after each change of the state.
+the operator and the choice are derived once per fit and kept with it (:meth:`~torchbkb.gp.dtc_fit.DTCFit.derived`).
 
 :class:`DTCScoring` holds these methods for :class:`~torchbkb.gp.dtc_posterior.DTCPosterior`, which owns every
-attribute they read (the embedding, ``V⁻¹``, the weights, ``ZᵀCZ``, ``ZᵀCy``, the data) and drops the cached
-operator (``_op``) and choice (``_stable``) whenever the state changes.
+attribute they read (the embedding, its fit ``_fit`` with ``V⁻¹``, the weights, ``ZᵀCZ``, ``ZᵀCy``, the data);
+every change of the state is a new fit, so nothing derived is ever stale.
 
 Example:
     >>> import torch
@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import torch
 
-from torchbkb.gp.functional import add_diagonal, scoring_operator
+from torchbkb.gp.functional import add_diagonal
 from torchbkb.gp.linalg import safe_cholesky
 from torchbkb.gp.stable_scoring import feature_rls, stable_factor, whiten_rows
 
@@ -82,37 +82,34 @@ class DTCScoring:
         form cancels at the dictionary points, else ``None``; decided again after every change of the posterior (with
         the scoring operator). On float32 inputs it also checks the kernel values' precision (:attr:`_precision`)."""
         self._check_fresh()
-        M, _ = self._scoring_operator(self.embedding.inducing_points.dtype)
-        cached = self._stable  # read once: another thread may reset the attribute meanwhile
-        if cached is None:
-            S = self.embedding.inducing_points
+        stable = self._fit.derived(("stable", self.lam), self._derive_stable_form)[0]
+        S = self.embedding.inducing_points
+        n = self.num_train + self.pending_X.shape[-2]
+        if S.dtype != torch.float64 and self.batch_shape == torch.Size() and n and self._precision.due(n):
+            X = torch.cat([self.train_X, self.pending_X], dim=-2)  # scored through the form just kept
+            counts = torch.cat([self.train_counts, self.pending_counts], dim=-1)
             with torch.no_grad():
-                K_SS = self.embedding.kernel(S, S)  # (m, m)
-                L = stable_factor(K_SS, K_SS.diagonal(), self.embedding.projection, M, self.ZtZ, self.lam, S.dtype)
-                cached = (None if L is None else (L, torch.cholesky_solve(self.Zty.unsqueeze(-1), L)),)
-                self._stable = cached
-                n = self.num_train + self.pending_X.shape[-2]
-                if S.dtype != torch.float64 and self.batch_shape == torch.Size() and n and self._precision.due(n):
-                    X = torch.cat([self.train_X, self.pending_X], dim=-2)
-                    counts = torch.cat([self.train_counts, self.pending_counts], dim=-1)
-                    self._precision.check(self.embedding.kernel, self.rls(S), S, X, counts, self.lam, S.dtype,
-                                          stacklevel=5)
-        stable = cached[0]
+                self._precision.check(self.embedding.kernel, self.rls(S), S, X, counts, self.lam, S.dtype,
+                                      stacklevel=5)
         if stable is not None and torch.is_grad_enabled() and (self.ZtZ.requires_grad or self.Zty.requires_grad):
             L = safe_cholesky(add_diagonal(self.ZtZ, self.lam), name="V")  # conditioned on differentiable data
             return L, torch.cholesky_solve(self.Zty.unsqueeze(-1), L)
         return stable
 
+    def _derive_stable_form(self) -> tuple:
+        """``((L, w),)`` or ``(None,)``: :meth:`_stable_form`'s choice for the current fit, derived once with it."""
+        S = self.embedding.inducing_points
+        M, _ = self._scoring_operator(S.dtype)
+        with torch.no_grad():
+            K_SS = self.embedding.kernel(S, S)  # (m, m)
+            L = stable_factor(K_SS, K_SS.diagonal(), self.embedding.projection, M, self.ZtZ, self.lam, S.dtype)
+            return (None if L is None else (L, torch.cholesky_solve(self.Zty.unsqueeze(-1), L)),)
+
     def _scoring_operator(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """``M = Wᵀ (I/λ - V⁻¹) W`` `(*b, m, m)` and ``a = Wᵀ w`` `(*b, m)` in ``dtype``.
 
         ``(k(x,x) - ‖z‖²)/λ + zᵀV⁻¹z = k(x,x)/λ - k_S(x)ᵀ M k_S(x)`` for ``z = W k_S(x)``, so raw points
-        are scored without forming ``z``. Derived from the state on first use after each change (every state
-        change goes through ``_set_state``, :meth:`update_features` or ``_apply``, which drop it).
+        are scored without forming ``z``. The fit derives it on first use
+        (:meth:`~torchbkb.gp.dtc_fit.DTCFit.operator`): every change of the state is a new fit.
         """
-        op = self._op  # read once (threads share a built posterior)
-        if op is None:
-            op = scoring_operator(self.embedding.projection, self.V_inv, self.weights, self.lam)
-            self._op, self._stable = op, None  # the choice of the scoring form follows the operator
-        M, a = op
-        return M.to(dtype), a.to(dtype)
+        return self._fit.operator(self.lam, dtype)

@@ -192,8 +192,8 @@ def _feature_difference(V_inv: torch.Tensor, lam: float) -> torch.Tensor:
 
 
 class DTCState(NamedTuple):
-    """The state of a fitted DTC posterior, ``V = ZtZ + λ I``, as :class:`~torchbkb.DTCPosterior` and
-    :class:`~torchbkb.gp.kernel_row_posterior.KernelRowPosterior` hold it (:meth:`KernelRowFit.state`).
+    """The state of a fitted DTC posterior, ``V = ZtZ + λ I``, as a :class:`~torchbkb.gp.dtc_fit.DTCFit` hands it
+    over (:meth:`~torchbkb.gp.dtc_fit.DTCFit.state`, :meth:`~torchbkb.DTCPosterior.set_state`).
 
     Attributes:
         M: `(*b, m, m)` and a: `(*b, m)`, the operator on kernel rows (:func:`scoring_operator`).

@@ -1,4 +1,4 @@
-"""The DTC posterior of a fixed arm set, held as what its dictionary's kernel rows need: the one owner of that state.
+"""The DTC posterior of a fixed arm set, held as what its dictionary's kernel rows need.
 
 A sketched bandit scores its ``A`` arms from the dictionary's kernel rows ``K_{S,A}`` `(m, A)`: with ``W`` the
 whitening of ``K_S`` (``Wᵀ W = K_S⁺``), ``Z = K_{S,A}ᵀ Wᵀ`` the arms' features, ``V = Zᵀ N Z + λ I`` on the
@@ -6,12 +6,14 @@ pulled arms and the scoring operator ``[M; aᵀ]`` (:func:`~torchbkb.gp.function
 
     μ̃(a) = aᵀ k_S(a),    σ̃²(a) = k(a, a)/λ - k_S(a)ᵀ M k_S(a)
 
-This object keeps that state -- ``W``, ``V⁻¹``, ``M``, the scores and which arms were scored -- and is written only
-by its methods: :meth:`refit` and :meth:`score` (the eager update, which may score a subset of the arms: pruning),
-:meth:`adopt` (the fixed-capacity update, pruned or not), :meth:`clear` (the prior). Where the rows come
-from (cached, streamed) is the caller's; the algebra is :mod:`torchbkb.gp.functional`'s. :meth:`dtc_state` gives
-the whole :class:`~torchbkb.gp.functional.DTCState`, which a :class:`~torchbkb.DTCPosterior` takes as it is
-(:meth:`~torchbkb.DTCPosterior.set_state`): the bandits' posterior is this state, not a second fit.
+This object keeps that state -- the fit (``W``, ``V⁻¹``, the weights and sums: a
+:class:`~torchbkb.gp.dtc_fit.DTCFit`, as every DTC posterior holds it), ``M`` in the rows' dtype, the scores and
+which arms were scored -- and is written only by its methods: :meth:`refit` and :meth:`score` (the eager update,
+which may score a subset of the arms: pruning), :meth:`adopt` (the fixed-capacity update, pruned or not),
+:meth:`clear` (the prior). Where the rows come from (cached, streamed) is the caller's; the algebra is
+:mod:`torchbkb.gp.functional`'s. :meth:`dtc_state` gives the whole :class:`~torchbkb.gp.functional.DTCState`,
+which a :class:`~torchbkb.DTCPosterior` takes as it is (:meth:`~torchbkb.DTCPosterior.set_state`): the bandits'
+posterior is this fit, not a second one.
 
 Example:
     >>> import torch
@@ -33,10 +35,8 @@ from __future__ import annotations
 import torch
 
 from torchbkb.errors import TorchBKBError
-from torchbkb.gp.functional import (
-    DTCState, KernelRowFit, fit_kernel_rows, observation_sums, rls_kernel_columns, score_kernel_columns,
-    scoring_operator,
-)
+from torchbkb.gp.dtc_fit import DTCFit
+from torchbkb.gp.functional import DTCState, rls_kernel_columns, score_kernel_columns
 
 __all__ = ["KernelRowPosterior"]
 
@@ -49,8 +49,8 @@ class KernelRowPosterior:
         lam: ``λ > 0``.
 
     Attributes:
-        W: `(r, m)` whitening of ``K_S`` in the rows' slot order (``None``: the prior, no dictionary).
-        V_inv: `(r, r)` ``V⁻¹``.
+        fit: the :class:`~torchbkb.gp.dtc_fit.DTCFit` (``None``: the prior, no dictionary); :attr:`W` and
+            :attr:`V_inv` are its.
         M: `(m, m)` the variance operator on kernel rows, in the rows' dtype.
         mean: `(A,)` ``μ̃``; rls: `(A,)` ``σ̃²`` (RLS scale) of the :attr:`scored` arms, the prior bound
             ``k(a, a)/λ`` of the others.
@@ -65,14 +65,11 @@ class KernelRowPosterior:
 
     def clear(self) -> None:
         """The prior: no dictionary, ``z ≡ 0``, ``μ̃ = 0``, ``σ̃² = k/λ``."""
-        self.W: torch.Tensor | None = None
-        self.V_inv: torch.Tensor | None = None
+        self.fit: DTCFit | None = None
         self.M: torch.Tensor | None = None
         self.mean = torch.zeros_like(self.kdiag)
         self.rls = self.prior_rls.clone()
         self.scored: torch.Tensor | None = None
-        self._fit: KernelRowFit | None = None  # the last refit's, whole (None after adopt)
-        self._state: DTCState | None = None  # formed when asked
         self._K_scored = None  # (m, k) the scored arms' kernel columns, for their features
         self._rls_full: torch.Tensor | None = None
         self._Z: torch.Tensor | None = None
@@ -80,12 +77,22 @@ class KernelRowPosterior:
 
     @property
     def fitted(self) -> bool:
-        """Whether there is a dictionary (``W`` set)."""
-        return self.W is not None
+        """Whether there is a dictionary (a fit)."""
+        return self.fit is not None
+
+    @property
+    def W(self) -> torch.Tensor | None:
+        """`(r, m)` whitening of ``K_S`` in the rows' slot order (``None``: the prior, no dictionary)."""
+        return None if self.fit is None else self.fit.W
+
+    @property
+    def V_inv(self) -> torch.Tensor | None:
+        """`(r, r)` ``V⁻¹`` (``None``: the prior)."""
+        return None if self.fit is None else self.fit.V_inv
 
     def require_fit(self, owner: str) -> None:
         """A :class:`~torchbkb.errors.TorchBKBError` naming ``owner`` while there is no dictionary."""
-        if self.W is None:
+        if self.fit is None:
             raise TorchBKBError(f"{owner}: expected a dictionary (after the first reward), got none")
 
     def refit(self, K_SA, W: torch.Tensor, pulled: torch.Tensor, counts: torch.Tensor,
@@ -95,10 +102,8 @@ class KernelRowPosterior:
         for :meth:`score`. The features formed from an older ``W`` are dropped."""
         if W is not self.W:
             self._Z = None
-        self.W = W
-        self._fit = fit_kernel_rows(W, _pulled_features(W, K_SA, pulled), counts, reward_sums, self.lam)
-        self.V_inv, self._state = self._fit.V_inv, None
-        return self._fit.operator
+        self.fit = DTCFit.from_kernel_rows(W, _pulled_features(W, K_SA, pulled), counts, reward_sums, self.lam)
+        return self.fit.stacked_operator(self.lam)
 
     def score(self, K_SA, Ma: torch.Tensor, chunk: int, survivors: torch.Tensor | None = None,
               mean: torch.Tensor | None = None) -> None:
@@ -123,8 +128,8 @@ class KernelRowPosterior:
               rls: torch.Tensor, scored: torch.Tensor | None = None, K_SA: torch.Tensor | None = None) -> None:
         """Take a state computed elsewhere (the fixed-capacity update): every arm scored, or the arms ``scored``
         `(k,)` ascending (the prior bound in ``rls`` for the others) with the rows ``K_SA`` `(m, A)` they came from."""
-        self.W, self.V_inv, self.M, self.mean, self._Z = W, V_inv, M, mean, None
-        self._fit = self._state = None
+        self.fit = DTCFit(W, V_inv)  # its sums and weights are formed when asked (dtc_state)
+        self.M, self.mean, self._Z = M, mean, None
         self.restore_scores(rls, scored, K_SA)
         self.arms_scored = self.kdiag.numel() if scored is None else int(scored.numel())
 
@@ -134,14 +139,9 @@ class KernelRowPosterior:
         ``V⁻¹`` with the rows ``K_SA`` `(m, A)` of the pulled arms `(p,)` (float64 ``counts`` and ``reward_sums``
         `(p,)`) -- no factorization either way."""
         self.require_fit("KernelRowPosterior")
-        if self._state is None and self._fit is not None:
-            self._state = self._fit.state()
-        if self._state is None:
-            W, V_inv = self.W, self.V_inv.to(self.W.dtype)
-            ZtZ, Zty = observation_sums(_pulled_features(W, K_SA, pulled), counts, reward_sums)
-            weights = (V_inv @ Zty.unsqueeze(-1)).squeeze(-1)
-            self._state = DTCState(*scoring_operator(W, V_inv, weights, self.lam), V_inv, weights, ZtZ, Zty)
-        return self._state
+        if self.fit.weights is None:
+            self.fit = self.fit.with_observations(_pulled_features(self.W, K_SA, pulled), counts, reward_sums)
+        return self.fit.state(self.lam)
 
     def restore_scores(self, rls: torch.Tensor, scored: torch.Tensor | None, K_SA) -> None:
         """Set the variances and the scored arms as saved (a checkpoint), their kernel columns read from ``K_SA``."""
