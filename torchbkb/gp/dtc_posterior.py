@@ -46,6 +46,11 @@ from torchbkb.utils.state_loading import load_state_dict_atomically
 __all__ = ["DTCPosterior", "RankOneDowndate"]
 
 
+def _fit_tensor(name: str, doc: str) -> property:
+    """A read-only view of one tensor of the posterior's fit (:class:`~torchbkb.gp.dtc_fit.DTCFit`)."""
+    return property(lambda self: getattr(self._fit, name), doc=doc)
+
+
 class DTCPosterior(DTCScoring, nn.Module):
     """DTC posterior of a zero-mean GP with Gaussian noise ``λ`` on a :class:`NystromEmbedding`.
 
@@ -110,25 +115,11 @@ class DTCPosterior(DTCScoring, nn.Module):
         return self.train_X.shape[:-2]
 
     # ------------------------------------------------------------------ the fit, as module state
-    @property
-    def ZtZ(self) -> torch.Tensor:
-        """`(*b, r, r)` ``Zᵀ C Z`` over observed and pending rows (compute dtype: float64 for float32 inputs)."""
-        return self._fit.ZtZ
-
-    @property
-    def Zty(self) -> torch.Tensor:
-        """`(*b', r)` ``Zᵀ C y`` (pending rows enter with their posterior mean)."""
-        return self._fit.Zty
-
-    @property
-    def V_inv(self) -> torch.Tensor:
-        """`(*b, r, r)` ``V⁻¹``."""
-        return self._fit.V_inv
-
-    @property
-    def weights(self) -> torch.Tensor:
-        """`(*b', r)` ``w = V⁻¹ Zᵀ C y`` of the observed rows."""
-        return self._fit.weights
+    ZtZ = _fit_tensor("ZtZ", "`(*b, r, r)` ``Zᵀ C Z`` over observed and pending rows (compute dtype: float64 for "
+                             "float32 inputs).")
+    Zty = _fit_tensor("Zty", "`(*b', r)` ``Zᵀ C y`` (pending rows enter with their posterior mean).")
+    V_inv = _fit_tensor("V_inv", "`(*b, r, r)` ``V⁻¹``.")
+    weights = _fit_tensor("weights", "`(*b', r)` ``w = V⁻¹ Zᵀ C y`` of the observed rows.")
 
     def _apply(self, fn, recurse: bool = True):
         # .to(dtype) moves the float64 r×r state across devices but never rounds it; a no-op .to() keeps the fit
