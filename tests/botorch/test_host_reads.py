@@ -37,15 +37,36 @@ def test_a_replay_reads_the_device_at_most_four_times_a_round():
     assert len(reads.names) <= 4 * (math.ceil(math.log2(n)) + 1), reads.names
 
 
-def test_a_posterior_chunk_reads_the_device_twice():
+def test_a_posterior_chunk_reads_the_device_once():
     model = _model(2_000)
     Xq = torch.rand(2_048, 1, 4, generator=torch.Generator().manual_seed(1), dtype=F64)
     model.posterior(Xq)  # the first call derives the scoring operator once
-    with DeviceReads() as reads:
-        post = model.posterior(Xq)
-    # the query's finiteness and the hyperparameters' snapshot; nothing per point or per dictionary row
-    assert sorted(reads.names) == ["aten::_local_scalar_dense", "aten::equal"], reads.names
-    assert post.mean.shape == (2_048, 1, 1)
+    for ask in (model.posterior, model.eval()):  # BoTorch's posterior and the model(X) idiom
+        with DeviceReads() as reads:
+            out = ask(Xq)
+        # the query's finiteness and the hyperparameters' snapshot, in one read; nothing per point or dictionary row
+        assert reads.names == ["aten::_local_scalar_dense"], reads.names
+        assert out.mean.shape[:2] == (2_048, 1)
+
+
+@pytest.mark.parametrize("change", ["none", "hyperparameter", "nan"])
+def test_one_read_still_tells_a_stale_posterior_and_a_bad_query(change):
+    model = _model(300)
+    Xq = torch.rand(5, 1, 4, generator=torch.Generator().manual_seed(2), dtype=F64)
+    before = model.posterior(Xq).mean
+    if change == "hyperparameter":
+        with torch.no_grad():
+            model.covar_module.lengthscale.data.copy_(torch.tensor(0.5, dtype=F64))  # no version bump
+    if change == "nan":
+        bad = Xq.clone()
+        bad[3, 0, 2] = float("nan")
+        for ask in (model.posterior, model):
+            with pytest.raises(InputDataError, match="X: expected finite values, got 1 NaN/inf"):
+                ask(bad)
+        assert torch.equal(model.posterior(Xq).mean, before)  # the model answers as it did
+        return
+    after = model.posterior(Xq).mean
+    assert torch.equal(after, before) == (change == "none")
 
 
 def test_a_query_with_nan_still_raises_once_checked_by_the_model_only():

@@ -158,8 +158,9 @@ def hyperparameter_values(*modules) -> Tensor | None:
     return torch.cat(values) if values else None  # cat copies: the snapshot never aliases a parameter
 
 
-def same_values(a: Tensor | None, b: Tensor | None) -> bool:
-    """Whether two :func:`hyperparameter_values` snapshots are equal."""
+def same_values(a: Tensor | None, b: Tensor | None) -> bool | Tensor:
+    """Whether two :func:`hyperparameter_values` snapshots are equal: a bool when their presence or shapes decide
+    it, else a 0-d boolean tensor on their device, which the caller reads with its other checks (one host read)."""
     if a is None or b is None:
         return a is None and b is None
-    return a.shape == b.shape and bool(torch.equal(a, b))
+    return a.shape == b.shape and (a == b).all()

@@ -287,17 +287,16 @@ class BKBModel(ModelLifecycle, Model, FantasizeMixin):
         return self
 
     def forward(self, X: Tensor) -> MultivariateNormal:
-        """``model(X)`` as an ``ExactGP`` answers it: in training mode the prior ``N(m(X), k(X, X))`` of the
-        transformed `(*b, n, d)` inputs (what GPyTorch's training loop hands its MLL, which
-        :class:`~torchbkb.botorch.DTCMarginalLogLikelihood` does not need); in eval mode the joint posterior of the
-        latent function at `(*b, q, d)` ``X`` taken as *transformed* inputs, transformed outcomes (``SingleTaskGP``
-        in eval mode takes them so)."""
+        """``model(X)`` as an ``ExactGP`` answers it: in training mode the prior ``N(m(X), k(X, X))`` of the transformed
+        `(*b, n, d)` inputs (what GPyTorch's training loop hands its MLL; the DTC bound does not need it); in eval
+        mode the joint posterior of the latent function at `(*b, q, d)` ``X`` taken as *transformed* inputs,
+        transformed outcomes (``SingleTaskGP`` in eval mode takes them so)."""
         X = as_query(X, self._input_dim)
-        check_query(X, self._input_dim, self._data.blocks[0].X, "X")
+        check_query(X, self._input_dim, self._data.blocks[0].X, "X", finite=self.training)
         if self.training:
             X = self.transform_inputs(X)
             return MultivariateNormal(self.mean_module(X), self.covar_module(X))
-        mean, cov = self.engine.predict(X)
+        mean, cov = self.engine_for(X).predict(X)  # X's finiteness read with the hyperparameters' snapshot
         return MultivariateNormal(mean + self.mean_constant.to(mean).unsqueeze(-1), to_linear_operator(cov))
 
     def posterior(self, X: Tensor, output_indices: list[int] | None = None, observation_noise: bool | Tensor = False,
@@ -319,11 +318,12 @@ class BKBModel(ModelLifecycle, Model, FantasizeMixin):
         if output_indices is not None and list(output_indices) != [0]:
             raise InputDataError(f"output_indices: expected None or [0], got {output_indices!r}")
         X = as_query(X, self._input_dim)
-        check_query(X, self._input_dim, self._data.blocks[0].X, "X", batch_shape=self.batch_shape)
+        check_query(X, self._input_dim, self._data.blocks[0].X, "X", batch_shape=self.batch_shape, finite=False)
         check_observation_noise(observation_noise, X)
+        engine = self.engine_for(X)  # X's finiteness read with the hyperparameters' snapshot: one host read
         self.eval()
         X_tf = self.transform_inputs(X)
-        mean, cov = self.engine.predict(X_tf, observation_noise)
+        mean, cov = engine.predict(X_tf, observation_noise)
         mean = mean + self.mean_constant.to(mean).unsqueeze(-1)
         posterior = GPyTorchPosterior(distribution=MultivariateNormal(mean, to_linear_operator(cov)))
         if hasattr(self, "outcome_transform"):

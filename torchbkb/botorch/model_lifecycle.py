@@ -30,11 +30,13 @@ import copy
 import threading
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 
 from torchbkb.botorch.conditioning import shallow_module_copy
 from torchbkb.botorch.defaults import hyperparameter_values, same_values
 from torchbkb.botorch.engine import ModelEngine
+from torchbkb.errors import check_finite
+from torchbkb.utils.host_copy import read_flags
 from torchbkb.utils.state_loading import load_state_dict_atomically
 
 __all__ = ["ModelLifecycle", "OWNED_MODULES"]
@@ -52,9 +54,21 @@ class ModelLifecycle:
     @property
     def engine(self) -> ModelEngine:
         """The posterior at the current hyperparameters, rebuilt from all the model's data if any changed since."""
+        return self.engine_for(None)
+
+    def engine_for(self, X: Tensor | None, name: str = "X") -> ModelEngine:
+        """:attr:`engine` for a query ``X`` `(*b, q, d)`, checked finite in the same host read as the hyperparameters'
+        snapshot (a GPU waits once per query, not twice); a non-finite ``X`` raises before anything is built."""
         with self._lock:
             values = hyperparameter_values(self.covar_module, self.likelihood, self.mean_module)
-            if self._engine is None or not same_values(values, self._snapshot):
+            same = self._engine is not None and same_values(values, self._snapshot)
+            checks = {} if X is None else {"finite": torch.isfinite(X.detach()).all()}
+            if isinstance(same, Tensor):
+                checks["same"] = same
+            read = read_flags(checks)
+            if not read.get("finite", True):
+                check_finite(X.detach(), name)  # raises, with the count
+            if not read.get("same", same):
                 self._build(values)
             return self._engine
 

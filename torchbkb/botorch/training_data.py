@@ -73,9 +73,10 @@ def check_train_Yvar(Yvar, X: Tensor, name: str) -> None:
         raise InputDataError(f"{name}: expected non-negative noise variances, got min {float(Yvar.min()):.3e}")
 
 
-def check_query(X, input_dim: int, ref: Tensor, name: str, batch_shape: torch.Size | None = None) -> None:
-    """A query `(*batch, q, input_dim)` with ``ref``'s dtype and device, finite, and a batch shape that
-    broadcasts with ``batch_shape`` (if given)."""
+def check_query(X, input_dim: int, ref: Tensor, name: str, batch_shape: torch.Size | None = None, *,
+                finite: bool = True) -> None:
+    """A query `(*batch, q, input_dim)` with ``ref``'s dtype and device, finite (unless ``finite=False``: a caller
+    that reads it with its own checks), and a batch shape that broadcasts with ``batch_shape`` (if given)."""
     if not isinstance(X, Tensor):
         raise InputDataError(f"{name}: expected a torch.Tensor, got {type(X).__name__}")
     if X.dim() < 2 or X.shape[-1] != input_dim:
@@ -85,7 +86,8 @@ def check_query(X, input_dim: int, ref: Tensor, name: str, batch_shape: torch.Si
             f"{name}: expected dtype {ref.dtype} on {ref.device} (the model's; use model.to(X)), got "
             f"dtype {X.dtype} on {X.device}"
         )
-    check_finite(X.detach(), name)
+    if finite:
+        check_finite(X.detach(), name)
     if batch_shape is not None:
         try:
             torch.broadcast_shapes(X.shape[:-2], batch_shape)

@@ -1,21 +1,26 @@
-"""Host-to-device copies that do not make the host wait.
+"""Moving values between host and device with as few host waits as the values allow.
 
 A plain ``tensor.to("cuda")`` from pageable host memory returns only once the copy is done: a host synchronization
 that ``torch.cuda.set_sync_debug_mode`` reports. Copied from pinned memory with ``non_blocking=True`` it is queued
 on the stream instead; PyTorch's caching host allocator keeps the pinned block until the copy has run, so the source
 may be dropped at once.
 
+The other way, every value the host reads from a GPU is a wait: :func:`read_flags` reads several yes/no checks made
+on the device in one.
+
 Example:
     >>> import torch
     >>> to_device(torch.tensor([1.0, 2.0]), torch.device("cpu")).tolist()
     [1.0, 2.0]
+    >>> read_flags({"finite": torch.tensor(True), "same": torch.tensor(False)})
+    {'finite': True, 'same': False}
 """
 
 from __future__ import annotations
 
 import torch
 
-__all__ = ["to_device"]
+__all__ = ["read_flags", "to_device"]
 
 
 def to_device(t: torch.Tensor, device: torch.device | str) -> torch.Tensor:
@@ -27,3 +32,15 @@ def to_device(t: torch.Tensor, device: torch.device | str) -> torch.Tensor:
     if device.type == "cuda" and t.device.type == "cpu":
         return t.pin_memory().to(device, non_blocking=True)
     return t.to(device)
+
+
+def read_flags(flags: dict[str, torch.Tensor]) -> dict[str, bool]:
+    """The 0-d boolean tensors ``flags`` (on one device) as Python bools, read in one host transfer (the bits of one
+    integer) -- none when ``flags`` is empty."""
+    if not flags:
+        return {}
+    code, *rest = flags.values()
+    for i, t in enumerate(rest, 1):
+        code = code + t * (1 << i)  # two small kernels a flag: cheaper than a read each
+    value = int(code)  # the one read
+    return {name: bool(value >> i & 1) for i, name in enumerate(flags)}
