@@ -154,3 +154,26 @@ def test_a_bandit_s_posterior_is_its_fit_and_no_second_one():
     mean, rls = post.score_embedded(bandit.arm_features(), bandit.kdiag)
     means, rlss = bandit.scores()
     assert close(mean, means, 1e-8) and close(rls, rlss, 1e-8)
+
+
+def test_a_posterior_and_a_model_pickled_before_dtc_fit_load_and_go_on():
+    """``tests/data/pickled_before_dtc_fit.torch`` (its README): written by a452ad6, when the fit was four buffers."""
+    from pathlib import Path
+
+    saved = torch.load(Path(__file__).parent / "data" / "pickled_before_dtc_fit.torch", weights_only=False)
+    post = saved["posterior"]
+    mean, var = post(saved["Xq"])
+    assert torch.equal(mean, saved["mean"]) and torch.equal(var, saved["var"])
+    assert post.num_train == 27 and post.pending_X.shape[0] == 1
+    assert set(FIT_TENSORS) <= set(post.state_dict())
+    emb = post.embedding  # the same steps taken today: fit 25 points, add 2, hallucinate 1, add 2 more
+    today = DTCPosterior(NystromEmbedding(emb.kernel, emb.inducing_points), noise=post.lam)
+    today.fit(post.train_X[:25], post.train_y[:25]).update(post.train_X[25:], post.train_y[25:])
+    today.update(post.pending_X)
+    X, y = saved["update"]
+    for p in (post, today):
+        p.update(X, y)  # the old pickle goes on from where it was
+    assert all(close(u, v, 1e-10) for u, v in zip(post(saved["Xq"]), today(saved["Xq"])))
+    model = saved["model"]
+    got = model.posterior(saved["Xm"])
+    assert torch.equal(got.mean, saved["model_mean"]) and torch.equal(got.variance, saved["model_var"])

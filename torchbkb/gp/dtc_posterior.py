@@ -33,7 +33,7 @@ import torch
 from torch import nn
 
 from torchbkb.errors import InputDataError, TorchBKBError, check_positive
-from torchbkb.gp.dtc_fit import DTCFit
+from torchbkb.gp.dtc_fit import FIT_TENSORS, DTCFit
 from torchbkb.gp.dtc_scoring import DTCScoring
 from torchbkb.gp.functional import DTCState, chunked
 from torchbkb.gp.linalg import check_units, compute_dtype, keep_dtype_on_apply
@@ -127,6 +127,14 @@ class DTCPosterior(DTCScoring, nn.Module):
         out = keep_dtype_on_apply(self, ("noise",), fn, recurse, super()._apply)
         self._fit = self._fit.moved(lambda t: t.to(device=fn(t).device), self.embedding.projection)
         return out
+
+    def __setstate__(self, state: dict) -> None:
+        if "_fit" not in state:  # pickled before DTCFit: the fit was four buffers, with two caches beside them
+            parts = {name: state["_buffers"].pop(name) for name in FIT_TENSORS}
+            W = state["_modules"]["embedding"].projection
+            state["_fit"] = DTCFit(W, **parts, since_refactor=state.pop("_since_refactor", 0))
+            state.pop("_op", None), state.pop("_stable", None)
+        super().__setstate__(state)
 
     def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
         """``nn.Module.load_state_dict``, every entry or none
