@@ -80,14 +80,17 @@ def test_an_update_is_the_refit_on_every_row_and_leaves_the_old_fit_as_it_was(k,
         assert close(quad(new.V_inv), quad(old.V_inv) - downdate.coef * (q @ downdate.direction) ** 2, 1e-8)
 
 
-def test_what_a_fit_derives_is_derived_once_per_lambda():
+def test_what_a_fit_derives_is_derived_once_per_lambda_and_kept_for_the_last_one():
     emb, X, y, counts = _problem()
     fit = _fit_of(emb, X, y, counts)
     made = []
-    assert fit.derived("x", lambda: made.append(1) or "value") == fit.derived("x", lambda: made.append(1)) == "value"
+    assert fit.derived("x", LAM, lambda: made.append(1) or "value") == fit.derived("x", LAM, made.clear) == "value"
     assert made == [1]
     M1, _ = fit.operator(LAM)
-    assert fit.operator(LAM)[0] is M1 and fit.operator(2 * LAM)[0] is not M1
+    assert fit.operator(LAM)[0] is M1
+    M2, _ = fit.operator(2 * LAM)  # a changed noise: derived again, in the old one's place
+    assert M2 is not M1 and close(M2, scoring_operator(emb.projection, fit.V_inv, fit.weights, 2 * LAM)[0])
+    assert fit.operator(2 * LAM)[0] is M2 and fit.operator(LAM)[0] is not M1  # a noise trained step by step: no growth
     assert fit.moved(lambda t: t, emb.projection) is fit  # nothing moved: the same fit, with what it derived
 
 

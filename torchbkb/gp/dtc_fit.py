@@ -84,14 +84,14 @@ class DTCFit:
         batch): a bandit's refit. The stacked operator (:meth:`stacked_operator`) comes with it."""
         fit = fit_kernel_rows(W, Zt, counts, reward_sums, lam)
         out = cls(W, fit.V_inv, fit.weights, fit.ZtZ, fit.Zty)
-        out._derived[("stacked", lam)] = fit.operator
+        out._derived["stacked"] = (lam, fit.operator)
         return out
 
     @classmethod
     def from_state(cls, W: torch.Tensor, state: DTCState, lam: float) -> DTCFit:
         """A :class:`~torchbkb.gp.functional.DTCState` computed with ``λ = lam``, operator included."""
         out = cls(W, state.V_inv, state.weights, state.ZtZ, state.Zty)
-        out._derived[("operator", lam)] = (state.M, state.a)
+        out._derived["operator"] = (lam, (state.M, state.a))
         return out
 
     def with_observations(self, Zt: torch.Tensor, counts: torch.Tensor, reward_sums: torch.Tensor) -> DTCFit:
@@ -142,28 +142,28 @@ class DTCFit:
         """The fit's own tensors by their :data:`FIT_TENSORS` names."""
         return {name: getattr(self, name) for name in FIT_TENSORS}
 
-    def derived(self, key: Hashable, make: Callable[[], object]) -> object:
-        """``make()`` once for this fit and ``key``: what a holder derives from the fit (never ``None``) is kept
-        with it and dropped with it."""
-        value = self._derived.get(key)  # read once: threads share a fitted posterior
-        if value is None:
-            value = self._derived[key] = make()
-        return value
+    def derived(self, kind: Hashable, lam: float, make: Callable[[], object]) -> object:
+        """``make()`` once for this fit, ``kind`` and ``λ``: what a holder derives from the fit is kept with it and
+        dropped with it; one ``λ`` per kind (a changed noise replaces what the old one derived)."""
+        held = self._derived.get(kind)  # read once: threads share a fitted posterior
+        if held is None or held[0] != lam:
+            held = self._derived[kind] = (lam, make())
+        return held[1]
 
     def operator(self, lam: float, dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """``(M, a)`` `(*b, m, m)` and `(*b', m)` (:func:`~torchbkb.gp.functional.scoring_operator`), derived once per
         ``λ``, in ``dtype`` (default ``V⁻¹``'s)."""
-        stacked = self._derived.get(("stacked", lam))
-        if stacked is not None:
-            M, a = stacked[:-1], stacked[-1]
+        held = self._derived.get("stacked")
+        if held is not None and held[0] == lam:
+            M, a = held[1][:-1], held[1][-1]
         else:
-            M, a = self.derived(("operator", lam), lambda: scoring_operator(self.W, self.V_inv, self.weights, lam))
+            M, a = self.derived("operator", lam, lambda: scoring_operator(self.W, self.V_inv, self.weights, lam))
         return (M, a) if dtype is None else (M.to(dtype), a.to(dtype))
 
     def stacked_operator(self, lam: float) -> torch.Tensor:
         """`(m + 1, m)` ``[M; aᵀ]`` (no batch; :func:`~torchbkb.gp.functional.kernel_row_operator`), derived once per
         ``λ``, in ``V⁻¹``'s dtype."""
-        return self.derived(("stacked", lam), lambda: kernel_row_operator(self.W, self.V_inv, self.weights, lam))
+        return self.derived("stacked", lam, lambda: kernel_row_operator(self.W, self.V_inv, self.weights, lam))
 
     def state(self, lam: float) -> DTCState:
         """The whole :class:`~torchbkb.gp.functional.DTCState` at ``λ = lam``."""

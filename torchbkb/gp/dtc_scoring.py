@@ -82,7 +82,7 @@ class DTCScoring:
         form cancels at the dictionary points, else ``None``; decided again after every change of the posterior (with
         the scoring operator). On float32 inputs it also checks the kernel values' precision (:attr:`_precision`)."""
         self._check_fresh()
-        stable = self._fit.derived(("stable", self.lam), self._derive_stable_form)[0]
+        stable = self._fit.derived("stable", self.lam, self._derive_stable_form)[0]
         S = self.embedding.inducing_points
         n = self.num_train + self.pending_X.shape[-2]
         if S.dtype != torch.float64 and self.batch_shape == torch.Size() and n and self._precision.due(n):
