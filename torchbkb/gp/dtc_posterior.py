@@ -156,7 +156,8 @@ class DTCPosterior(DTCScoring, nn.Module):
             if key in unexpected_keys:
                 unexpected_keys.remove(key)  # nn.Module knows its buffers only
             if key not in state_dict:
-                missing_keys.extend([key] if strict else [])
+                if strict:
+                    missing_keys.append(key)
             elif not isinstance(state_dict[key], torch.Tensor) or state_dict[key].shape != own.shape:
                 got = getattr(state_dict[key], "shape", type(state_dict[key]).__name__)
                 error_msgs.append(f"size mismatch for {key}: expected shape {tuple(own.shape)}, got {got}")

@@ -83,14 +83,7 @@ class DTCScoring:
         the scoring operator). On float32 inputs it also checks the kernel values' precision (:attr:`_precision`)."""
         self._check_fresh()
         stable = self._fit.derived("stable", self.lam, self._derive_stable_form)[0]
-        S = self.embedding.inducing_points
-        n = self.num_train + self.pending_X.shape[-2]
-        if S.dtype != torch.float64 and self.batch_shape == torch.Size() and n and self._precision.due(n):
-            X = torch.cat([self.train_X, self.pending_X], dim=-2)  # scored through the form just kept
-            counts = torch.cat([self.train_counts, self.pending_counts], dim=-1)
-            with torch.no_grad():
-                self._precision.check(self.embedding.kernel, self.rls(S), S, X, counts, self.lam, S.dtype,
-                                      stacklevel=5)
+        self._check_precision()  # after the form is kept: the check scores through it
         if stable is not None and torch.is_grad_enabled() and (self.ZtZ.requires_grad or self.Zty.requires_grad):
             L = safe_cholesky(add_diagonal(self.ZtZ, self.lam), name="V")  # conditioned on differentiable data
             return L, torch.cholesky_solve(self.Zty.unsqueeze(-1), L)
@@ -104,6 +97,20 @@ class DTCScoring:
             K_SS = self.embedding.kernel(S, S)  # (m, m)
             L = stable_factor(K_SS, K_SS.diagonal(), self.embedding.projection, M, self.ZtZ, self.lam, S.dtype)
             return (None if L is None else (L, torch.cholesky_solve(self.Zty.unsqueeze(-1), L)),)
+
+    def _check_precision(self) -> None:
+        """On float32 kernel values (no batch), compare the variances at the dictionary points with a float64
+        reference whenever the data have grown by a quarter since the last check (:attr:`_precision`)."""
+        S = self.embedding.inducing_points
+        if S.dtype == torch.float64 or self.batch_shape != torch.Size():
+            return
+        n = self.num_train + self.pending_X.shape[-2]
+        if n and self._precision.due(n):
+            X = torch.cat([self.train_X, self.pending_X], dim=-2)
+            counts = torch.cat([self.train_counts, self.pending_counts], dim=-1)
+            with torch.no_grad():
+                self._precision.check(self.embedding.kernel, self.rls(S), S, X, counts, self.lam, S.dtype,
+                                      stacklevel=6)
 
     def _scoring_operator(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """``M = Wᵀ (I/λ - V⁻¹) W`` `(*b, m, m)` and ``a = Wᵀ w`` `(*b, m)` in ``dtype``.
