@@ -149,3 +149,14 @@ class DeviceReads(TorchDispatchMode):
         if func._schema.name in self.SYNC:
             self.names.append(func._schema.name)
         return func(*args, **(kwargs or {}))
+
+
+class TorchRows:
+    """Reads like an `(A, r)` feature tensor ``Z`` (shape, dtype, device, rows by a long tensor or a slice) without
+    being one, so that BBKB's in-batch loop runs on its torch state (``TensorInBatch``) rather than on the host."""
+
+    def __init__(self, Z):
+        self.Z, self.shape, self.dtype, self.device = Z, Z.shape, Z.dtype, Z.device
+
+    def __getitem__(self, idx):
+        return self.Z[idx]

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import numpy as np
 import torch
 
 from torchbkb.errors import NumericsError
@@ -65,6 +66,19 @@ class FeatureRows:
     def __getitem__(self, idx: torch.Tensor | slice) -> torch.Tensor:
         arms = idx if self._index is None else self._index[idx]
         return self._K_T[arms] @ self._W_T  # (M, r)
+
+    def host_rows(self) -> Callable[[int | np.ndarray], np.ndarray] | None:
+        """The same rows computed on NumPy views of the cached kernel rows: ``rows(i)`` `(r,)` for an int,
+        ``rows(idx)`` `(M, r)` for host indices; ``None`` unless the rows are a CPU tensor in float32 or float64."""
+        K_T = self._K_T
+        if not isinstance(K_T, torch.Tensor) or K_T.device.type != "cpu" or K_T.dtype not in (torch.float32,
+                                                                                               torch.float64):
+            return None
+        K_h, W_h = K_T.detach().numpy(), self._W_T.detach().numpy()  # (A, m) and (m, r) views
+        index = None if self._index is None else self._index.numpy()
+        if index is None:
+            return lambda idx: K_h.take(idx, axis=0).dot(W_h)
+        return lambda idx: K_h.take(index.take(idx, axis=0), axis=0).dot(W_h)
 
 
 class StreamedKernelRows:

@@ -6,7 +6,7 @@ on the stream instead; PyTorch's caching host allocator keeps the pinned block u
 may be dropped at once.
 
 The other way, every value the host reads from a GPU is a wait: :func:`read_flags` reads several yes/no checks made
-on the device in one.
+on the device in one; :func:`host_array` gives a tensor's values as a NumPy array (a view of a CPU tensor).
 
 Example:
     >>> import torch
@@ -18,9 +18,10 @@ Example:
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
-__all__ = ["read_flags", "to_device"]
+__all__ = ["host_array", "read_flags", "to_device"]
 
 
 def to_device(t: torch.Tensor, device: torch.device | str) -> torch.Tensor:
@@ -44,3 +45,12 @@ def read_flags(flags: dict[str, torch.Tensor]) -> dict[str, bool]:
         code = code + t * (1 << i)  # two small kernels a flag: cheaper than a read each
     value = int(code)  # the one read
     return {name: bool(value >> i & 1) for i, name in enumerate(flags)}
+
+
+def host_array(t: torch.Tensor) -> np.ndarray:
+    """``t`` as a NumPy array on the host: a view of a CPU tensor (no copy), a copy of a device one; a bfloat16
+    tensor (NumPy has no bfloat16) as its values, exactly, in float32."""
+    t = t.detach() if t.requires_grad else t
+    if t.dtype == torch.bfloat16:
+        t = t.float()
+    return (t if t.device.type == "cpu" else t.cpu()).numpy()
