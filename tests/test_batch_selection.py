@@ -309,3 +309,25 @@ def test_a_pick_dispatches_few_tensor_operations_and_reads_few_values():
     picks = len(sel.indices)
     assert picks > 30 and len(set(sel.indices.tolist())) > 5  # alternating arms and runs, past r hallucinations
     assert ops.count <= 30 * picks and len(reads.names) <= 2 * picks
+
+
+@pytest.mark.timeout(60)  # before the rule knew this stall, the loops never ended
+@pytest.mark.parametrize("stop_rule, C", [("sum", 2.0), ("product", 2.25)])
+def test_a_variance_that_cannot_move_a_level_at_the_bound_ends_the_batch(stop_rule, C):
+    """Two picks of σ̃²_fb = 1/2 bring the level to exactly C̃ (1 + ½ + ½, or 1.5²) without passing it; the next
+    argmax has a positive variance too small to move the level: no count of its picks ends the batch, so (without a
+    cap) it is the batch's last, in the lazy loop and, for BBKB's rule, in the device loop in either work dtype."""
+    from torchbkb.bandits.device_batch import run_batch_on_device
+
+    assert picks_to_stop(C, 1e-300, C, stop_rule) is None and stop_rule_stalls(C, 1e-17, C, stop_rule)
+    Z = torch.eye(3, dtype=torch.float64)
+    mean = torch.tensor([0.0, 0.0, 0.6], dtype=torch.float64)
+    rls = torch.tensor([0.5, 0.5, 1e-300], dtype=torch.float64)
+    V_inv = torch.diag(rls.clamp_min(1e-3))
+    sel = select_batch(Z, mean, rls, V_inv, alpha=1.0, batch_bound=C, stop_rule=stop_rule)
+    assert sel.indices.tolist() == [0, 1, 2]
+    if stop_rule == "sum":
+        for work in (torch.float64, torch.float32):
+            for host_rule in (True, False):
+                out, _ = run_batch_on_device(Z, mean, rls, V_inv.to(work), 1.0, C, rule_on_host=host_rule)
+                assert out.indices.tolist() == [0, 1, 2]

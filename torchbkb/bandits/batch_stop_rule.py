@@ -63,8 +63,9 @@ def sum_rule_end(rls_start, level: float, batch_bound: float, dtype: torch.dtype
     """The ``"sum"`` rule over consecutive picks, as the device loop's done flag
     (:func:`~torchbkb.bandits.device_batch.pick_step`) computes it in ``dtype`` (a key of
     :data:`HOST_RULE_DTYPES`): a pick with ``σ̃²_fb = s`` ends the batch when the level passes ``C̃`` with it or,
-    with ``stall`` (no cap), the rule stalls before it (``C̃ - level >= UNBOUNDED_PICKS · max(s, 0)``: with the
-    level at most ``C̃``, every ``s <= 0`` stalls); without ``stall`` (a cap ends the batch later) when ``s <= 0``.
+    with ``stall`` (no cap), the rule stalls before it (``C̃ - level >= UNBOUNDED_PICKS · max(s, 0)``, or ``s`` does
+    not move the level in ``dtype``: every ``s <= 0`` stalls); without ``stall`` (a cap ends the batch later) when
+    ``s <= 0``.
 
     Args:
         rls_start: the picks' batch-start variances, in order (floats holding values of ``dtype``).
@@ -79,8 +80,9 @@ def sum_rule_end(rls_start, level: float, batch_bound: float, dtype: torch.dtype
     C, lvl, zero, unbounded = f(batch_bound), f(level), f(0.0), f(UNBOUNDED_PICKS)
     for j, s in enumerate(rls_start):
         s0 = f(s)
-        stalls = (C - lvl) >= unbounded * max(s0, zero) if stall else s0 <= zero
-        lvl = lvl + s0
+        raised = lvl + s0
+        stalls = ((C - lvl) >= unbounded * max(s0, zero) or raised <= lvl) if stall else s0 <= zero
+        lvl = raised
         if lvl > C or stalls:
             return j, float(lvl)
     return None, float(lvl)
@@ -113,7 +115,10 @@ def level_after(level: float, s0: float, n: int, stop_rule: str) -> float:
 def picks_to_stop(level: float, s0: float, bound: float, stop_rule: str) -> int | None:
     """Number ``n >= 1`` of further picks of an arm with ``σ̃²_fb = s0 > 0`` after which the stop rule ends
     the batch: the first ``n`` with ``level_after(level, s0, n) > C̃``; ``None`` when that is more than
-    :data:`UNBOUNDED_PICKS` (σ̃²_fb ≈ 0 next to ``C̃``)."""
+    :data:`UNBOUNDED_PICKS` (σ̃²_fb ≈ 0 next to ``C̃``) or when a pick does not move the level in float64 (the
+    rule stalls: at a level of exactly ``C̃`` no count of picks would pass it)."""
+    if level_after(level, s0, 1, stop_rule) <= level:
+        return None
     if stop_rule == "sum":
         guess = (bound - level) / s0
     else:

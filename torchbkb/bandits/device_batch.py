@@ -72,11 +72,12 @@ def pick_step(Z: torch.Tensor, mean: torch.Tensor, rls0: torch.Tensor, state: Pi
     i = torch.argmax(state.ucb).reshape(1)
     u, s = _solve(Z, state.V_inv, i)
     s0 = rls0.index_select(0, i)[0].to(work)
-    if stall_check:  # while the batch lasts its level is at most C, so a zero variance (s0 <= 0) stalls here too
-        stalls = (C - state.level) >= UNBOUNDED_PICKS * s0.clamp_min(0.0)
+    raised = state.level + s0
+    if stall_check:  # so tiny a variance that the level cannot pass C within 2²⁴ picks, or does not move at all
+        stalls = ((C - state.level) >= UNBOUNDED_PICKS * s0.clamp_min(0.0)) | (raised <= state.level)
     else:  # a zero variance, which could never end the batch
         stalls = s0 <= 0
-    level = torch.where(state.done, state.level, state.level + s0)
+    level = torch.where(state.done, state.level, raised)
     live = ~state.done
     ended = state.done | (live if at_cap else (level > C) | stalls)  # at_cap, a Python bool: no kernel of its own
     g = torch.reciprocal(1.0 + s).masked_fill(ended, 0.0)  # the last pick is not hallucinated
