@@ -49,7 +49,9 @@ def host_rows(Z) -> RowReader | None:
     if not isinstance(Z, torch.Tensor) or Z.device.type != "cpu" or Z.dtype not in HOST_DTYPES or Z.dim() != 2:
         return None
     Zh = host_array(Z)
-    return lambda idx: Zh.take(idx, axis=0)
+    if not Zh.flags.c_contiguous:  # np.take would copy a strided array whole
+        return Zh.__getitem__
+    return lambda idx: Zh[idx] if isinstance(idx, int) else Zh.take(idx, axis=0)  # a row as a view, rows gathered
 
 
 class HostInBatch:
@@ -72,8 +74,9 @@ class HostInBatch:
         self.mean, self.rls0 = mean, rls0
         self.mean_h, self.rls0_h = host_array(mean), host_array(rls0)
         dt = self.mean_h.dtype
-        self.V_t = host_array(V_0).copy()
-        self.V_0_rows = self.V_t.astype(dt)  # V_fb⁻¹ in the features' dtype (a copy when the dtypes agree)
+        self.V_0 = host_array(V_0)  # a view: never written
+        self.V_t = self.V_0.copy()
+        self.D: np.ndarray | None = None  # V_0⁻¹ - V_t⁻¹ in V's dtype, once there are more than r runs
         r = self.V_t.shape[0]
         self.U, self.coef = np.empty((r, r), dtype=dt), np.empty(r, dtype=dt)  # u_j as columns, c_j
         self.b = 0  # hallucinated runs so far (one rank-one term each)
@@ -91,10 +94,14 @@ class HostInBatch:
         return u, float(z.dot(u))
 
     def hallucinate(self, u: np.ndarray, g: float) -> None:
-        """``V_t⁻¹ -= g u uᵀ`` in place, the direction kept while ``b < r``."""
-        self.V_t += np.multiply.outer(-g * u, u)  # (-g u_i) u_j added, as torch's addr_ with alpha = -g
+        """``V_t⁻¹ -= g u uᵀ`` in place; the direction kept while ``b < r``, past that the difference
+        ``D = V_0⁻¹ - V_t⁻¹`` the refreshes read."""
+        step = (-g * u)[:, None] * u  # (-g u_i) u_j, as torch's addr_ with alpha = -g
+        self.V_t += step
         if self.b < self.U.shape[0]:
             self.U[:, self.b], self.coef[self.b] = u, g
+        else:  # formed anew, not accumulated: on unit features it rounds as zᵀV_0⁻¹z - zᵀV_t⁻¹z (exact ties)
+            self.D = np.subtract(self.V_0, self.V_t, out=self.D)
         self.b += 1
 
     def V_inv(self) -> torch.Tensor:
@@ -107,8 +114,8 @@ class HostInBatch:
         if b <= Zi.shape[1]:
             proj = Zi.dot(self.U[:, :b])  # (M, b)
             return (proj * proj).dot(self.coef[:b])
-        V_t = self.V_t if self.V_t.dtype == Zi.dtype else self.V_t.astype(Zi.dtype)
-        return (Zi.dot(self.V_0_rows) * Zi).sum(-1) - (Zi.dot(V_t) * Zi).sum(-1)
+        D = self.D if self.D.dtype == Zi.dtype else self.D.astype(Zi.dtype)
+        return np.add.reduce(Zi.dot(D) * Zi, axis=1)  # zᵀ(V_0⁻¹ - V_t⁻¹)z: one product an arm
 
     def chunks(self, idx: np.ndarray) -> list[np.ndarray]:
         """``idx`` in pieces of at most ``chunk`` indices."""
@@ -126,9 +133,11 @@ class HostInBatch:
                                                                                   for p in parts])
         rls = self.rls0_h.take(idx) - drop
         np.maximum(rls, 0.0, out=rls)
-        ucb = self.mean_h.take(idx) + self.alpha * np.sqrt(rls)
+        ucb = np.sqrt(rls)
+        ucb *= self.alpha
+        ucb += self.mean_h.take(idx)  # μ̃ + α σ̃, rounded as written
         rls_out[idx], ucb_out[idx] = rls, ucb
-        return float(ucb.max())
+        return float(np.maximum.reduce(ucb))
 
     def run_length(self, i: int, u: np.ndarray, s: float, J: int, ucb: np.ndarray, rls_i: float,
                    lazy: bool) -> tuple[int, int]:

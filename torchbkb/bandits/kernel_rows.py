@@ -74,11 +74,12 @@ class FeatureRows:
         if not isinstance(K_T, torch.Tensor) or K_T.device.type != "cpu" or K_T.dtype not in (torch.float32,
                                                                                                torch.float64):
             return None
-        K_h, W_h = K_T.detach().numpy(), self._W_T.detach().numpy()  # (A, m) and (m, r) views
+        K_h, W_h = K_T.detach().numpy().T, self._W_T.detach().numpy()  # (m, A) and (m, r) views
         index = None if self._index is None else self._index.numpy()
+        # a gather by [:, idx] reads the few columns whatever the layout (np.take would copy a strided array whole)
         if index is None:
-            return lambda idx: K_h.take(idx, axis=0).dot(W_h)
-        return lambda idx: K_h.take(index.take(idx, axis=0), axis=0).dot(W_h)
+            return lambda idx: K_h[:, idx].T.dot(W_h)
+        return lambda idx: K_h[:, index[idx]].T.dot(W_h)
 
 
 class StreamedKernelRows:
