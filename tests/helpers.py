@@ -160,3 +160,25 @@ class TorchRows:
 
     def __getitem__(self, idx):
         return self.Z[idx]
+
+
+def batch_strategies(max_cap: int) -> dict:
+    """Hypothesis strategies of a BBKB/GP-BUCB batch's settings: a problem seed, the width, ``C̃``, an optional cap,
+    the stop rule and whether one arm dominates."""
+    from hypothesis import strategies as st
+
+    return dict(seed=st.integers(0, 10_000), alpha=st.floats(0.0, 3.0), C=st.floats(1.0, 30.0),
+                cap=st.one_of(st.none(), st.integers(1, max_cap)), stop_rule=st.sampled_from(["sum", "product"]),
+                dominant=st.booleans())
+
+
+class Dispatches(TorchDispatchMode):
+    """Counts every operator a block dispatches (views included)."""
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.count += 1
+        return func(*args, **(kwargs or {}))

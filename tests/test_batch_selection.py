@@ -2,10 +2,9 @@ import itertools
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 from hypothesis import given, settings, strategies as st
 
-from helpers import DeviceReads, TorchRows, close
+from helpers import DeviceReads, Dispatches, TorchRows, batch_strategies, close
 from torchbkb import DTCPosterior, NystromEmbedding
 from torchbkb.bandits.batch_selection import UNBOUNDED_PICKS, picks_to_stop, select_batch, stop_rule_stalls
 from torchbkb.errors import InputDataError
@@ -193,14 +192,7 @@ def test_runs_of_one_arm_are_the_picks_made_one_at_a_time(lazy, stop_rule):
 
 
 @settings(max_examples=40, deadline=None)
-@given(
-    seed=st.integers(0, 10_000),
-    alpha=st.floats(0.0, 3.0),
-    C=st.floats(1.0, 30.0),
-    cap=st.one_of(st.none(), st.integers(1, 60)),
-    stop_rule=st.sampled_from(["sum", "product"]),
-    dominant=st.booleans(),
-)
+@given(**batch_strategies(max_cap=60))
 def test_batches_equal_the_one_at_a_time_reference(seed, alpha, C, cap, stop_rule, dominant):
     if dominant:
         Z, mean, rls, V_inv = _dominant_arm_problem(seed, A=120)
@@ -282,18 +274,6 @@ def test_without_a_cap_a_pick_the_rule_cannot_stop_ends_the_batch(stop_rule, s0)
     assert picks_to_stop(1.0, 8.0 / UNBOUNDED_PICKS, 3.0, "sum") == UNBOUNDED_PICKS // 4 + 1
 
 
-class _Dispatches(TorchDispatchMode):
-    """Counts every operator a block dispatches (views included)."""
-
-    def __init__(self):
-        super().__init__()
-        self.count = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.count += 1
-        return func(*args, **(kwargs or {}))
-
-
 def test_a_pick_dispatches_few_tensor_operations_and_reads_few_values():
     """On its torch state (features it cannot read on the host) the lazy loop's bookkeeping (argmax, the arms to
     refresh, scalar reads) still runs on host arrays: a pick costs its products, not a dispatch per bookkeeping step
@@ -303,7 +283,7 @@ def test_a_pick_dispatches_few_tensor_operations_and_reads_few_values():
     mean = 0.01 * torch.randn(2000, generator=g, dtype=torch.float64)
     rls = 1 + torch.rand(2000, generator=g, dtype=torch.float64)
     V_inv = torch.eye(12, dtype=torch.float64)
-    with DeviceReads() as reads, _Dispatches() as ops:
+    with DeviceReads() as reads, Dispatches() as ops:
         sel = select_batch(TorchRows(Z), mean, rls, V_inv, alpha=1.0, batch_bound=80.0, max_batch_size=120,
                            validate=False)
     picks = len(sel.indices)

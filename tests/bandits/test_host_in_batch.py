@@ -4,9 +4,8 @@ in-batch variances and hallucinated V⁻¹ in float64; no tensor operation per p
 import pytest
 import torch
 from hypothesis import given, settings, strategies as st
-from torch.utils._python_dispatch import TorchDispatchMode
 
-from helpers import TorchRows
+from helpers import Dispatches, TorchRows, batch_strategies
 from torchbkb import DTCPosterior, NystromEmbedding
 from torchbkb.bandits.batch_selection import in_batch_state, select_batch
 from torchbkb.bandits.host_in_batch import HostInBatch, host_rows
@@ -41,15 +40,7 @@ def test_the_state_is_chosen_by_where_the_rows_can_be_read():
 
 
 @settings(max_examples=40, deadline=None)
-@given(
-    seed=st.integers(0, 10_000),
-    alpha=st.floats(0.0, 3.0),
-    C=st.floats(1.0, 30.0),
-    cap=st.one_of(st.none(), st.integers(1, 80)),
-    stop_rule=st.sampled_from(["sum", "product"]),
-    dominant=st.booleans(),
-    lazy=st.booleans(),
-)
+@given(lazy=st.booleans(), **batch_strategies(max_cap=80))
 def test_host_and_torch_states_select_the_same_batch_in_float64(seed, alpha, C, cap, stop_rule, dominant, lazy):
     Z, mean, rls, V_inv = _problem(seed, dominant=dominant)
     kw = dict(alpha=alpha, batch_bound=C, max_batch_size=cap, stop_rule=stop_rule, lazy=lazy)
@@ -110,21 +101,11 @@ def test_rows_read_in_chunks_give_the_same_batch():
         torch.testing.assert_close(part.rls_in_batch, whole.rls_in_batch, rtol=1e-12, atol=1e-14)
 
 
-class _Dispatches(TorchDispatchMode):
-    def __init__(self):
-        super().__init__()
-        self.count = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.count += 1
-        return func(*args, **(kwargs or {}))
-
-
 @pytest.mark.parametrize("picks", [20, 120])
 def test_a_host_batch_dispatches_a_fixed_number_of_tensor_operations(picks):
     """The picks run on NumPy views: a batch dispatches its start and its result, nothing a pick."""
     Z, mean, rls, V_inv = _alternating()
-    with _Dispatches() as ops:
+    with Dispatches() as ops:
         sel = select_batch(Z, mean, rls, V_inv, alpha=1.0, batch_bound=1e4, max_batch_size=picks, validate=False)
     assert len(sel.indices) == picks and len(set(sel.indices.tolist())) > 5
     assert ops.count <= 20
