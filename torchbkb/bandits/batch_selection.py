@@ -49,6 +49,7 @@ from torchbkb.bandits.batch_stop_rule import (
 from torchbkb.bandits.host_in_batch import HostInBatch, host_rows
 from torchbkb.bandits.tensor_in_batch import TensorInBatch
 from torchbkb.errors import InputDataError, check_finite
+from torchbkb.utils.host_copy import host_array
 
 __all__ = ["UNBOUNDED_PICKS", "BatchSelection", "check_batch_limits", "picks_to_stop", "select_batch",
            "stop_rule_stalls"]
@@ -119,10 +120,12 @@ def select_batch(
         _check(Z, mean, rls, V_inv, alpha, batch_bound, max_batch_size, stop_rule)
     dt, dev = Z.dtype, Z.device
     alpha = float(alpha)
-    state = in_batch_state(Z, mean.to(dt), rls.to(dt), V_inv, alpha, chunk_size)
+    mean0, rls0 = mean.to(dt), rls.to(dt)
+    state = in_batch_state(Z, mean0, rls0, V_inv, alpha, chunk_size)
     # the loop's bookkeeping (argmax, which arms to refresh, scalar reads) runs on host arrays: one small NumPy call
-    # costs a fraction of a tensor operation's dispatch
-    ucb = state.start_ucbs()  # stale upper bounds, exact now
+    # costs a fraction of a tensor operation's dispatch. The stale upper bounds, exact now, are formed in torch as the
+    # scores were (torch's vectorized float32 square root may round unlike NumPy's)
+    ucb = host_array(mean0 + alpha * rls0.clamp_min(0.0).sqrt())
     mean_h, rls0_h = state.mean_h, state.rls0_h
     cur_rls = rls0_h.copy()
     as_dt = rounding_to(dt)  # a threshold rounded to the scores' dtype, as a tensor comparison rounds it
@@ -184,7 +187,7 @@ def select_batch(
     picked = torch.tensor(picks, dtype=torch.long, device=dev)
     return BatchSelection(
         indices=picked,
-        rls_start=state.rls0[picked].to(rls.dtype),
+        rls_start=rls0[picked].to(rls.dtype),
         rls_in_batch=torch.tensor(in_batch, dtype=rls.dtype, device=dev),
         ucb_evaluations=evaluations,
         V_inv=state.V_inv(),

@@ -15,7 +15,7 @@ Example:
     >>> Z = torch.eye(3, dtype=torch.float64); V = torch.eye(3, dtype=torch.float64)
     >>> st = HostInBatch(host_rows(Z), torch.zeros(3, dtype=torch.float64), torch.ones(3, dtype=torch.float64), V, 1.0)
     >>> u, s = st.direction(0); st.hallucinate(u, 1.0 / (1.0 + s))
-    >>> rls, ucb = np.ones(3), st.start_ucbs()
+    >>> rls, ucb = np.ones(3), np.ones(3)
     >>> st.refresh_into(np.array([0, 1]), rls, ucb), rls.tolist()
     (1.0, [0.5, 1.0, 1.0])
 """
@@ -30,12 +30,9 @@ import torch
 
 from torchbkb.bandits.kernel_rows import FeatureRows
 from torchbkb.bandits.tensor_in_batch import run_rivals
-from torchbkb.utils.host_copy import host_array
+from torchbkb.utils.host_copy import HOST_DTYPES, host_array
 
-__all__ = ["HOST_DTYPES", "HostInBatch", "host_rows"]
-
-#: the feature dtypes the host state computes in (NumPy's and torch's IEEE types alike).
-HOST_DTYPES = (torch.float32, torch.float64)
+__all__ = ["HostInBatch", "host_rows"]
 
 RowReader = Callable[[int | np.ndarray], np.ndarray]
 
@@ -43,7 +40,7 @@ RowReader = Callable[[int | np.ndarray], np.ndarray]
 def host_rows(Z) -> RowReader | None:
     """A reader of the rows of ``Z`` -- an `(A, r)` tensor or a :class:`~torchbkb.bandits.kernel_rows.FeatureRows` --
     as NumPy arrays (``rows(i)`` `(r,)` for an int, ``rows(idx)`` `(M, r)` for host indices), or ``None`` unless its
-    values live on the CPU in a :data:`HOST_DTYPES` dtype."""
+    values live on the CPU in a :data:`~torchbkb.utils.host_copy.HOST_DTYPES` dtype."""
     if isinstance(Z, FeatureRows):
         return Z.host_rows()
     if not isinstance(Z, torch.Tensor) or Z.device.type != "cpu" or Z.dtype not in HOST_DTYPES or Z.dim() != 2:
@@ -71,7 +68,6 @@ class HostInBatch:
     def __init__(self, rows: RowReader, mean: torch.Tensor, rls0: torch.Tensor, V_0: torch.Tensor, alpha: float,
                  chunk: int | None = None):
         self.rows, self.alpha, self.chunk = rows, float(alpha), chunk
-        self.mean, self.rls0 = mean, rls0
         self.mean_h, self.rls0_h = host_array(mean), host_array(rls0)
         dt = self.mean_h.dtype
         self.V_0 = host_array(V_0)  # a view: never written
@@ -80,11 +76,6 @@ class HostInBatch:
         r = self.V_t.shape[0]
         self.U, self.coef = np.empty((r, r), dtype=dt), np.empty(r, dtype=dt)  # u_j as columns, c_j
         self.b = 0  # hallucinated runs so far (one rank-one term each)
-
-    def start_ucbs(self) -> np.ndarray:
-        """`(A,)` the batch start's UCBs ``μ̃ + α σ̃`` in torch, as the scores were (torch's vectorized square root
-        may round a float32 differently from NumPy's)."""
-        return host_array(self.mean + self.alpha * self.rls0.clamp_min(0.0).sqrt())
 
     def direction(self, i: int) -> tuple[np.ndarray, float]:
         """``(u, s)``: ``u = V_t⁻¹ z(x_i)`` `(r,)` in ``V``'s dtype and ``s = z(x_i)ᵀ u``."""

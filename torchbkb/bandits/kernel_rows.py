@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from torchbkb.errors import NumericsError
+from torchbkb.utils.host_copy import HOST_DTYPES
 
 __all__ = ["FeatureRows", "StreamedKernelRows", "finite_rows"]
 
@@ -71,8 +72,7 @@ class FeatureRows:
         """The same rows computed on NumPy views of the cached kernel rows: ``rows(i)`` `(r,)` for an int,
         ``rows(idx)`` `(M, r)` for host indices; ``None`` unless the rows are a CPU tensor in float32 or float64."""
         K_T = self._K_T
-        if not isinstance(K_T, torch.Tensor) or K_T.device.type != "cpu" or K_T.dtype not in (torch.float32,
-                                                                                               torch.float64):
+        if not isinstance(K_T, torch.Tensor) or K_T.device.type != "cpu" or K_T.dtype not in HOST_DTYPES:
             return None
         K_h, W_h = K_T.detach().numpy().T, self._W_T.detach().numpy()  # (m, A) and (m, r) views
         index = None if self._index is None else self._index.numpy()

@@ -17,7 +17,7 @@ Example:
     >>> Z = torch.eye(3, dtype=torch.float64); V = torch.eye(3, dtype=torch.float64)
     >>> st = TensorInBatch(Z, torch.zeros(3, dtype=torch.float64), torch.ones(3, dtype=torch.float64), V, 1.0)
     >>> u, s = st.direction(0); st.hallucinate(u, 1.0 / (1.0 + s))
-    >>> rls, ucb = np.ones(3), st.start_ucbs()
+    >>> rls, ucb = np.ones(3), np.ones(3)
     >>> st.refresh_into(np.array([0, 1]), rls, ucb), rls.tolist()
     (1.0, [0.5, 1.0, 1.0])
 """
@@ -58,10 +58,6 @@ class TensorInBatch:
         self.b = 0  # hallucinated runs so far (one rank-one term each)
         self.mean_h, self.rls0_h = host_array(mean), host_array(rls0)
         self.V_0_rows = V_0 if V_0.dtype == dt else V_0.to(dt)
-
-    def start_ucbs(self) -> np.ndarray:
-        """`(A,)` host array of the batch start's UCBs ``μ̃_fb + α σ̃_fb``."""
-        return host_array(self.mean + self.alpha * self.rls0.clamp_min(0.0).sqrt())
 
     def direction(self, i: int) -> tuple[torch.Tensor, float]:
         """``(u, s)``: ``u = V_t⁻¹ z(x_i)`` `(r,)` in ``V``'s dtype and ``s = z(x_i)ᵀ u``."""

@@ -21,7 +21,10 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-__all__ = ["host_array", "read_flags", "to_device"]
+__all__ = ["HOST_DTYPES", "host_array", "read_flags", "to_device"]
+
+#: the floating dtypes NumPy computes as torch does (the same IEEE types): host arithmetic on their views.
+HOST_DTYPES = (torch.float32, torch.float64)
 
 
 def to_device(t: torch.Tensor, device: torch.device | str) -> torch.Tensor:
