@@ -231,3 +231,31 @@ def test_frozen_adapter_keeps_no_snapshot_of_a_differentiable_kernel():
     k.raw_lengthscale.grad = None
     frozen(X, X).sum().backward()  # a second graph through the parameter, not through a cached tensor
     assert torch.equal(k.raw_lengthscale.grad, first)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("make", [
+    lambda: GaussianKernel(0.7, 2.0),
+    lambda: as_kernel(GaussianKernel(0.7)),
+    lambda: as_kernel(gpytorch.kernels.RBFKernel()),
+    lambda: as_kernel(gpytorch.kernels.ScaleKernel(gpytorch.kernels.MaternKernel(nu=1.5, ard_num_dims=3))),
+    lambda: as_kernel(gpytorch.kernels.MaternKernel(nu=0.5)),
+    lambda: as_kernel(lambda A, B: A @ B.transpose(-1, -2)),
+])
+def test_against_a_fixed_set_gives_the_kernels_values_bitwise(make, dtype):
+    """The arms' side computed once changes no value: rows for one arm and for a block, inputs far from 0."""
+    k = make().to(dtype)
+    X = torch.rand(300, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(1)).mul(5).add(100).to(dtype)
+    rows = k.against(X)
+    with torch.no_grad():
+        for idx in ([3], [5, 7, 299]):
+            want = k(X[idx], X)
+            assert torch.equal(rows(X[idx]), want.to_dense() if hasattr(want, "to_dense") else want)
+
+
+def test_against_keeps_the_gradient_when_autograd_asks_for_it():
+    base = gpytorch.kernels.RBFKernel().double()
+    X = torch.rand(20, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    rows = as_kernel(base).against(X)
+    rows(X[:4]).sum().backward()
+    assert base.raw_lengthscale.grad is not None and bool(base.raw_lengthscale.grad.abs().sum() > 0)

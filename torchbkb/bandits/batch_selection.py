@@ -134,8 +134,9 @@ def select_batch(
     level = 1.0  # 1 + Σ σ̃²_fb   or   Π (1 + σ̃²_fb)
     evaluations = 0
     window = _WINDOW
+    sum_rule = stop_rule == "sum"
+    i = int(ucb.argmax())  # lowest index among ties
     while True:
-        i = int(ucb.argmax())  # lowest index among ties; exact (every arm that could beat it was refreshed)
         s0 = float(rls0_h[i])
         if s0 <= 0.0:
             # σ̃²_fb of the pick is 0 (to rounding): the stop rule would not move and every later pick would
@@ -164,7 +165,7 @@ def select_batch(
         else:
             in_batch.extend(max(rls_i - j / (1.0 + j * s) * (s * s), 0.0) for j in range(run))
             picks.extend([i] * run)
-        level = level_after(level, s0, run, stop_rule)
+        level = level + run * s0 if sum_rule else level_after(level, s0, run, stop_rule)
         done = run == n_allowed  # the stop rule (or the cap) ends the batch with the run's last pick
         k = run - 1 if done else run  # picks hallucinated: all but the batch's last one
         if k > 0:  # hallucinate x_i k times: Sherman-Morrison with k z zᵀ, O(r²)
@@ -177,13 +178,17 @@ def select_batch(
         # rounding left every refreshed UCB below that level: then the arms between are refreshed too
         # <= the stale one
         ucb_i_new = min(float(mean_h[i]) + alpha * math.sqrt(max(rls_i - g * (s * s), 0.0)), float(ucb[i]))
-        idx = (ucb >= as_dt(ucb_i_new)).nonzero()[0] if lazy else np.arange(ucb.size)  # (M,)
-        top = state.refresh_into(idx, cur_rls, ucb)
+        idx = (ucb >= as_dt(ucb_i_new)).nonzero()[0] if lazy else np.arange(ucb.size)  # (M,) ascending
+        top, j = state.refresh_into(idx, cur_rls, ucb)
         evaluations += idx.size
+        # the next argmax, exact: every arm not refreshed is strictly below the refreshed maximum, so it is the
+        # first refreshed arm at that maximum (the lowest index among ties)
+        i = int(idx[j])
         if lazy and top < ucb_i_new:
             more = ((ucb >= as_dt(top)) & (ucb < as_dt(ucb_i_new))).nonzero()[0]
             state.refresh_into(more, cur_rls, ucb)
             evaluations += more.size
+            i = int(ucb.argmax())  # rare: two refreshed sets, some arms in both
     picked = torch.tensor(picks, dtype=torch.long, device=dev)
     return BatchSelection(
         indices=picked,

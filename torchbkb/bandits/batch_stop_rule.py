@@ -117,17 +117,31 @@ def picks_to_stop(level: float, s0: float, bound: float, stop_rule: str) -> int 
     the batch: the first ``n`` with ``level_after(level, s0, n) > C̃``; ``None`` when that is more than
     :data:`UNBOUNDED_PICKS` (σ̃²_fb ≈ 0 next to ``C̃``) or when a pick does not move the level in float64 (the
     rule stalls: at a level of exactly ``C̃`` no count of picks would pass it)."""
-    if level_after(level, s0, 1, stop_rule) <= level:
-        return None
     if stop_rule == "sum":
-        guess = (bound - level) / s0
-    else:
-        guess = math.log(bound / level) / math.log1p(s0) if bound > level else 0.0
+        return _sum_picks_to_stop(level, s0, bound)
+    if level * (1.0 + s0) <= level:
+        return None
+    guess = math.log(bound / level) / math.log1p(s0) if bound > level else 0.0
     if not guess < UNBOUNDED_PICKS:
         return None
     n = max(1, int(guess) + 1)  # then corrected for rounding
     while n > 1 and level_after(level, s0, n - 1, stop_rule) > bound:
         n -= 1
     while level_after(level, s0, n, stop_rule) <= bound:
+        n += 1
+    return n
+
+
+def _sum_picks_to_stop(level: float, s0: float, bound: float) -> int | None:
+    """:func:`picks_to_stop` for the ``"sum"`` rule, written out (BBKB's host loop calls it at every pick)."""
+    if level + s0 <= level:
+        return None
+    guess = (bound - level) / s0
+    if not guess < UNBOUNDED_PICKS:
+        return None
+    n = max(1, int(guess) + 1)
+    while n > 1 and level + (n - 1) * s0 > bound:
+        n -= 1
+    while level + n * s0 <= bound:
         n += 1
     return n

@@ -17,7 +17,7 @@ Example:
     >>> u, s = st.direction(0); st.hallucinate(u, 1.0 / (1.0 + s))
     >>> rls, ucb = np.ones(3), np.ones(3)
     >>> st.refresh_into(np.array([0, 1]), rls, ucb), rls.tolist()
-    (1.0, [0.5, 1.0, 1.0])
+    ((1.0, 1), [0.5, 1.0, 1.0])
 """
 
 from __future__ import annotations
@@ -87,7 +87,9 @@ class HostInBatch:
     def hallucinate(self, u: np.ndarray, g: float) -> None:
         """``V_t⁻¹ -= g u uᵀ`` in place; the direction kept while ``b < r``, past that the difference
         ``D = V_0⁻¹ - V_t⁻¹`` the refreshes read."""
-        step = (-g * u)[:, None] * u  # (-g u_i) u_j, as torch's addr_ with alpha = -g
+        # (-g u_i) u_j, as torch's addr_ with alpha = -g: a product of inner dimension 1 is exact and cheaper
+        # than a broadcast multiply
+        step = np.dot((-g * u)[:, None], u[None, :])
         self.V_t += step
         if self.b < self.U.shape[0]:
             self.U[:, self.b], self.coef[self.b] = u, g
@@ -114,21 +116,25 @@ class HostInBatch:
             return [idx]
         return [idx[k : k + int(self.chunk)] for k in range(0, idx.size, int(self.chunk))]
 
-    def refresh_into(self, idx: np.ndarray, rls_out: np.ndarray, ucb_out: np.ndarray) -> float:
+    def refresh_into(self, idx: np.ndarray, rls_out: np.ndarray, ucb_out: np.ndarray) -> tuple[float, int]:
         """The current variance and UCB of the arms ``idx`` (host indices `(M,)`), written into ``rls_out`` and
-        ``ucb_out`` `(A,)`; returns the largest refreshed UCB (``-inf`` for none)."""
+        ``ucb_out`` `(A,)`; returns the largest refreshed UCB and its first position in ``idx`` (``(-inf, -1)`` for
+        none)."""
         if idx.size == 0:
-            return -math.inf
-        parts = self.chunks(idx)
-        drop = self.drops(self.rows(idx)) if len(parts) == 1 else np.concatenate([self.drops(self.rows(p))
-                                                                                  for p in parts])
-        rls = self.rls0_h.take(idx) - drop
+            return -math.inf, -1
+        if self.chunk is None or idx.size <= self.chunk:
+            drop = self.drops(self.rows(idx))
+        else:
+            drop = np.concatenate([self.drops(self.rows(p)) for p in self.chunks(idx)])
+        rls = np.subtract(self.rls0_h.take(idx), drop, out=drop)
         np.maximum(rls, 0.0, out=rls)
         ucb = np.sqrt(rls)
         ucb *= self.alpha
         ucb += self.mean_h.take(idx)  # μ̃ + α σ̃, rounded as written
         rls_out[idx], ucb_out[idx] = rls, ucb
-        return float(np.maximum.reduce(ucb))
+        values = ucb.tolist()  # exact; a NumPy reduction costs more on a few values
+        top = max(values)
+        return top, values.index(top)
 
     def run_length(self, i: int, u: np.ndarray, s: float, J: int, ucb: np.ndarray, rls_i: float,
                    lazy: bool) -> tuple[int, int]:

@@ -70,6 +70,7 @@ class KernelRowCache:
                                    if kernel_cache_bytes is None else int(kernel_cache_bytes))
         # arm -> row of _P_buf (-1: none)
         self._P_row = torch.full((arms.shape[0],), -1, dtype=torch.long, device=arms.device)
+        self._rows_of: Callable[[torch.Tensor], torch.Tensor] | None = None  # X1 -> k(X1, arms), made at first use
         self.reset()
 
     def reset(self) -> None:
@@ -164,7 +165,7 @@ class KernelRowCache:
         with torch.no_grad():
             first = len(self._P_pos)
             for j, a in enumerate(new):  # each row alone; checked together (one host read), then recorded
-                buf[first + j] = self.kernel(self.arms[a : a + 1], self.arms)[0]
+                buf[first + j] = self._kernel_rows(self.arms[a : a + 1])[0]
             if check:
                 finite_rows(buf[first : first + len(new)], new)
             for j, a in enumerate(new):
@@ -275,7 +276,7 @@ class KernelRowCache:
                     self._next_block += 1
                     self._blocks[bid] = list(members)
                 # (e, A): one call per block
-                rows = finite_rows(self.kernel(self.arms[self._long(members)], self.arms), members)
+                rows = finite_rows(self._kernel_rows(self.arms[self._long(members)]), members)
                 js = [j for j, a in enumerate(members) if a in slot_of]
                 slots = [slot_of[members[j]] for j in js]
                 if len(js) < len(members):
@@ -287,6 +288,14 @@ class KernelRowCache:
             live = set(slot_block)
             self._blocks = {b: mem for b, mem in self._blocks.items() if b in live}
         self._K_buf, self.order, self.order_index, self._slot_block = buf, order, self._long(order), slot_block
+
+    def _kernel_rows(self, X1: torch.Tensor) -> torch.Tensor:
+        """`(e, A)` ``k(X1, arms)``: the arms' side of the kernel computed once (``kernel.against``, where it has
+        one), the values those of ``kernel(X1, arms)``."""
+        if self._rows_of is None:
+            against = getattr(self.kernel, "against", None)
+            self._rows_of = against(self.arms) if against is not None else lambda X: self.kernel(X, self.arms)
+        return self._rows_of(X1)
 
     def _long(self, values) -> torch.Tensor:
         return to_device(torch.as_tensor(values, dtype=torch.long).reshape(-1), self.arms.device)

@@ -19,7 +19,7 @@ Example:
     >>> u, s = st.direction(0); st.hallucinate(u, 1.0 / (1.0 + s))
     >>> rls, ucb = np.ones(3), np.ones(3)
     >>> st.refresh_into(np.array([0, 1]), rls, ucb), rls.tolist()
-    (1.0, [0.5, 1.0, 1.0])
+    ((1.0, 1), [0.5, 1.0, 1.0])
 """
 
 from __future__ import annotations
@@ -84,17 +84,19 @@ class TensorInBatch:
         parts = [self.refresh_rows(self.Z[p], p) for p in idx.split(int(self.chunk))]
         return torch.cat([r for r, _ in parts]), torch.cat([u for _, u in parts])
 
-    def refresh_into(self, idx: np.ndarray, rls_out: np.ndarray, ucb_out: np.ndarray) -> float:
+    def refresh_into(self, idx: np.ndarray, rls_out: np.ndarray, ucb_out: np.ndarray) -> tuple[float, int]:
         """:meth:`refresh` of the arms ``idx`` (host indices `(M,)`), written into the host arrays ``rls_out`` and
-        ``ucb_out`` `(A,)`; returns the largest refreshed UCB (``-inf`` for none)."""
+        ``ucb_out`` `(A,)`; returns the largest refreshed UCB and its first position in ``idx`` (``(-inf, -1)`` for
+        none)."""
         if idx.size == 0:
-            return -math.inf
+            return -math.inf, -1
         t_idx = self.indices(idx)
         if self.Z.dtype == torch.bfloat16:  # a dtype NumPy lacks: the elementwise part in torch too
             rls_m, ucb_m = self.refresh(t_idx)
             ucb = host_array(ucb_m)
             rls_out[idx], ucb_out[idx] = host_array(rls_m), ucb
-            return float(ucb.max())
+            j = int(ucb.argmax())
+            return float(ucb[j]), j
         if self.chunk is None or idx.size <= self.chunk:
             drop = self.drops(self.Z[t_idx])
         else:
@@ -103,7 +105,8 @@ class TensorInBatch:
         np.maximum(rls, 0.0, out=rls)
         ucb = self.mean_h[idx] + self.alpha * np.sqrt(rls)
         rls_out[idx], ucb_out[idx] = rls, ucb
-        return float(ucb.max())
+        j = int(ucb.argmax())
+        return float(ucb[j]), j
 
     def drops(self, Zi: torch.Tensor) -> torch.Tensor:
         """`(M,)` the decrease ``σ̃²_fb - σ̃²_t`` of the arms with features ``Zi`` `(M, r)`."""

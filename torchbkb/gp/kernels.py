@@ -33,7 +33,7 @@ from torch import nn
 
 from torchbkb.errors import InputDataError, check_positive
 
-__all__ = ["KernelAdapter", "GaussianKernel", "as_kernel", "gaussian_cross", "matern_cross"]
+__all__ = ["KernelAdapter", "GaussianKernel", "as_kernel", "centred_right", "gaussian_cross", "matern_cross"]
 
 
 class GaussianKernel(nn.Module):
@@ -73,13 +73,19 @@ class GaussianKernel(nn.Module):
         would round away the differences of inputs far from the origin (float32 arms offset by 10⁶)."""
         return gaussian_cross(X1, X2, self.outputscale.to(X1.dtype), self.lengthscale.to(X1.dtype))
 
+    def against(self, X2: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
+        """``X1 -> self(X1, X2)`` for a fixed ``X2``, the same values, with ``X2`` centred and scaled once
+        (:func:`centred_right`; the hyperparameters are read now: for a kernel that stays as it is while used)."""
+        return _fixed_right(self, X2, self.outputscale.to(X2.dtype), self.lengthscale.to(X2.dtype), None)
+
     def diag(self, X: torch.Tensor) -> torch.Tensor:
         """Args: X `(*b, n, d)`. Returns: `(*b, n)` constant ``outputscale``."""
         return self.outputscale.to(device=X.device, dtype=X.dtype).expand(X.shape[:-1]).clone()
 
 
 def gaussian_cross(
-    A: torch.Tensor, B: torch.Tensor, outputscale: torch.Tensor | None = None, lengthscale: torch.Tensor | None = None
+    A: torch.Tensor, B: torch.Tensor, outputscale: torch.Tensor | None = None, lengthscale: torch.Tensor | None = None,
+    right: tuple | None = None,
 ) -> torch.Tensor:
     """``s · exp(-‖(a - b)/ℓ‖² / 2)`` for all pairs of rows, via one matrix product.
 Both inputs are centred on the mean of ``B`` first (``B`` is the small side in torchbkb: inducing points), *then*
@@ -92,11 +98,12 @@ Both inputs are centred on the mean of ``B`` first (``B`` is the small side in t
         A: `(*b, n1, d)`; B: `(*b, n2, d)`.
         outputscale: optional scalar tensor ``s > 0`` (default 1).
         lengthscale: optional `()` or `(d,)` tensor ``ℓ > 0`` (default 1: already-scaled inputs).
+        right: ``B``'s side as :func:`centred_right` gave it for this ``B`` and ``lengthscale`` (the same values).
 
     Returns:
         `(*b, n1, n2)`.
     """
-    A, B, an, bn, grad = _centred_scaled(A, B, outputscale, lengthscale)
+    A, B, an, bn, grad = _centred_scaled(A, B, outputscale, lengthscale, right)
     if grad:
         K = torch.exp(-0.5 * (an + bn - 2.0 * (A @ B.transpose(-1, -2))).clamp_min(0.0))
         return K if outputscale is None else outputscale * K
@@ -120,6 +127,7 @@ def matern_cross(
     nu: float,
     outputscale: torch.Tensor | None = None,
     lengthscale: torch.Tensor | None = None,
+    right: tuple | None = None,
 ) -> torch.Tensor:
     """The Matérn kernel of smoothness ``nu`` (½, 3/2 or 5/2) for all pairs of rows, with the same centring as
     :func:`gaussian_cross` and one matrix product for the distances (GPyTorch's ``MaternKernel`` computes the same
@@ -128,6 +136,7 @@ def matern_cross(
     Args:
         A: `(*b, n1, d)`; B: `(*b, n2, d)`; nu: ``0.5``, ``1.5`` or ``2.5``.
         outputscale: optional scalar ``s``; lengthscale: optional `()` or `(d,)` ``ℓ``.
+        right: ``B``'s side as :func:`centred_right` gave it (the same values).
 
     Returns:
         `(*b, n1, n2)`.
@@ -141,7 +150,7 @@ def matern_cross(
         True
     """
     same = A is B  # k(X, X): a zero distance on the diagonal, not the expansion's rounding (GPyTorch's x1_eq_x2)
-    A, B, an, bn, grad = _centred_scaled(A, B, outputscale, lengthscale)
+    A, B, an, bn, grad = _centred_scaled(A, B, outputscale, lengthscale, right)
     if not grad:  # the (n1, n2) block in place: a few passes over memory instead of a dozen temporaries
         d2 = (A @ B.transpose(-1, -2)).mul_(-2.0).add_(an).add_(bn)
         if same:
@@ -167,15 +176,26 @@ def matern_cross(
     return K if outputscale is None else outputscale * K
 
 
-def _centred_scaled(A: torch.Tensor, B: torch.Tensor, outputscale, lengthscale) -> tuple:
+def centred_right(B: torch.Tensor, lengthscale: torch.Tensor | None) -> tuple:
+    """``(c, B', ‖b'‖²)``: the right side of :func:`gaussian_cross` and :func:`matern_cross` -- the centre
+    ``c`` `(*b, 1, d)` (the mean of ``B``), ``B' = (B - c) / ℓ`` `(*b, n2, d)` and its squared norms `(*b, 1, n2)`
+    -- to compute once for a ``B`` that many calls share (the arm set of a bandit's kernel rows)."""
+    c = B.detach().mean(-2, keepdim=True)  # (*b, 1, d)
+    B = B - c
+    if lengthscale is not None:
+        B = B / lengthscale
+    return c, B, (B * B).sum(-1).unsqueeze(-2)
+
+
+def _centred_scaled(A: torch.Tensor, B: torch.Tensor, outputscale, lengthscale, right: tuple | None = None) -> tuple:
     """``(A', B', ‖a'‖² (*b, n1, 1), ‖b'‖² (*b, 1, n2), grad)``: both inputs centred on the mean of ``B`` (the
     kernel does not depend on it), then divided by ``lengthscale``; ``grad`` says whether autograd must see the
-    block."""
-    c = B.detach().mean(-2, keepdim=True)  # (*b, 1, d)
-    A, B = A - c, B - c
+    block. ``right`` is :func:`centred_right` of ``B``, computed already."""
+    c, B, bn = centred_right(B, lengthscale) if right is None else right
+    A = A - c
     if lengthscale is not None:
-        A, B = A / lengthscale, B / lengthscale
-    an, bn = (A * A).sum(-1).unsqueeze(-1), (B * B).sum(-1).unsqueeze(-2)  # (*b, n1, 1), (*b, 1, n2)
+        A = A / lengthscale
+    an = (A * A).sum(-1).unsqueeze(-1)  # (*b, n1, 1)
     grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (A, B, outputscale))
     return A, B, an, bn, grad
 
@@ -230,6 +250,19 @@ class KernelAdapter(nn.Module):
         if hasattr(out, "to_dense"):
             out = out.to_dense()
         return out
+
+    def against(self, X2: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
+        """``X1 -> self(X1, X2)`` for a fixed ``X2`` `(n2, d)`, the same values; on the Gaussian and Matérn paths
+        ``X2`` is centred and scaled once (the hyperparameters are read now: for a kernel that stays as it is
+        while used, as a bandit's does)."""
+        inner = self.kernel.fn if isinstance(self.kernel, _CallableModule) else self.kernel
+        if hasattr(inner, "against") and not self._is_gpytorch:
+            return inner.against(X2)
+        if self._stationary is not None:
+            ls, s = self._hyperparameters(X2)
+            if ls.numel() in (1, X2.shape[-1]):
+                return _fixed_right(self, X2, s, ls, getattr(self._stationary[0], "nu", None))
+        return lambda X1: self(X1, X2)
 
     def diag(self, X: torch.Tensor) -> torch.Tensor:
         """Diagonal ``k(x_i, x_i)`` without forming ``n x n``.
@@ -286,6 +319,20 @@ def as_kernel(kernel: Callable, diag: Callable | None = None) -> KernelAdapter:
     if isinstance(kernel, KernelAdapter) and diag is None:
         return kernel
     return KernelAdapter(kernel, diag=diag)
+
+
+def _fixed_right(kernel: Callable, X2: torch.Tensor, s, ls, nu) -> Callable[[torch.Tensor], torch.Tensor]:
+    """``X1 -> kernel(X1, X2)`` through :func:`gaussian_cross` (``nu`` ``None``) or :func:`matern_cross` with
+    ``X2``'s side computed once; with autograd on, ``kernel`` itself (the block must be differentiable)."""
+    with torch.no_grad():
+        right = centred_right(X2, ls)
+
+    def rows(X1: torch.Tensor) -> torch.Tensor:
+        if torch.is_grad_enabled():
+            return kernel(X1, X2)
+        return gaussian_cross(X1, X2, s, ls, right) if nu is None else matern_cross(X1, X2, nu, s, ls, right)
+
+    return rows
 
 
 class _CallableModule(nn.Module):
