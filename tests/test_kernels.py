@@ -259,3 +259,14 @@ def test_against_keeps_the_gradient_when_autograd_asks_for_it():
     rows = as_kernel(base).against(X)
     rows(X[:4]).sum().backward()
     assert base.raw_lengthscale.grad is not None and bool(base.raw_lengthscale.grad.abs().sum() > 0)
+
+
+def test_against_calls_a_subclass_with_its_own_forward():
+    class Halved(GaussianKernel):
+        def forward(self, X1, X2):
+            return 0.5 * super().forward(X1, X2)
+
+    X = torch.rand(10, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    k = Halved(0.5).double()
+    with torch.no_grad():
+        assert torch.equal(k.against(X)(X[:2]), k(X[:2], X))

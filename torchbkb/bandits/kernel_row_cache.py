@@ -37,7 +37,7 @@ from torchbkb.errors import TorchBKBError
 from torchbkb.gp.nystrom import DEFAULT_CHUNK
 from torchbkb.utils.host_copy import to_device
 
-__all__ = ["KERNEL_CACHE_BYTES", "REFILL_BYTES", "ROW_CACHE_BYTES", "KernelRowCache"]
+__all__ = ["AGAINST_BYTES", "KERNEL_CACHE_BYTES", "REFILL_BYTES", "ROW_CACHE_BYTES", "KernelRowCache"]
 
 #: default memory for the kernel rows of the pulled arms.
 ROW_CACHE_BYTES = 256 * 2**20
@@ -45,6 +45,8 @@ ROW_CACHE_BYTES = 256 * 2**20
 KERNEL_CACHE_BYTES = 256 * 2**20
 #: dictionary kernel rows up to this size are refilled whole from the pulled-row cache when the dictionary changes.
 REFILL_BYTES = 4 * 2**20
+#: kernel rows are computed against a centred, scaled copy of the arms kept while the arms take at most this.
+AGAINST_BYTES = 64 * 2**20
 
 
 class KernelRowCache:
@@ -290,12 +292,19 @@ class KernelRowCache:
         self._K_buf, self.order, self.order_index, self._slot_block = buf, order, self._long(order), slot_block
 
     def _kernel_rows(self, X1: torch.Tensor) -> torch.Tensor:
-        """`(e, A)` ``k(X1, arms)``: the arms' side of the kernel computed once (``kernel.against``, where it has
-        one), the values those of ``kernel(X1, arms)``."""
+        """`(e, A)` ``k(X1, arms)``, the values of ``kernel(X1, arms)``: with the arms' side of the kernel computed
+        once (``kernel.against``, where it has one) while a copy of the arms fits :data:`AGAINST_BYTES`."""
         if self._rows_of is None:
             against = getattr(self.kernel, "against", None)
-            self._rows_of = against(self.arms) if against is not None else lambda X: self.kernel(X, self.arms)
+            small = self.arms.numel() * self.arms.element_size() <= AGAINST_BYTES
+            self._rows_of = against(self.arms) if against is not None and small else self._plain_rows
         return self._rows_of(X1)
+
+    def _plain_rows(self, X1: torch.Tensor) -> torch.Tensor:
+        return self.kernel(X1, self.arms)
+
+    def __getstate__(self) -> dict:
+        return self.__dict__ | {"_rows_of": None}  # formed again where it is used (a closure does not pickle)
 
     def _long(self, values) -> torch.Tensor:
         return to_device(torch.as_tensor(values, dtype=torch.long).reshape(-1), self.arms.device)

@@ -75,7 +75,10 @@ class GaussianKernel(nn.Module):
 
     def against(self, X2: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
         """``X1 -> self(X1, X2)`` for a fixed ``X2``, the same values, with ``X2`` centred and scaled once
-        (:func:`centred_right`; the hyperparameters are read now: for a kernel that stays as it is while used)."""
+        (:func:`centred_right`; the hyperparameters are read now: for a kernel that stays as it is while used). A
+        subclass with its own ``forward`` is called as is."""
+        if type(self).forward is not GaussianKernel.forward:
+            return lambda X1: self(X1, X2)
         return _fixed_right(self, X2, self.outputscale.to(X2.dtype), self.lengthscale.to(X2.dtype), None)
 
     def diag(self, X: torch.Tensor) -> torch.Tensor:
