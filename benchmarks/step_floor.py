@@ -12,12 +12,15 @@ per step of:
   timed bare: no loop, no protocol;
 * ``torchbkb eager`` (the CPU's default update), ``torchbkb fixed`` (the fixed-capacity update, eager) and
   ``torchbkb fixed compiled`` (``torch.compile`` with inductor, compiled before the timing), through ``torchbkb.run``;
+* ``fewest ops, NumPy`` -- the same 35 operations in NumPy and SciPy's LAPACK wrappers (scipy is the peers'
+  dependency: skipped without it);
 * ``authors`` -- the authors' BKB through the peers harness (``--peers``; skipped when it cannot be imported), with
   NumPy's BLAS on one thread (``threadpoolctl``).
 
 ``--quick`` runs 100 steps once and leaves out the compiled update. What the target needs:
 ``authors / (loop + fewest ops)`` bounds the ratio any PyTorch step built from separate
-operations reaches through this loop. Writes ``step_floor.json`` and ``step_floor.png``.
+operations reaches through this loop, ``authors / (loop + fewest ops, NumPy)`` one built from NumPy calls.
+Writes ``step_floor.json`` and ``step_floor.png``.
 
 Usage::
 
@@ -117,6 +120,50 @@ def fewest_ops_runner():
     return run
 
 
+def fewest_numpy_ops_runner():
+    """The same bare step in NumPy and SciPy's LAPACK wrappers (the draw from the same torch generator): what the
+    fewest operations cost with the cheapest dispatch Python has, about a microsecond a call."""
+    import numpy as np
+    from scipy.linalg import lapack
+
+    g = torch.Generator().manual_seed(0)
+    A, p, lam = 1000, 25, LAM
+    X = torch.rand(A, 2, dtype=torch.float64, generator=g).numpy()
+    K_P = np.exp(-((X[:p, None, :] - X[None, :, :]) ** 2).sum(-1) / (2 * LENGTHSCALE**2))  # (p, A)
+    pulled = np.arange(p)
+    counts, sums, rls, kdiag = np.zeros(A), np.zeros(A), np.full(A, 0.5), np.ones(A)
+    counts[:p], sums[:p] = 40.0, 3.0
+
+    def step() -> int:
+        u = torch.rand(p, generator=g, dtype=torch.float64).numpy()
+        n = counts[pulled]
+        idx = np.flatnonzero(u < np.minimum(Q_BAR * n * rls[pulled], 1.0))
+        S = pulled[idx]
+        K_SA = K_P[idx]
+        L = lapack.dpotrf(K_SA[:, S], lower=1)[0]
+        W = lapack.dtrtri(L, lower=1)[0]
+        Zt = W @ K_SA[:, pulled]
+        V = (Zt * n) @ Zt.T
+        V.flat[:: V.shape[0] + 1] += lam
+        C = lapack.dpotrf(V, lower=1)[0]
+        V_inv = lapack.dpotri(C, lower=1)[0]  # the lower triangle
+        V_inv += np.tril(V_inv, -1).T
+        w = V_inv @ (Zt @ sums[pulled])
+        inner = -V_inv
+        inner.flat[:: inner.shape[0] + 1] += 1.0 / lam
+        P = np.vstack([W.T @ (inner @ W), (w @ W)[None]]) @ K_SA
+        var = np.maximum(kdiag / lam - (P[:-1] * K_SA).sum(0), 0.0)
+        return int(np.argmax(P[-1] + BETA * np.sqrt(var)))
+
+    def run(seed: int, steps: int = T) -> float:
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            step()
+        return (time.perf_counter() - t0) / steps
+
+    return run
+
+
 def authors_runner(peers: str):
     """The authors' BKB (constant width) through the peers harness, or ``None`` when it cannot be imported."""
     try:
@@ -159,6 +206,10 @@ def measure(argv=None):
         modes.append(("torchbkb fixed compiled", "fixed compiled"))
     runners = {name: torchbkb_runner(mode) for name, mode in modes}
     runners["fewest ops"] = fewest_ops_runner()
+    try:
+        runners["fewest ops, NumPy"] = fewest_numpy_ops_runner()
+    except ImportError as err:  # scipy missing
+        print(f"the NumPy step skipped: {err!r}")
     authors = authors_runner(args.peers)
     if authors is not None:
         runners["authors"] = authors
@@ -176,11 +227,16 @@ def measure(argv=None):
     rows = [{"method": k, "ms_per_step": 1e3 * med[k], "runs_ms": [1e3 * x for x in times[k]],
              "authors_over_this": med["authors"] / med[k] if "authors" in med else None} for k in runners]
     bound = med["authors"] / (med["loop"] + med["fewest ops"]) if "authors" in med else None
+    np_bound = (med["authors"] / (med["loop"] + med["fewest ops, NumPy"])
+                if "authors" in med and "fewest ops, NumPy" in med else None)
     print_table(rows, ["method", "ms_per_step", "authors_over_this"], title="seconds per BKB step, one thread")
     if bound is not None:
         print(f"authors / (loop + fewest ops) = {bound:.2f}x: the most a PyTorch step of separate operations gets")
+    if np_bound is not None:
+        print(f"authors / (loop + fewest NumPy ops) = {np_bound:.2f}x: the same step with NumPy's dispatch")
     write_json(args.out, "step_floor", {"T": T, "reps": args.reps, "warmup_s": warm, "rows": rows,
-                                        "bound_authors_over_loop_plus_fewest_ops": bound})
+                                        "bound_authors_over_loop_plus_fewest_ops": bound,
+                                        "bound_authors_over_loop_plus_fewest_numpy_ops": np_bound})
     fig, axes = new_figure(width=7.0)
     ax = axes[0, 0]
     strip_plot(ax, list(times), [[1e3 * x for x in v] for v in times.values()], rotation=20)
