@@ -151,6 +151,8 @@ def check_rewards(out: Any, arms: list[int]) -> torch.Tensor:
     if t.shape not in ((k,), (k, 1)) and not (k == 1 and t.dim() == 0):
         raise ObjectiveOutputError(f"objective: expected rewards of shape ({k},) or ({k}, 1) for arms {arms}, got "
                                    f"shape {tuple(t.shape)}")
+    if t.dim() == 1 and t.dtype == torch.float64 and t.device.type == "cpu":  # the usual output: no conversion
+        return t.detach()
     return t.detach().reshape(-1).to("cpu", torch.float64)
 
 

@@ -137,9 +137,9 @@ def run(
     hist = History()
     best = float("nan")
     if f is not None:
-        f64 = f.detach().to("cpu", torch.float64)
+        f64 = f.detach().to("cpu", torch.float64).contiguous().numpy()  # read on the host, a batch's values at once
         best = float(f64.max())
-        hist.uniform_regret_rate = best - float(f64.mean())
+        hist.uniform_regret_rate = best - float(torch.from_numpy(f64).mean())  # torch's sum, as before
     batches_done = 0
     if checkpoint is not None and os.path.exists(checkpoint):
         hist, batches_done = _resume(checkpoint, bandit, objective)
@@ -204,7 +204,7 @@ def run(
             now, a_now = t_offset + time.perf_counter() - start, a_offset + algo
             deferred = getattr(bandit, "update_deferred", False)
             dsize = None if deferred else bandit.dictionary_size  # a deferred update's size: after the next ask
-            regrets = (best - f64[told]).tolist() if f is not None else [float("nan")] * len(ok)  # one read per batch
+            regrets = [best - v for v in f64.take(told).tolist()] if f is not None else [float("nan")] * len(ok)
             for j, i, r in zip(ok, told, regrets):
                 hist.index.append(i)
                 hist.reward.append(out.rewards[j])
