@@ -255,6 +255,8 @@ class Bandit(BanditCheckpoint):
         """The pending arms left once the arms ``ids`` are taken out -- each index takes out one pending
         occurrence, the earliest -- in ``O(k + pending)`` (a batch can hold thousands of arms, told in any
         order); an error naming the first index that is not pending. Changes no state."""
+        if ids == self._pending:  # the whole batch told in ask order (what torchbkb.run does)
+            return []
         available = Counter(self._pending)
         for i in ids:
             if available[i] == 0:
