@@ -76,6 +76,18 @@ def torchbkb_runner(mode: str):
     return run
 
 
+def timed(step):
+    """A runner ``(seed, steps) -> seconds per step`` of the bare ``step`` (the seed is the caller's, unused)."""
+
+    def run(seed: int, steps: int = T) -> float:
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            step()
+        return (time.perf_counter() - t0) / steps
+
+    return run
+
+
 def fewest_ops_runner():
     """The bare step at the anchor's sizes, 35 operations (see the module docstring)."""
     g = torch.Generator().manual_seed(0)
@@ -111,13 +123,7 @@ def fewest_ops_runner():
         var = (kdiag / lam - (P[:-1] * K_SA).sum(0)).clamp_(min=0.0)
         return int((P[-1] + BETA * var.sqrt()).argmax())
 
-    def run(seed: int, steps: int = T) -> float:
-        t0 = time.perf_counter()
-        for _ in range(steps):
-            step()
-        return (time.perf_counter() - t0) / steps
-
-    return run
+    return timed(step)
 
 
 def fewest_numpy_ops_runner():
@@ -155,13 +161,7 @@ def fewest_numpy_ops_runner():
         var = np.maximum(kdiag / lam - (P[:-1] * K_SA).sum(0), 0.0)
         return int(np.argmax(P[-1] + BETA * np.sqrt(var)))
 
-    def run(seed: int, steps: int = T) -> float:
-        t0 = time.perf_counter()
-        for _ in range(steps):
-            step()
-        return (time.perf_counter() - t0) / steps
-
-    return run
+    return timed(step)
 
 
 def authors_runner(peers: str):
