@@ -134,7 +134,6 @@ def select_batch(
     level = 1.0  # 1 + Σ σ̃²_fb   or   Π (1 + σ̃²_fb)
     evaluations = 0
     window = _WINDOW
-    sum_rule = stop_rule == "sum"
     i = int(ucb.argmax())  # lowest index among ties
     while True:
         s0 = float(rls0_h[i])
@@ -165,7 +164,7 @@ def select_batch(
         else:
             in_batch.extend(max(rls_i - j / (1.0 + j * s) * (s * s), 0.0) for j in range(run))
             picks.extend([i] * run)
-        level = level + run * s0 if sum_rule else level_after(level, s0, run, stop_rule)
+        level = level_after(level, s0, run, stop_rule)
         done = run == n_allowed  # the stop rule (or the cap) ends the batch with the run's last pick
         k = run - 1 if done else run  # picks hallucinated: all but the batch's last one
         if k > 0:  # hallucinate x_i k times: Sherman-Morrison with k z zᵀ, O(r²)

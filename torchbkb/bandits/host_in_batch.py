@@ -122,10 +122,9 @@ class HostInBatch:
         none)."""
         if idx.size == 0:
             return -math.inf, -1
-        if self.chunk is None or idx.size <= self.chunk:
-            drop = self.drops(self.rows(idx))
-        else:
-            drop = np.concatenate([self.drops(self.rows(p)) for p in self.chunks(idx)])
+        parts = self.chunks(idx)
+        drop = self.drops(self.rows(idx)) if len(parts) == 1 else np.concatenate([self.drops(self.rows(p))
+                                                                                  for p in parts])
         rls = np.subtract(self.rls0_h.take(idx), drop, out=drop)
         np.maximum(rls, 0.0, out=rls)
         ucb = np.sqrt(rls)
