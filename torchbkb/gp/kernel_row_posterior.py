@@ -37,6 +37,7 @@ import torch
 from torchbkb.errors import TorchBKBError
 from torchbkb.gp.dtc_fit import DTCFit
 from torchbkb.gp.functional import DTCState, rls_kernel_columns, score_kernel_columns
+from torchbkb.utils.host_copy import HOST_DTYPES
 
 __all__ = ["KernelRowPosterior"]
 
@@ -114,7 +115,7 @@ class KernelRowPosterior:
         K_scored = None
         if survivors is not None:
             rls = self.prior_rls.clone()  # σ̃² <= k/λ for the arms not scored
-            K_scored = K_SA.index_select(1, survivors)  # (m, k): kept for the scored arms' features
+            K_scored = _columns(K_SA, survivors)  # (m, k): kept for the scored arms' features
             rls[survivors] = rls_kernel_columns(K_scored, self.kdiag[survivors], M, self.lam, chunk)
         elif mean is not None:
             rls = rls_kernel_columns(K_SA, self.kdiag, M, self.lam, chunk)
@@ -146,7 +147,7 @@ class KernelRowPosterior:
     def restore_scores(self, rls: torch.Tensor, scored: torch.Tensor | None, K_SA) -> None:
         """Set the variances and the scored arms as saved (a checkpoint), their kernel columns read from ``K_SA``."""
         self.rls, self.scored, self._rls_full = rls, scored, None
-        self._K_scored = None if scored is None else K_SA.index_select(1, scored)
+        self._K_scored = None if scored is None else _columns(K_SA, scored)
 
     def full_scores(self, K_SA, chunk: int) -> tuple[torch.Tensor, torch.Tensor]:
         """``(μ̃, σ̃²)`` of every arm `(A,)` each; the variances :meth:`score` skipped are computed once."""
@@ -176,6 +177,15 @@ class KernelRowPosterior:
         if not isinstance(self._K_scored, torch.Tensor):
             return streamed_rows_of(self._K_scored, self.W)
         return self._K_scored.T @ self.W.T.to(self._K_scored.dtype)  # (k, m)·(m, r)
+
+
+def _columns(K, idx: torch.Tensor):
+    """``K.index_select(1, idx)`` for `(m, A)` rows ``K`` and `(k,)` long ``idx``: the same values; NumPy's gather on a
+    contiguous CPU tensor in float32 or float64 (about twice as fast as torch's along the last dimension)."""
+    if (isinstance(K, torch.Tensor) and K.device.type == "cpu" and K.dtype in HOST_DTYPES and K.is_contiguous()
+            and not K.requires_grad and idx.device.type == "cpu"):
+        return torch.from_numpy(K.numpy().take(idx.numpy(), axis=1))
+    return K.index_select(1, idx)
 
 
 def _pulled_features(W: torch.Tensor, K_SA, pulled: torch.Tensor) -> torch.Tensor:
