@@ -179,11 +179,11 @@ def make_bkb_as_on_an_accelerator(X, Y, seed=0):
 
 def launches(make, X, Y, choices, device) -> dict:
     """Operators called from Python, the operators that do work counted at the dispatcher (a GPU's kernel
-    launches, :class:`benchmarks.launches.KernelCount`) and host synchronizations of one iteration: measured with
+    launches, :class:`benchmarks.op_counts.KernelCount`) and host synchronizations of one iteration: measured with
     ``set_sync_debug_mode`` on CUDA, forecast from the data-dependent operators elsewhere."""
     from torch.profiler import ProfilerActivity, profile
 
-    from benchmarks.launches import SYNC_OPS, KernelCount, counted_tolist, top_level_ops
+    from benchmarks.op_counts import SYNC_OPS, KernelCount, counted_tolist, top_level_ops
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

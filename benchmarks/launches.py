@@ -15,8 +15,10 @@ device (``.item()``, ``bool(tensor)``, ``nonzero``, boolean masks: data-dependen
 Cases (steps counted after a warm-up, the median per step over the measured window):
 
 * ``bkb_anchor`` -- BKB on the anchor problem (A = 1,000, d = 2), constant width, one ``ask`` + ``tell`` per step;
-* ``bbkb_anchor`` -- BBKB on the anchor (C̃ = 2): operations per pick (one batch's ``ask`` + ``tell`` divided
-  by its size);
+* ``bbkb_anchor`` -- BBKB on the anchor (C̃ = 2): per evaluation of a whole run of 1,000 from a fresh bandit, as
+  ``torchbkb.run`` and the peers' harness make it (the batch that crosses the budget told in part; about 34
+  batches). Its batches grow with the pull counts (``σ̃² ≈ 1/n``): past t ≈ 500 one is 10⁴-10⁵ picks of one arm,
+  so a count per pick after a warm-up would describe no run anyone makes;
 * ``bkb_large`` -- BKB on ``--arms`` random arms in d = 8 (default 10⁵); ``bkb_large_all`` the same with every arm's
   variance scored at every step (``prune=False``: the step the floor below describes);
 * ``bbkb_cadata`` -- BBKB on Cadata (A = 20,640, d = 8) at ``benchmarks.batch``'s settings (constant width,
@@ -46,7 +48,6 @@ Usage::
 
 from __future__ import annotations
 
-import contextlib
 import statistics
 import time
 import warnings
@@ -56,14 +57,14 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from benchmarks.cli import base_parser, setup
+from benchmarks.op_counts import SYNC_OPS, KernelCount, counted_tolist, sync_sites, top_level_ops
 from benchmarks.report import new_figure, print_table, save_figure, write_json
 from benchmarks.timing import sync
 
 CHUNK = 4096  # columns of a cache-resident slice of the floor product, timed and scaled to A
 BASE_CASES = ("bkb_anchor", "bbkb_anchor", "bkb_large", "bkb_large_all", "bbkb_cadata")
 CASES = BASE_CASES + tuple(c + s for s in ("_fixed", "_eager") for c in BASE_CASES)
-SYNC_OPS = ("aten::_local_scalar_dense", "aten::nonzero", "aten::masked_select", "aten::unique", "aten::_unique2",
-            "aten::is_nonzero", "aten::item", "aten::equal")
+RUN_BUDGET = {"bbkb_anchor": 1000}  # cases counted over a whole run of this many evaluations
 
 
 def bandit(case: str, device, dtype, arms_large: int, chunk_size: int | None = None, compiled: bool = False,
@@ -116,128 +117,78 @@ def plain_bandit(case: str, device, dtype, arms_large: int, chunk_size: int | No
                 chunk_size=chunk_size), values, noise_std
 
 
-@contextlib.contextmanager
-def counted_tolist():
-    """Count ``Tensor.tolist`` calls (a host read that records no ``aten::`` operator) in ``[n]``."""
-    calls, original = [0], torch.Tensor.tolist
-
-    def tolist(self):
-        calls[0] += 1
-        return original(self)
-
-    torch.Tensor.tolist = tolist
-    try:
-        yield calls
-    finally:
-        torch.Tensor.tolist = original
-
-
-@contextlib.contextmanager
-def sync_sites(sites: Counter):
-    """Record in ``sites`` the library lines (``file:line`` of the innermost ``torchbkb`` frames) where a CUDA
-    synchronization warning is raised; their number under ``"_n"``."""
-    import traceback
-
-    show = warnings.showwarning
-
-    def record(message, category, filename, lineno, file=None, line=None):
-        if "synchroniz" not in str(message).lower():
-            return show(message, category, filename, lineno, file, line)
-        frames = [f for f in traceback.extract_stack()[:-1] if "torchbkb" in f.filename or "benchmarks" in f.filename]
-        sites["_n"] += 1
-        sites[" < ".join(f"{f.filename.split('/')[-1]}:{f.lineno}" for f in frames[::-1][:3])] += 1
-
-    warnings.showwarning = record
-    try:
-        yield sites
-    finally:
-        warnings.showwarning = show
-
-
-class KernelCount:
-    """Count, at the dispatcher, the operators that do work -- a GPU's kernel launches, roughly: views, no-op casts
-    (``.to`` of a tensor that needs none never reaches the dispatcher) and empty allocations are left out, and an
-    operator built from others counts as those others. ``work`` is their number, ``names`` a ``Counter``.
-
-    Example::
-
-        with KernelCount() as k:
-            model.posterior(X)
-        print(k.work)
-    """
-
-    FREE = ("detach", "alias", "lift_fresh", "empty", "empty_strided", "empty_like")
-
-    def __enter__(self):
-        from torch.utils._python_dispatch import TorchDispatchMode
-
-        names = self.names = Counter()
-        free = self.FREE
-
-        class Mode(TorchDispatchMode):
-            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-                if not func.is_view and func.overloadpacket.__name__ not in free:
-                    names[func.overloadpacket.__name__] += 1
-                return func(*args, **(kwargs or {}))
-
-        self._mode = Mode()
-        self._mode.__enter__()
-        return self
-
-    def __exit__(self, *exc):
-        self._mode.__exit__(*exc)
-
-    @property
-    def work(self) -> int:
-        return sum(self.names.values())
-
-
-def top_level_ops(prof) -> list[str]:
-    """The names of the operators called from Python (not from inside another operator)."""
-    events = [e for e in prof.events() if e.name.startswith("aten::")]
-    inside = set()
-    for e in events:
-        for child in e.cpu_children:
-            inside.add(id(child))
-    return [e.name for e in events if id(e) not in inside]
-
-
-def count(case: str, args, device, dtype) -> dict:
+def stepper(case: str, args, device, dtype, budget: int | None = None):
+    """A fresh bandit of the case and its ``step()`` (one ``ask`` and ``tell``, returning the picks told): with a
+    ``budget``, the picks past that many evaluations are not told, as ``torchbkb.run`` does."""
     b, values, noise_std = bandit(case, device, dtype, args.arms, args.chunk_size, args.compiled,
                                   not args.no_update_graphs, args.compiled_picks)
     g = torch.Generator(device=values.device).manual_seed(1)
     on_host = values.detach().cpu() if args.host_rewards else None  # a black box on the host: no device read
     g_host = torch.Generator().manual_seed(1)
+    told = [0]
 
     def step() -> int:
         idx = b.ask()
+        if budget is not None and told[0] + idx.shape[0] > budget:
+            idx = idx[: budget - told[0]]
         if on_host is None:
             y = values[idx] + noise_std * torch.randn(idx.shape, generator=g, dtype=values.dtype, device=values.device)
         else:
-            ids = torch.tensor(b.pending_ids)
+            ids = torch.tensor(b.pending_ids[: idx.shape[0]])
             y = on_host[ids] + noise_std * torch.randn(ids.shape, generator=g_host, dtype=on_host.dtype)
         b.tell(idx, y)
+        told[0] += int(idx.shape[0])
         return int(idx.shape[0])
 
+    return b, step, told
+
+
+def profiled_step(step, device, sites: Counter) -> tuple[int, list[str], int]:
+    """Run ``step()`` under the profiler: the picks it told, its top-level operators and its synchronizations
+    (measured on CUDA, forecast elsewhere)."""
+    with warnings.catch_warnings(record=True) as caught, sync_sites(sites):
+        warnings.simplefilter("always")
+        if device.type == "cuda":
+            torch.cuda.set_sync_debug_mode("warn")
+        with profile(activities=[ProfilerActivity.CPU]) as prof, counted_tolist() as lists:
+            k = step()
+        if device.type == "cuda":
+            torch.cuda.set_sync_debug_mode("default")
+    names = top_level_ops(prof)
+    forecast = sum(1 for n in names if n in SYNC_OPS) + lists[0]
+    cuda_syncs = sum(1 for w in caught if "synchroniz" in str(w.message).lower()) + sites.pop("_n", 0)
+    return k, names, cuda_syncs if device.type == "cuda" else forecast
+
+
+def row(case: str, b, device, step_s: float, floor_s: float, ops: float, kernels: float, syncs: float,
+        picks: float, sites: Counter, last: Counter, replayed: float | None = None, host_rewards: bool = False,
+        whole_run: int | None = None) -> dict:
+    """One case's results (counts per pick, or per evaluation of a ``whole_run``)."""
+    return {"step_s": step_s, "floor_s": floor_s, "step_over_floor": step_s / floor_s, "num_arms": b.num_arms,
+            "case": case, "device": str(device), "compiled": b.engine.compiled, "host_rewards": host_rewards,
+            "compiled_picks": bool(getattr(getattr(b, "pick_graphs", None), "compiled", False)),
+            "whole_run": whole_run, "ops_per_pick": ops, "kernels_per_pick": kernels,
+            "kernels_per_pick_update_replayed": replayed, "syncs_per_pick": syncs,
+            "sync_kind": "measured (set_sync_debug_mode)" if device.type == "cuda" else "forecast (data-dependent ops)",
+            "picks_per_step": picks, "sync_sites": dict(sites.most_common(20)), "dictionary_size": b.dictionary_size,
+            "update_graphs_built": None if b.engine.graphs is None else b.engine.graphs.built,
+            "top_ops_last_step": dict(last.most_common(12))}
+
+
+def count(case: str, args, device, dtype) -> dict:
+    budget = RUN_BUDGET.get(case.removesuffix("_fixed").removesuffix("_eager"))
+    if budget is not None:
+        return count_run(case, args, device, dtype, budget)
+    b, step, _ = stepper(case, args, device, dtype)
     for _ in range(args.warmup):
         step()
     sync(device)
     ops, syncs, picks, sites = [], [], [], Counter()
     for _ in range(args.steps):
-        with warnings.catch_warnings(record=True) as caught, sync_sites(sites):
-            warnings.simplefilter("always")
-            if device.type == "cuda":
-                torch.cuda.set_sync_debug_mode("warn")
-            with profile(activities=[ProfilerActivity.CPU]) as prof, counted_tolist() as lists:
-                k = step()
-            if device.type == "cuda":
-                torch.cuda.set_sync_debug_mode("default")
-        names = top_level_ops(prof)
-        forecast = sum(1 for n in names if n in SYNC_OPS) + lists[0]
-        cuda_syncs = sum(1 for w in caught if "synchroniz" in str(w.message).lower()) + sites.pop("_n", 0)
+        k, names, n_sync = profiled_step(step, device, sites)
         picks.append(k)
         ops.append(len(names) / k)
-        syncs.append((cuda_syncs if device.type == "cuda" else forecast) / k)
+        syncs.append(n_sync / k)
         last = Counter(names)
     kernels = []
     for _ in range(args.steps):
@@ -248,17 +199,36 @@ def count(case: str, args, device, dtype) -> dict:
     if device.type == "cpu" and case.startswith("bkb_") and b.fixed_capacity and not b.engine.compiled:
         replayed = replayed_kernels(b, step, args.steps)
     step_s, floor_s = time_steps(b, step, device, dtype, args.timed_steps)
-    return {"step_s": step_s, "floor_s": floor_s, "step_over_floor": step_s / floor_s, "num_arms": b.num_arms,
-            "case": case, "device": str(device), "compiled": b.engine.compiled, "host_rewards": on_host is not None,
-            "compiled_picks": bool(getattr(getattr(b, "pick_graphs", None), "compiled", False)),
-            "ops_per_pick": statistics.median(ops),
-            "kernels_per_pick": statistics.median(kernels), "kernels_per_pick_update_replayed": replayed,
-            "syncs_per_pick": statistics.median(syncs),
-            "sync_kind": "measured (set_sync_debug_mode)" if device.type == "cuda" else "forecast (data-dependent ops)",
-            "picks_per_step": statistics.median(picks), "sync_sites": dict(sites.most_common(20)),
-            "dictionary_size": b.dictionary_size,
-            "update_graphs_built": None if b.engine.graphs is None else b.engine.graphs.built,
-            "top_ops_last_step": dict(last.most_common(12))}
+    return row(case, b, device, step_s, floor_s, statistics.median(ops), statistics.median(kernels),
+               statistics.median(syncs), statistics.median(picks), sites, last, replayed, args.host_rewards)
+
+
+def count_run(case: str, args, device, dtype, budget: int) -> dict:
+    """A case counted over whole runs of ``budget`` evaluations, each from a fresh bandit: operations and
+    synchronizations (one run), kernels (another) and seconds (the median of ``--timed-steps`` runs, the floor GEMM
+    at the final dictionary size timed after each) per evaluation; ``picks_per_step`` is the mean batch."""
+    b, step, told = stepper(case, args, device, dtype, budget)
+    ops = n_sync = batches = 0
+    sites = Counter()
+    while told[0] < budget:
+        _, names, n = profiled_step(step, device, sites)
+        ops, n_sync, batches, last = ops + len(names), n_sync + n, batches + 1, Counter(names)
+    b2, step2, told2 = stepper(case, args, device, dtype, budget)
+    with KernelCount() as kc:
+        while told2[0] < budget:
+            step2()
+    runs, floors = [], []
+    for _ in range(max(args.timed_steps // 5, 1)):
+        b3, step3, told3 = stepper(case, args, device, dtype, budget)
+        sync(device)
+        t0 = time.perf_counter()
+        while told3[0] < budget:
+            step3()
+        sync(device)
+        runs.append((time.perf_counter() - t0) / budget)
+        floors.append(floor_time(b3.num_arms, b3.dictionary_size, device, dtype))
+    return row(case, b, device, statistics.median(runs), statistics.median(floors), ops / budget, kc.work / budget,
+               n_sync / budget, budget / batches, sites, last, host_rewards=args.host_rewards, whole_run=budget)
 
 
 def replayed_kernels(b, step, n: int) -> float:
@@ -289,31 +259,38 @@ def replayed_kernels(b, step, n: int) -> float:
 
 
 def time_steps(b, step, device, dtype, n: int) -> tuple[float, float]:
-    """Median seconds per pick over ``n`` steps, and of the ``(A × m)·(m × m)`` floor GEMM at the current ``m``,
+    """Median seconds per pick over ``n`` steps, and of the floor GEMM at the current ``m`` (:func:`floor_time`),
     timed alternately (step, floor, step, ...) so that both see the same phase of the machine."""
-    A, m = b.num_arms, max(b.dictionary_size, 1)
-    K = torch.randn(A, m, device=device, dtype=dtype)
-    Kt = K.T.contiguous()  # (m, A): the product in either layout, the faster one is the floor
-    M = torch.randn(m, m, device=device, dtype=dtype)
     steps, floors = [], []
     for _ in range(n):
         sync(device)
         t0 = time.perf_counter()
         k = step()
         sync(device)
-        t1 = time.perf_counter()
-        K @ M
-        sync(device)
-        t2 = time.perf_counter()
-        M @ Kt
-        sync(device)
-        t3 = time.perf_counter()
-        M @ Kt[:, :CHUNK]
-        sync(device)
-        t4 = time.perf_counter()
-        steps.append((t1 - t0) / k)
-        floors.append(min(t2 - t1, t3 - t2, (t4 - t3) * A / min(A, CHUNK)))
+        steps.append((time.perf_counter() - t0) / k)
+        floors.append(floor_time(b.num_arms, b.dictionary_size, device, dtype))
     return statistics.median(steps), statistics.median(floors)
+
+
+def floor_time(A: int, m: int, device, dtype) -> float:
+    """Seconds of the ``(A × m)·(m × m)`` product that scores every arm at dictionary size ``m``: the fastest of the
+    `(A, m)·(m, m)` and `(m, m)·(m, A)` layouts and of a 4,096-column slice scaled to ``A``."""
+    m = max(m, 1)
+    K = torch.randn(A, m, device=device, dtype=dtype)
+    Kt = K.T.contiguous()  # (m, A): the product in either layout, the faster one is the floor
+    M = torch.randn(m, m, device=device, dtype=dtype)
+    sync(device)
+    t1 = time.perf_counter()
+    K @ M
+    sync(device)
+    t2 = time.perf_counter()
+    M @ Kt
+    sync(device)
+    t3 = time.perf_counter()
+    M @ Kt[:, :CHUNK]
+    sync(device)
+    t4 = time.perf_counter()
+    return min(t2 - t1, t3 - t2, (t4 - t3) * A / min(A, CHUNK))
 
 
 def main(argv=None):
@@ -345,8 +322,8 @@ def main(argv=None):
     for r in rows:
         r["step_ms"], r["floor_ms"] = 1e3 * r["step_s"], 1e3 * r["floor_s"]
     print_table(rows,
-                ["case", "device", "num_arms", "ops_per_pick", "kernels_per_pick", "kernels_per_pick_update_replayed",
-                 "syncs_per_pick", "sync_kind",
+                ["case", "device", "num_arms", "whole_run", "ops_per_pick", "kernels_per_pick",
+                 "kernels_per_pick_update_replayed", "syncs_per_pick", "sync_kind",
                  "picks_per_step", "dictionary_size", "update_graphs_built", "step_ms", "floor_ms", "step_over_floor"],
                 f"launches ({torch.get_num_threads()} threads)")
     print(write_json(args.out, "launches", {"settings": vars(args), "rows": rows}))

@@ -221,7 +221,7 @@ def test_a_replayed_pick_launches_half_the_kernels_of_a_device_loop_pick():
     left out): a replayed pick, with no done flag, at most 20 kernels (18.3 now), as many as an eager pick with
     the rule on the host; a pick with the stop rule on the device (its done flag), over 30. The batch is the
     same."""
-    from benchmarks.launches import KernelCount
+    from benchmarks.op_counts import KernelCount
 
     Z, mean, rls, V_inv = _problem(2000, 12, 0, "cpu")
     graphs = _graphs()
