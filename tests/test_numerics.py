@@ -10,6 +10,8 @@ import torch
 from torchbkb import BBKB, BKB, GPBUCB, GPUCB, DTCPosterior, ExactPosterior, NumericsWarning, NystromEmbedding
 from torchbkb.errors import InputDataError, NumericsError
 from torchbkb.gp.kernels import GaussianKernel
+from torchbkb.gp.linalg import inv_sqrt_factor
+from torchbkb.gp.stable_scoring import reference_rls, rls_from_kernel_values
 
 mpmath = pytest.importorskip("mpmath")
 
@@ -146,6 +148,38 @@ def test_float32_runs_warn_when_the_dictionary_makes_variances_unreliable():
     assert len(run(torch.float32, 1e-4)) == 1  # once per bandit
     assert run(torch.float64, 1e-4) == []
     assert run(torch.float32, 0.5) == []
+
+
+@pytest.mark.parametrize("cls", [BKB, BBKB])
+def test_float64_runs_warn_when_the_fast_form_cancels_checked_on_their_own_kernel_rows(cls):
+    # float64 bandits check with the kernel values they hold: the warning comes where the one-product form loses its
+    # digits (a noise of 1e-12 here), not at a usable noise
+    dense = torch.rand(400, 2, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    f = torch.sin(5 * dense[:, 0])
+
+    def warned(lam):
+        kw = {"batch_bound": 2.0} if cls is BBKB else {}
+        bandit = cls(dense, GaussianKernel(0.3), noise=lam, beta=0.3, q_bar=50.0, seed=0, **kw)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for _ in range(30):
+                i = bandit.ask()
+                bandit.tell(i, f[i])
+        return sum(issubclass(w.category, NumericsWarning) and "dictionary points are off" in str(w.message)
+                   for w in caught)
+
+    assert warned(1e-12) == 1
+    assert warned(1e-4) == 0
+
+
+def test_the_reference_from_kernel_values_at_hand_is_the_reference_from_the_kernel():
+    g = torch.Generator().manual_seed(0)
+    S, X = torch.rand(12, 3, generator=g, dtype=torch.float64), torch.rand(40, 3, generator=g, dtype=torch.float64)
+    k, counts = GaussianKernel(0.4), torch.randint(1, 4, (40,), generator=g).double()
+    ref = reference_rls(k, S, X, counts, 1e-3)
+    K_SS = k(S, S)
+    for W in (None, inv_sqrt_factor(K_SS, name="K_S")):
+        torch.testing.assert_close(rls_from_kernel_values(K_SS, k(X, S), counts, 1e-3, W), ref, rtol=1e-12, atol=0)
 
 
 def test_a_float32_dtc_posterior_warns_when_its_kernel_values_cannot_carry_the_variances():

@@ -339,9 +339,14 @@ class SketchedKernelBandit(SettlingReadouts, FixedCapacityUpdates, SketchedCheck
         if not self._accuracy.due(len(self.rows.order)):
             return
         S = self.rows.order_index  # (m,) the dictionary's arms in slot order
-        fast = rls_kernel_columns(K_SA.index_select(1, S), self.kdiag[S], M, self.lam, self._scoring_chunk())
+        K_SS = K_SA.index_select(1, S)  # (m, m)
+        fast = rls_kernel_columns(K_SS, self.kdiag[S], M, self.lam, self._scoring_chunk())
+        W = self.row_posterior.W
+        values = None  # float64 rows at hand are the reference's kernel values: not evaluated again
+        if isinstance(K_SA, torch.Tensor) and K_SA.dtype == torch.float64 and W.dtype == torch.float64:
+            values = (K_SS, K_SA.index_select(1, pulled).T, W)
         self._accuracy.check(self.kernel, fast, self.arms[S], self.arms[pulled], n, self.lam, self.arms.dtype,
-                             stacklevel=7)
+                             stacklevel=7, values=values)
 
     def _ucb_width(self) -> float | None:
         """The multiplier of ``σ̃`` in the next selection's UCB when it is known before scoring (``None``: it

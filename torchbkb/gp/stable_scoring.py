@@ -38,8 +38,8 @@ from torchbkb.errors import NumericsWarning
 from torchbkb.gp.linalg import inv_sqrt_factor, safe_cholesky
 
 __all__ = [
-    "whiten_rows","FAST_RTOL", "UNRELIABLE_RTOL", "AccuracyMonitor", "feature_rls", "stable_factor", "reference_rls",
-    "warn_if_unreliable"]
+    "FAST_RTOL", "UNRELIABLE_RTOL", "AccuracyMonitor", "feature_rls", "reference_rls", "rls_from_kernel_values",
+    "stable_factor", "warn_if_unreliable", "whiten_rows"]
 
 #: largest relative disagreement at the dictionary points for which the fast form is kept: float64, other dtypes.
 FAST_RTOL = (1e-7, 1e-3)
@@ -104,11 +104,18 @@ def reference_rls(kernel: Callable, S: torch.Tensor, X: torch.Tensor, counts: to
     points ``X`` `(p, d)` with weights ``counts`` `(p,)`, from float64 kernel values, in the feature form."""
     S64, X64 = S.double(), X.double()
     with torch.no_grad():
-        K_SS = kernel(S64, S64)  # (m, m)
-        W = inv_sqrt_factor(K_SS, name="K_S")  # (r, m)
+        return rls_from_kernel_values(kernel(S64, S64), kernel(X64, S64), counts, lam)
+
+
+def rls_from_kernel_values(K_SS: torch.Tensor, K_XS: torch.Tensor, counts: torch.Tensor, lam: float,
+                           W: torch.Tensor | None = None) -> torch.Tensor:
+    """:func:`reference_rls` from the float64 kernel values ``K_SS`` `(m, m)` and ``K_XS`` `(p, m)`, with the
+    whitening ``W`` `(r, m)` of ``K_SS`` when it is known (else one `m × m` factorization)."""
+    with torch.no_grad():
+        W = inv_sqrt_factor(K_SS, name="K_S") if W is None else W  # (r, m)
         Zs = K_SS @ W.T  # (m, r)
-        Zx = kernel(X64, S64) @ W.T  # (p, r)
-        V = (Zx.T * counts.double()) @ Zx + lam * torch.eye(W.shape[0], dtype=torch.float64, device=S.device)
+        Zx = K_XS @ W.T  # (p, r)
+        V = (Zx.T * counts.double()) @ Zx + lam * torch.eye(W.shape[0], dtype=torch.float64, device=K_SS.device)
         L = safe_cholesky(V, name="V")
         return feature_rls(Zs, K_SS.diagonal(), L, lam)
 
@@ -155,11 +162,16 @@ class AccuracyMonitor:
         return True
 
     def check(self, kernel: Callable, rls: torch.Tensor, S: torch.Tensor, X: torch.Tensor, counts: torch.Tensor,
-              lam: float, dtype: torch.dtype, stacklevel: int) -> bool:
+              lam: float, dtype: torch.dtype, stacklevel: int, values: tuple | None = None) -> bool:
         """Compare ``rls`` `(m,)` at ``S`` with the float64 reference on the data ``X`` `(p, d)` weighted by
-        ``counts``; warn (:func:`warn_if_unreliable`) and return ``True`` when it is off."""
-        if self._kernel64 is None:
-            self._kernel64 = copy.deepcopy(kernel).double()
-        self.warned = warn_if_unreliable(rls, reference_rls(self._kernel64, S, X, counts, lam), dtype, lam, self.what,
-                                         stacklevel + 1)
+        ``counts``; warn (:func:`warn_if_unreliable`) and return ``True`` when it is off. ``values``: the float64
+        ``(K_SS, K_XS, W)`` of :func:`rls_from_kernel_values` when the owner holds them (its kernel values are
+        float64 already), used instead of evaluating the kernel again."""
+        if values is not None:
+            reference = rls_from_kernel_values(values[0], values[1], counts, lam, values[2])
+        else:
+            if self._kernel64 is None:
+                self._kernel64 = copy.deepcopy(kernel).double()
+            reference = reference_rls(self._kernel64, S, X, counts, lam)
+        self.warned = warn_if_unreliable(rls, reference, dtype, lam, self.what, stacklevel + 1)
         return self.warned
