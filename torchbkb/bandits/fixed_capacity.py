@@ -365,7 +365,7 @@ class FixedCapacityUpdates:
             M = out.Ma[:m, :m].to(self.arms.dtype)
             if flags[3]:
                 self.embeddings_computed += 1
-                self._check_accuracy(self.rows.rows(), M, pulled, n)
+                self._check_accuracy(self.rows.rows(), M, pulled, n, out.W[:m, :m])
             pruned = flags[6] >= 0
             scored = out.scored[: int(flags[6])] if pruned else None
             post.adopt(out.W[:m, :m], out.V_inv[:m, :m], M, out.mean, out.rls, scored, self.rows.rows())

@@ -326,22 +326,22 @@ class SketchedKernelBandit(SettlingReadouts, FixedCapacityUpdates, SketchedCheck
                 K_SA = self.rows.rows()  # (m, A), cached or streamed
                 Ma = self.row_posterior.refit(K_SA, W, pulled, n, self.reward_sums[pulled])
                 if changed:
-                    self._check_accuracy(K_SA, Ma[:-1].to(K_SA.dtype), pulled, n)
+                    self._check_accuracy(K_SA, Ma[:-1].to(K_SA.dtype), pulled, n, W)
                 self._score(K_SA, Ma.to(K_SA.dtype), pulled)
                 self._posterior = None
         self.dictionary = new_dict
         self._deff, self._deff_inputs = None, (pulled, n, self.row_posterior.rls)  # read by the widths that need it
 
-    def _check_accuracy(self, K_SA, M: torch.Tensor, pulled: torch.Tensor, n: torch.Tensor) -> None:
+    def _check_accuracy(self, K_SA, M: torch.Tensor, pulled: torch.Tensor, n: torch.Tensor, W: torch.Tensor) -> None:
         """Warn once (:class:`~torchbkb.errors.NumericsWarning`) when the variances at the dictionary points, scored as
         the bandit scores them, are off the float64 reference (:mod:`torchbkb.gp.stable_scoring`); checked when the
-        dictionary has grown by a quarter since the last check, changing no state."""
+        dictionary has grown by a quarter since the last check, changing no state. ``W`` `(r, m)`: the whitening the
+        scores were formed with (float64 rows and ``W`` are the reference's own kernel values)."""
         if not self._accuracy.due(len(self.rows.order)):
             return
         S = self.rows.order_index  # (m,) the dictionary's arms in slot order
         K_SS = K_SA.index_select(1, S)  # (m, m)
         fast = rls_kernel_columns(K_SS, self.kdiag[S], M, self.lam, self._scoring_chunk())
-        W = self.row_posterior.W
         values = None  # float64 rows at hand are the reference's kernel values: not evaluated again
         if isinstance(K_SA, torch.Tensor) and K_SA.dtype == torch.float64 and W.dtype == torch.float64:
             values = (K_SS, K_SA.index_select(1, pulled).T, W)
