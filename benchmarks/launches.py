@@ -48,6 +48,7 @@ Usage::
 
 from __future__ import annotations
 
+import functools
 import statistics
 import time
 import warnings
@@ -227,6 +228,7 @@ def count_run(case: str, args, device, dtype, budget: int) -> dict:
         sync(device)
         runs.append((time.perf_counter() - t0) / budget)
         floors.append(floor_time(b3.num_arms, b3.dictionary_size, device, dtype))
+    floor_operands.cache_clear()
     return row(case, b, device, statistics.median(runs), statistics.median(floors), ops / budget, kc.work / budget,
                n_sync / budget, budget / batches, sites, last, host_rewards=args.host_rewards, whole_run=budget)
 
@@ -269,16 +271,14 @@ def time_steps(b, step, device, dtype, n: int) -> tuple[float, float]:
         sync(device)
         steps.append((time.perf_counter() - t0) / k)
         floors.append(floor_time(b.num_arms, b.dictionary_size, device, dtype))
+    floor_operands.cache_clear()
     return statistics.median(steps), statistics.median(floors)
 
 
 def floor_time(A: int, m: int, device, dtype) -> float:
     """Seconds of the ``(A × m)·(m × m)`` product that scores every arm at dictionary size ``m``: the fastest of the
     `(A, m)·(m, m)` and `(m, m)·(m, A)` layouts and of a 4,096-column slice scaled to ``A``."""
-    m = max(m, 1)
-    K = torch.randn(A, m, device=device, dtype=dtype)
-    Kt = K.T.contiguous()  # (m, A): the product in either layout, the faster one is the floor
-    M = torch.randn(m, m, device=device, dtype=dtype)
+    K, Kt, M = floor_operands(A, max(m, 1), device, dtype)
     sync(device)
     t1 = time.perf_counter()
     K @ M
@@ -291,6 +291,13 @@ def floor_time(A: int, m: int, device, dtype) -> float:
     sync(device)
     t4 = time.perf_counter()
     return min(t2 - t1, t3 - t2, (t4 - t3) * A / min(A, CHUNK))
+
+
+@functools.lru_cache(maxsize=1)  # made once for the steps of a case (cleared after it: they can take gigabytes)
+def floor_operands(A: int, m: int, device, dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(K (A, m), Kᵀ (m, A) contiguous, M (m, m))``, random: the product in either layout."""
+    K = torch.randn(A, m, device=device, dtype=dtype)
+    return K, K.T.contiguous(), torch.randn(m, m, device=device, dtype=dtype)
 
 
 def main(argv=None):
