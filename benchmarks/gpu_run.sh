@@ -13,37 +13,40 @@ nvidia-smi -L
 python -c "import torch, botorch, gpytorch; print(torch.__version__, botorch.__version__, gpytorch.__version__)"
 L="python -m benchmarks.launches --device cuda"
 timeout 80 $L --cases bkb_large_fixed bkb_large_eager --arms 1000000 --steps 10 --timed-steps 30 --out $R/l1000000 \
-  2>&1 | tail -3
+  2>&1 | tee $R/l1000000.log | tail -3
 finish
 timeout 60 $L --cases bkb_large_fixed --no-update-graphs --arms 1000000 --steps 10 --timed-steps 30 --out $R/lng \
-  2>&1 | tail -3
+  2>&1 | tee $R/lng.log | tail -3
 finish
-timeout 30 $L --cases bkb_anchor_fixed --steps 10 --timed-steps 50 --out $R/la 2>&1 | tail -3
-timeout 30 $L --cases bkb_anchor_fixed --no-update-graphs --steps 10 --timed-steps 50 --out $R/lang 2>&1 | tail -3
+timeout 30 $L --cases bkb_anchor_fixed --steps 10 --timed-steps 50 --out $R/la 2>&1 | tee $R/la.log \
+  | tail -3
+timeout 30 $L --cases bkb_anchor_fixed --no-update-graphs --steps 10 --timed-steps 50 --out $R/lang 2>&1 \
+  | tee $R/lang.log | tail -3
+finish
+timeout 80 $L --cases bkb_large_fixed bkb_large_eager --arms 10000000 --steps 10 --timed-steps 30 --out $R/l10000000 \
+  2>&1 | tee $R/l10000000.log | tail -3
 finish
 timeout 120 python -m pytest -q -n 16 -p no:cacheprovider -o addopts="" --timeout 60 tests > $R/pytest.txt 2>&1
 tail -4 $R/pytest.txt; grep FAILED $R/pytest.txt | head; finish
 timeout 60 $L --cases bbkb_cadata_fixed bbkb_cadata_eager --warmup 40 --steps 10 --timed-steps 10 --out $R/lc \
-  2>&1 | tail -3
+  2>&1 | tee $R/lc.log | tail -3
 finish
 timeout 45 $L --cases bbkb_cadata_fixed --host-rewards --warmup 40 --steps 10 --timed-steps 10 --out $R/lch \
-  2>&1 | tail -3
+  2>&1 | tee $R/lch.log | tail -3
 finish
 timeout 60 $L --cases bbkb_cadata_fixed --compiled-picks --warmup 40 --steps 10 --timed-steps 10 --out $R/lcc \
-  2>&1 | tail -3
+  2>&1 | tee $R/lcc.log | tail -3
 finish
 for dev in cuda cpu; do
   timeout 50 python -m benchmarks.batch --device $dev --threads 2 --methods BBKB:constant --seeds 3 \
-    --out $R/batch_$dev 2>&1 | grep -E "median_wall|BBKB \(" | tail -4
+    --out $R/batch_$dev 2>&1 | tee $R/batch_$dev.log | grep -E "median_wall|BBKB \(" | tail -4
   finish
 done
 timeout 60 python -m benchmarks.pick_loop --device cuda --variants eager flagged graph graph_compiled --repeats 20 \
-  --out $R/pl 2>&1 | tail -6
+  --out $R/pl 2>&1 | tee $R/pl.log | tail -6
 finish
-timeout 100 python -m benchmarks.botorch_peer --device cuda --sizes 500 2000 5000 --out $R/bp 2>&1 | grep "^n="
-finish
-timeout 80 $L --cases bkb_large_fixed bkb_large_eager --arms 10000000 --steps 10 --timed-steps 30 --out $R/l10000000 \
-  2>&1 | tail -3
+timeout 100 python -m benchmarks.botorch_peer --device cuda --sizes 500 2000 5000 --out $R/bp 2>&1 \
+  | tee $R/bp.log | grep "^n="
 finish
 python - <<'P'
 import json, glob
