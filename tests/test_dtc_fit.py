@@ -166,7 +166,8 @@ def test_a_posterior_and_a_model_pickled_before_dtc_fit_load_and_go_on():
     saved = torch.load(Path(__file__).parent / "data" / "pickled_before_dtc_fit.torch", weights_only=False)
     post = saved["posterior"]
     mean, var = post(saved["Xq"])
-    assert torch.equal(mean, saved["mean"]) and torch.equal(var, saved["var"])
+    # the same formulas; another machine's BLAS may round the last bits differently
+    assert close(mean, saved["mean"], 1e-12) and close(var, saved["var"], 1e-12)
     assert post.num_train == 27 and post.pending_X.shape[0] == 1
     assert set(FIT_TENSORS) <= set(post.state_dict())
     emb = post.embedding  # the same steps taken today: fit 25 points, add 2, hallucinate 1, add 2 more

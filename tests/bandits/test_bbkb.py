@@ -385,3 +385,22 @@ def test_fixed_batch_checkpoint_resume_is_an_identical_continuation():
     b = _bbkb(arms, batch_size=10, seed=99)
     b.load_state_dict(a.state_dict())
     assert _run(a, f, 101) == _run(b, f, 101)
+
+
+def test_reward_sums_add_a_batch_s_repeated_arms_in_order(device):
+    """Batches that repeat arms: each arm's reward sum is the in-order float64 sum of its rewards, bitwise, on every
+    device (CUDA's ``index_add_`` would add a repeated arm's rewards with atomics, in no fixed order)."""
+    arms = torch.rand(50, 2, generator=torch.Generator().manual_seed(0), dtype=torch.float64).to(device)
+    b = BBKB(arms, GaussianKernel(0.3), noise=0.1, beta=0.5, batch_bound=20.0, seed=0)
+    g = torch.Generator().manual_seed(1)
+    expected, repeats = [0.0] * 50, 0
+    while b.t < 300:
+        idx = b.ask()
+        ids = idx.tolist()
+        repeats += len(ids) - len(set(ids))
+        y = 1e3 * torch.randn(idx.shape, generator=g, dtype=torch.float64) + 0.1
+        for i, v in zip(ids, y.tolist()):
+            expected[i] += v
+        b.tell(idx, y.to(device))
+    assert repeats > 50
+    assert b.reward_sums.cpu().tolist() == expected

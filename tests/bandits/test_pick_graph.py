@@ -136,8 +136,11 @@ def test_compiled_picks_trace_as_one_graph_and_equal_the_eager_loop(device):
     compilation (``dynamic=True``) serves graphs of two arm counts and two feature capacities."""
     import warnings
 
+    import torch._dynamo
+
     import torchbkb.bandits.pick_graph as pg
 
+    torch._dynamo.reset()  # a compilation of another test in this process would be a second trace
     traced = []
 
     def backend(gm, example_inputs):

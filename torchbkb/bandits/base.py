@@ -214,7 +214,10 @@ class Bandit(BanditCheckpoint):
     def _record(self, idx: torch.Tensor, ids: list[int], y: torch.Tensor, ys: list[float]) -> None:
         """Add the checked rewards ``y`` `(k,)` float64 (``ys`` on the host) of the arms ``idx`` (``ids``)."""
         self.counts.index_add_(0, idx, torch.ones_like(idx))
-        self.reward_sums.index_add_(0, idx, y)
+        if y.device.type == "cuda":  # index_add_ adds a repeated arm's rewards with atomics, in no fixed order
+            self.reward_sums.index_put_((idx,), y, accumulate=True)  # sorts them: in order, as on the CPU
+        else:
+            self.reward_sums.index_add_(0, idx, y)
         self.t += len(ids)
         self.history["index"].extend(ids)
         self.history["reward"].extend(ys)

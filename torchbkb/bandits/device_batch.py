@@ -101,7 +101,7 @@ def hallucinated_pick(Z: torch.Tensor, mean: torch.Tensor, state: PickState, alp
     u, s = _solve(Z, state.V_inv, i)
     g = torch.reciprocal(1.0 + s)
     cur, ucb, V_t = _hallucinate(Z, mean, alpha, state, u, g)
-    return i[0], state.cur.index_select(0, i)[0], u, g, state._replace(cur=cur, ucb=ucb, V_inv=V_t)
+    return i[0], state.cur.index_select(0, i)[0], u, g, PickState(cur, ucb, V_t, state.level, state.done, state.count)
 
 
 def hallucinated_picks(Z: torch.Tensor, mean: torch.Tensor, state: PickState, alpha, k: int
