@@ -214,8 +214,8 @@ class Bandit(BanditCheckpoint):
     def _record(self, idx: torch.Tensor, ids: list[int], y: torch.Tensor, ys: list[float]) -> None:
         """Add the checked rewards ``y`` `(k,)` float64 (``ys`` on the host) of the arms ``idx`` (``ids``)."""
         self.counts.index_add_(0, idx, torch.ones_like(idx))
-        if y.device.type == "cuda":  # index_add_ adds a repeated arm's rewards with atomics, in no fixed order
-            self.reward_sums.index_put_((idx,), y, accumulate=True)  # sorts them: in order, as on the CPU
+        if y.device.type == "cuda":  # index_add_ adds a repeated arm's rewards with atomics, in no fixed order;
+            self.reward_sums.index_put_((idx,), y, accumulate=True)  # this sorts them: the same sums at every run
         else:
             self.reward_sums.index_add_(0, idx, y)
         self.t += len(ids)
