@@ -396,3 +396,25 @@ def test_bbkb_with_replayed_picks_scores_every_arm_in_the_fixed_update():
     fixed, bf = _run(BBKB, arms, f, fixed=True, setup=replayed, **kw)
     assert fixed == eager
     assert be.scored_arms is not None and bf.scored_arms is None
+
+
+@pytest.mark.parametrize("cls", [BKB, BBKB])
+def test_past_the_row_limit_the_eager_update_runs_with_the_same_picks(cls, device, monkeypatch):
+    """``m_cap × A`` over :data:`FIXED_ROWS_MAX` (lowered here to 16 slots of 300 arms): the fixed-capacity update
+    runs while the dictionary fits 16 slots (the update that outgrows them ends in 32), then the eager one -- the
+    picks of a run that is eager throughout."""
+    import torchbkb.bandits.fixed_capacity as fc
+
+    monkeypatch.setattr(fc, "FIXED_ROWS_MAX", 16 * 300)
+    arms, f = _problem(21, device)
+    launches = []
+
+    def setup(b):
+        launch = b.engine.launch
+        b.engine.launch = lambda *a, **kw: launches.append(b.engine.m_cap) or launch(*a, **kw)
+
+    eager, _ = _run(cls, arms, f, fixed=False, T=120, seed=21)
+    fixed, b = _run(cls, arms, f, fixed=True, T=120, seed=21, setup=setup)
+    assert fixed == eager
+    assert launches.count(16) >= 5 and set(launches) <= {16, 32} and launches.count(32) <= 1  # the outgrowing one
+    assert b.dictionary_size > 16

@@ -16,10 +16,13 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["MIN_CAPACITY", "capacity_for", "compact_slots"]
+__all__ = ["FIXED_ROWS_MAX", "MIN_CAPACITY", "capacity_for", "compact_slots"]
 
 #: the smallest capacity of the pulled arms and of the dictionary's slots.
 MIN_CAPACITY = 16
+#: the most padded kernel-row entries (``m_cap × A``) the fixed-capacity update takes on: past it a pass over its rows
+#: costs more than the launches and host reads it saves (measured on a GPU: ``docs/gpu.md``), and the eager update runs.
+FIXED_ROWS_MAX = 2**23
 
 
 def capacity_for(n: int) -> int:

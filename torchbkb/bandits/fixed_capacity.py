@@ -36,7 +36,7 @@ from typing import NamedTuple
 
 import torch
 
-from torchbkb.bandits.capacity import MIN_CAPACITY, capacity_for, compact_slots
+from torchbkb.bandits.capacity import FIXED_ROWS_MAX, MIN_CAPACITY, capacity_for, compact_slots
 from torchbkb.bandits.update_graph import UpdateGraphs
 from torchbkb.errors import NumericsError
 from torchbkb.bandits.pruning import PRUNE_MAX_FRACTION, survivor_mask
@@ -300,14 +300,15 @@ class FixedCapacityEngine:
 
 class FixedCapacityUpdates:
     """The update of a :class:`~torchbkb.bandits.sketched.SketchedKernelBandit` through :class:`FixedCapacityEngine`
-    (mixed into it): used while ``fixed_capacity`` is on (the default on every device but the CPU) and the
-    dictionary's rows fit ``kernel_cache_bytes`` -- gathered from the pulled arms' cached rows, or, once those outgrew
-    ``row_cache_bytes`` (many arms), computed from the arms at every update; otherwise, and for an update whose
-    ``K_S`` needs the eigendecomposition, the eager update runs from the same draws. It prunes as the eager update
-    does (its :class:`~torchbkb.bandits.pruning.PruningSchedule`, the arms that pass in ``k_cap`` slots)."""
+    (mixed into it) while ``fixed_capacity`` is on (the default on every device but the CPU) and the dictionary's
+    rows fit ``kernel_cache_bytes`` and :data:`~torchbkb.bandits.capacity.FIXED_ROWS_MAX`: gathered from the pulled
+    arms' cached rows, or, once those outgrew ``row_cache_bytes``, computed from the arms at every update; otherwise,
+    and for an update whose ``K_S`` needs ``eigh``, the eager update runs from the same draws. It prunes as the eager
+    update does (its :class:`~torchbkb.bandits.pruning.PruningSchedule`, the arms that pass in ``k_cap`` slots)."""
 
     def _fixed_applies(self) -> bool:
-        return self.fixed_capacity and self.rows.caches(self.engine.m_cap)
+        m_cap = self.engine.m_cap
+        return self.fixed_capacity and self.rows.caches(m_cap) and m_cap * self.num_arms <= FIXED_ROWS_MAX
 
     def _update_fixed(self, pulled: torch.Tensor, n: torch.Tensor, forced: torch.Tensor | None) -> None:
         """Resample (or take the arms ``forced`` `(k,)`: the first update, a checkpoint), refit and rescore."""
