@@ -314,6 +314,9 @@ def main(argv=None):
                    help="compile BBKB's replayed picks alone (PickGraphs(compiled=True); a failure falls back)")
     p.add_argument("--no-update-graphs", action="store_true",
                    help="never replay the fixed-capacity update from a CUDA graph (bandit.engine.graphs = None)")
+    p.add_argument("--fixed-rows-max", type=float, default=None,
+                   help="the padded row entries (m_cap × A) up to which the fixed-capacity update runs (default: the "
+                        "library's FIXED_ROWS_MAX; past it the eager update runs)")
     p.add_argument("--host-rewards", action="store_true",
                    help="rewards computed on the host from the arms ask hands over (bandit.pending_ids), as a black "
                         "box's: the device is read only by the bandit (default: on the device, read by tell)")
@@ -321,6 +324,10 @@ def main(argv=None):
                    help="arms scored at once (default: the library's, sized for the device)")
     args = p.parse_args(argv)
     device, dtype = setup(args, default_threads=1)
+    if args.fixed_rows_max is not None:
+        from torchbkb.bandits import fixed_capacity
+
+        fixed_capacity.FIXED_ROWS_MAX = int(args.fixed_rows_max)
     if args.quick:
         args.arms, args.warmup, args.steps, args.timed_steps = 5000, 20, 3, 5
     rows = [count(case, args, device, dtype) for case in args.cases]
