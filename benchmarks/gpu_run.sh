@@ -1,5 +1,5 @@
 #!/bin/bash
-# The measurements of one lent GPU run (docs/gpu.md), from the repository root: each piece time-guarded (about 855 s
+# The measurements of one lent GPU run (docs/gpu.md), from the repository root: each piece time-guarded (about 975 s
 # if each ran to its limit; run it with timeout_s ~590), in the order of what matters most, its results tarred into
 # $OUT after each piece so that a run stopped at its limit still returns them. `_fixed` cases run the GPU's defaults
 # (the fixed-capacity update, BBKB's device loop with its picks replayed from CUDA graphs and its batch-end update
@@ -22,6 +22,8 @@ timeout 60 $L --cases bkb_large_fixed --fixed-rows-max 1e12 --arms 1000000 --ste
 finish
 timeout 30 $L --cases bkb_anchor_fixed --steps 10 --timed-steps 50 --out $R/la 2>&1 | tee $R/la.log \
   | tail -3
+timeout 60 $L --cases bkb_anchor_fixed --compiled --steps 10 --timed-steps 50 --out $R/lac 2>&1 \
+  | tee $R/lac.log | tail -3
 timeout 30 $L --cases bkb_anchor_fixed --no-update-graphs --steps 10 --timed-steps 50 --out $R/lang 2>&1 \
   | tee $R/lang.log | tail -3
 finish
@@ -39,6 +41,9 @@ timeout 45 $L --cases bbkb_cadata_fixed --host-rewards --warmup 40 --steps 10 --
 finish
 timeout 60 $L --cases bbkb_cadata_fixed --compiled-picks --warmup 40 --steps 10 --timed-steps 10 --out $R/lcc \
   2>&1 | tee $R/lcc.log | tail -3
+finish
+timeout 60 python -m benchmarks.batch --device cuda --threads 2 --methods BBKB:constant --seeds 3 --compiled-picks \
+  --out $R/batch_cuda_compiled 2>&1 | tee $R/batch_cuda_compiled.log | grep -E "median_wall|BBKB \(" | tail -4
 finish
 for dev in cuda cpu; do
   timeout 50 python -m benchmarks.batch --device $dev --threads 2 --methods BBKB:constant --seeds 3 \
