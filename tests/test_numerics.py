@@ -142,8 +142,10 @@ def test_float32_runs_warn_when_the_dictionary_makes_variances_unreliable():
             for _ in range(30):
                 i = bandit.ask()
                 bandit.tell(i, f.to(dtype)[i])
-        return [w for w in caught if issubclass(w.category, NumericsWarning)
+        ours = [w for w in caught if issubclass(w.category, NumericsWarning)
                 and "variances at the dictionary points are off" in str(w.message)]
+        assert all(w.filename == __file__ for w in ours)  # the user's line
+        return ours
 
     assert len(run(torch.float32, 1e-4)) == 1  # once per bandit
     assert run(torch.float64, 1e-4) == []
@@ -167,8 +169,10 @@ def test_float64_runs_warn_when_the_fast_form_cancels_checked_on_their_own_kerne
             for _ in range(30):
                 i = bandit.ask()
                 bandit.tell(i, f[i])
-        return sum(issubclass(w.category, NumericsWarning) and "dictionary points are off" in str(w.message)
-                   for w in caught)
+        ours = [w for w in caught if issubclass(w.category, NumericsWarning) and "dictionary points are off" in
+                str(w.message)]
+        assert all(w.filename == __file__ for w in ours)  # the user's line, on the eager and the fixed path
+        return len(ours)
 
     assert warned(1e-12) == 1
     assert warned(1e-4) == 0

@@ -346,7 +346,7 @@ class SketchedKernelBandit(SettlingReadouts, FixedCapacityUpdates, SketchedCheck
         if isinstance(K_SA, torch.Tensor) and K_SA.dtype == torch.float64 and W.dtype == torch.float64:
             values = (K_SS, K_SA.index_select(1, pulled).T, W)
         self._accuracy.check(self.kernel, fast, self.arms[S], self.arms[pulled], n, self.lam, self.arms.dtype,
-                             stacklevel=7, values=values)
+                             stacklevel=None, values=values)  # the user's line, whatever the call path
 
     def _ucb_width(self) -> float | None:
         """The multiplier of ``σ̃`` in the next selection's UCB when it is known before scoring (``None``: it

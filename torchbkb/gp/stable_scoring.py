@@ -36,6 +36,7 @@ import torch
 
 from torchbkb.errors import NumericsWarning
 from torchbkb.gp.linalg import inv_sqrt_factor, safe_cholesky
+from torchbkb.utils.warning_site import outside_stacklevel
 
 __all__ = [
     "FAST_RTOL", "UNRELIABLE_RTOL", "AccuracyMonitor", "feature_rls", "reference_rls", "rls_from_kernel_values",
@@ -121,9 +122,10 @@ def rls_from_kernel_values(K_SS: torch.Tensor, K_XS: torch.Tensor, counts: torch
 
 
 def warn_if_unreliable(rls: torch.Tensor, reference: torch.Tensor, dtype: torch.dtype, lam: float, what: str,
-                       stacklevel: int = 3) -> bool:
+                       stacklevel: int | None = 3) -> bool:
     """A :class:`~torchbkb.errors.NumericsWarning` (and ``True``) when ``rls`` is off ``reference`` by more than
-    :data:`UNRELIABLE_RTOL` for ``dtype`` (relative, at the worst point)."""
+    :data:`UNRELIABLE_RTOL` for ``dtype`` (relative, at the worst point); ``stacklevel=None`` names the first line
+    outside torchbkb."""
     ref = reference.to(torch.float64)
     off = float(((rls.to(torch.float64) - ref).abs() / ref.abs().clamp_min(torch.finfo(torch.float64).tiny)).max())
     tol = UNRELIABLE_RTOL[dtype != torch.float64]
@@ -134,7 +136,7 @@ def warn_if_unreliable(rls: torch.Tensor, reference: torch.Tensor, dtype: torch.
         f"kernel values, noise {lam:.3g} and this ill-conditioned dictionary of {ref.numel()} points (expected at most "
         f"{tol:g}); " + ("use float64 arms, " if dtype != torch.float64 else "") + "a larger noise or a smaller q_bar",
         NumericsWarning,
-        stacklevel=stacklevel,
+        stacklevel=outside_stacklevel() if stacklevel is None else stacklevel,
     )
     return True
 
@@ -162,7 +164,7 @@ class AccuracyMonitor:
         return True
 
     def check(self, kernel: Callable, rls: torch.Tensor, S: torch.Tensor, X: torch.Tensor, counts: torch.Tensor,
-              lam: float, dtype: torch.dtype, stacklevel: int, values: tuple | None = None) -> bool:
+              lam: float, dtype: torch.dtype, stacklevel: int | None, values: tuple | None = None) -> bool:
         """Compare ``rls`` `(m,)` at ``S`` with the float64 reference on the data ``X`` `(p, d)` weighted by
         ``counts``; warn (:func:`warn_if_unreliable`) and return ``True`` when it is off. ``values``: the float64
         ``(K_SS, K_XS, W)`` of :func:`rls_from_kernel_values` when the owner holds them (its kernel values are
@@ -173,5 +175,6 @@ class AccuracyMonitor:
             if self._kernel64 is None:
                 self._kernel64 = copy.deepcopy(kernel).double()
             reference = reference_rls(self._kernel64, S, X, counts, lam)
-        self.warned = warn_if_unreliable(rls, reference, dtype, lam, self.what, stacklevel + 1)
+        self.warned = warn_if_unreliable(rls, reference, dtype, lam, self.what,
+                                         None if stacklevel is None else stacklevel + 1)
         return self.warned
