@@ -208,6 +208,7 @@ def test_a_float32_dtc_posterior_warns_when_its_kernel_values_cannot_carry_the_v
     assert err < 5e-3 and warned == []
     err, warned = fit(0.3, 30, 1e-3)  # cond(K_S) ≈ 8e7: off by 200 %
     assert err > 0.1 and len(warned) == 1 and "DTCPosterior" in str(warned[0].message)
+    assert warned[0].filename == __file__  # the user's line (the check runs at the first read after the fit)
 
 
 def test_a_kernel_that_returns_nan_never_puts_nan_into_a_bandit():

@@ -110,7 +110,7 @@ class DTCScoring:
             counts = torch.cat([self.train_counts, self.pending_counts], dim=-1)
             with torch.no_grad():
                 self._precision.check(self.embedding.kernel, self.rls(S), S, X, counts, self.lam, S.dtype,
-                                      stacklevel=6)
+                                      stacklevel=None)  # the first line outside torchbkb, from any method
 
     def _scoring_operator(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """``M = Wᵀ (I/λ - V⁻¹) W`` `(*b, m, m)` and ``a = Wᵀ w`` `(*b, m)` in ``dtype``.
