@@ -325,9 +325,9 @@ def main(argv=None):
     args = p.parse_args(argv)
     device, dtype = setup(args, default_threads=1)
     if args.fixed_rows_max is not None:
-        from torchbkb.bandits import fixed_capacity
+        from torchbkb.bandits import capacity
 
-        fixed_capacity.FIXED_ROWS_MAX = int(args.fixed_rows_max)
+        capacity.FIXED_ROWS_MAX = int(args.fixed_rows_max)
     if args.quick:
         args.arms, args.warmup, args.steps, args.timed_steps = 5000, 20, 3, 5
     rows = [count(case, args, device, dtype) for case in args.cases]

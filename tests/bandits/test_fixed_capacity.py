@@ -403,9 +403,9 @@ def test_past_the_row_limit_the_eager_update_runs_with_the_same_picks(cls, devic
     """``m_cap × A`` over :data:`FIXED_ROWS_MAX` (lowered here to 16 slots of 300 arms): the fixed-capacity update
     runs while the dictionary fits 16 slots (the update that outgrows them ends in 32), then the eager one -- the
     picks of a run that is eager throughout."""
-    import torchbkb.bandits.fixed_capacity as fc
+    import torchbkb.bandits.capacity as capacity
 
-    monkeypatch.setattr(fc, "FIXED_ROWS_MAX", 16 * 300)
+    monkeypatch.setattr(capacity, "FIXED_ROWS_MAX", 16 * 300)
     arms, f = _problem(21, device)
     launches = []
 

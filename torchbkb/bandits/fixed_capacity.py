@@ -14,8 +14,7 @@ same update is one function of fixed shapes (:func:`fixed_update`, it compiles w
   size -- comes back as flags, read once per update with the dictionary (:class:`FixedCapacityEngine`), which grows
   ``m_cap`` (doubling) and runs the update again with the same draws when the dictionary outgrew it, and hands an
   update that needs the eigendecomposition back to the eager path;
-* on a GPU the update is replayed from a CUDA graph (:mod:`~torchbkb.bandits.update_graph`): one launch instead of
-  one per operation.
+* on a GPU the update is replayed from a CUDA graph (:mod:`~torchbkb.bandits.update_graph`): one launch, not many.
 
 Example:
     >>> import torch
@@ -36,7 +35,8 @@ from typing import NamedTuple
 
 import torch
 
-from torchbkb.bandits.capacity import FIXED_ROWS_MAX, MIN_CAPACITY, capacity_for, compact_slots
+from torchbkb.bandits import capacity
+from torchbkb.bandits.capacity import MIN_CAPACITY, capacity_for, compact_slots
 from torchbkb.bandits.update_graph import UpdateGraphs
 from torchbkb.errors import NumericsError
 from torchbkb.bandits.pruning import PRUNE_MAX_FRACTION, survivor_mask
@@ -308,7 +308,7 @@ class FixedCapacityUpdates:
 
     def _fixed_applies(self) -> bool:
         m_cap = self.engine.m_cap
-        return self.fixed_capacity and self.rows.caches(m_cap) and m_cap * self.num_arms <= FIXED_ROWS_MAX
+        return self.fixed_capacity and self.rows.caches(m_cap) and m_cap * self.num_arms <= capacity.FIXED_ROWS_MAX
 
     def _update_fixed(self, pulled: torch.Tensor, n: torch.Tensor, forced: torch.Tensor | None) -> None:
         """Resample (or take the arms ``forced`` `(k,)`: the first update, a checkpoint), refit and rescore."""
