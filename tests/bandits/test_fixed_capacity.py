@@ -418,3 +418,24 @@ def test_past_the_row_limit_the_eager_update_runs_with_the_same_picks(cls, devic
     assert fixed == eager
     assert launches.count(16) >= 5 and set(launches) <= {16, 32} and launches.count(32) <= 1  # the outgrowing one
     assert b.dictionary_size > 16
+
+
+def test_the_row_limit_leaves_bbkb_with_replayed_picks_on_the_fixed_update(monkeypatch):
+    """Replayed picks take every arm from the fixed update (it does not prune then): the limit, measured for an update
+    that prunes, does not apply; the same picks as the eager update."""
+    import torchbkb.bandits.capacity as capacity
+    from torchbkb.bandits.pick_graph import PickGraphs
+
+    monkeypatch.setattr(capacity, "FIXED_ROWS_MAX", 16 * 300)
+    arms, f = _problem(22, "cpu")
+    launches = []
+
+    def setup(b):
+        b.pick_graphs = PickGraphs(devices=("cpu",))
+        launch = b.engine.launch
+        b.engine.launch = lambda *a, **kw: launches.append(b.engine.m_cap) or launch(*a, **kw)
+
+    eager, _ = _run(BBKB, arms, f, fixed=False, T=120, seed=22)
+    fixed, b = _run(BBKB, arms, f, fixed=True, T=120, seed=22, setup=setup)
+    assert fixed == eager
+    assert b.dictionary_size > 32 and launches.count(max(launches)) >= 3 and max(launches) >= 64

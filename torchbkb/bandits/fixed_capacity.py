@@ -222,9 +222,8 @@ class FixedCapacityEngine:
                chunk: int, *, width: float | None = None, excluded: torch.Tensor | None = None,
                kernel=None, arms: torch.Tensor | None = None,
                prune_width: float | None = None) -> tuple[FixedUpdate, list[float]]:
-        """Run :func:`fixed_update` with ``u`` `(P,)` from :meth:`draws`; returns it and its flags read on the host
-        (``[m, cholesky ok, V ok, changed, pick, finite, slots...]``), after growing ``m_cap`` until the dictionary
-        fits."""
+        """Run :func:`fixed_update` with ``u`` `(P,)` from :meth:`draws`, growing ``m_cap`` until the dictionary fits;
+        returns it and its flags read on the host (``[m, cholesky ok, V ok, changed, pick, finite, slots...]``)."""
         while True:
             out = self.launch(K_P, counts, reward_sums, u, rls_prev, kdiag, sampler, lam, chunk, width=width,
                               excluded=excluded, kernel=kernel, arms=arms, prune_width=prune_width)
@@ -300,15 +299,16 @@ class FixedCapacityEngine:
 
 class FixedCapacityUpdates:
     """The update of a :class:`~torchbkb.bandits.sketched.SketchedKernelBandit` through :class:`FixedCapacityEngine`
-    (mixed into it) while ``fixed_capacity`` is on (the default on every device but the CPU) and the dictionary's
-    rows fit ``kernel_cache_bytes`` and :data:`~torchbkb.bandits.capacity.FIXED_ROWS_MAX`: gathered from the pulled
-    arms' cached rows, or, once those outgrew ``row_cache_bytes``, computed from the arms at every update; otherwise,
-    and for an update whose ``K_S`` needs ``eigh``, the eager update runs from the same draws. It prunes as the eager
-    update does (its :class:`~torchbkb.bandits.pruning.PruningSchedule`, the arms that pass in ``k_cap`` slots)."""
+    (mixed into it) while ``fixed_capacity`` is on (the default on every device but the CPU), the dictionary's rows fit
+    ``kernel_cache_bytes`` and, for an update that prunes, :data:`~torchbkb.bandits.capacity.FIXED_ROWS_MAX`: gathered
+    from the pulled arms' cached rows, or, once those outgrew ``row_cache_bytes``, computed from the arms at every
+    update; otherwise, and for an update whose ``K_S`` needs ``eigh``, the eager update runs from the same draws. It
+    prunes as the eager update does (its :class:`~torchbkb.bandits.pruning.PruningSchedule`), in ``k_cap`` slots."""
 
-    def _fixed_applies(self) -> bool:
+    def _fixed_applies(self) -> bool:  # the row limit, measured for an update that prunes: not for replayed picks
         m_cap = self.engine.m_cap
-        return self.fixed_capacity and self.rows.caches(m_cap) and m_cap * self.num_arms <= capacity.FIXED_ROWS_MAX
+        small = m_cap * self.num_arms <= capacity.FIXED_ROWS_MAX or not self._prunes_fixed()
+        return self.fixed_capacity and self.rows.caches(m_cap) and small
 
     def _update_fixed(self, pulled: torch.Tensor, n: torch.Tensor, forced: torch.Tensor | None) -> None:
         """Resample (or take the arms ``forced`` `(k,)`: the first update, a checkpoint), refit and rescore."""
