@@ -29,6 +29,8 @@ Cases (steps counted after a warm-up, the median per step over the measured wind
   ``--compiled`` runs the fixed-capacity update through ``torch.compile`` (``bandit.engine.compiled``) and BBKB's
   replayed picks too (``PickGraphs(compiled=True)``; ``--compiled-picks`` the picks alone); on CUDA the update
   replays from CUDA graphs (``bandit.engine.graphs``; ``--no-update-graphs`` launches it operation by operation).
+  Past ``FIXED_ROWS_MAX`` padded row entries an update that prunes runs eagerly (BKB at 10⁶ arms);
+  ``--fixed-rows-max`` moves that limit.
   A replayed update's kernels run inside its graph: the counts see its copies in and out, not them. On the CPU the
   BKB ``_fixed`` cases also forecast that count (``kernels_per_pick_update_replayed``: the graph's buffers run
   eagerly, the update's own kernels counted apart and replaced by one launch).
