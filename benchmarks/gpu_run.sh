@@ -1,5 +1,5 @@
 #!/bin/bash
-# The measurements of one lent GPU run (docs/gpu.md), from the repository root: each piece time-guarded (about 975 s
+# The measurements of one lent GPU run (docs/gpu.md), from the repository root: each piece time-guarded (about 1005 s
 # if each ran to its limit; run it with timeout_s ~590), in the order of what matters most, its results tarred into
 # $OUT after each piece so that a run stopped at its limit still returns them. `_fixed` cases run the GPU's defaults
 # (the fixed-capacity update, BBKB's device loop with its picks replayed from CUDA graphs and its batch-end update
@@ -53,7 +53,7 @@ done
 timeout 60 python -m benchmarks.pick_loop --device cuda --variants eager flagged graph graph_compiled --repeats 20 \
   --out $R/pl 2>&1 | tee $R/pl.log | tail -6
 finish
-timeout 100 python -m benchmarks.botorch_peer --device cuda --sizes 500 2000 5000 --out $R/bp 2>&1 \
+timeout 130 python -m benchmarks.botorch_peer --device cuda --sizes 100 500 1000 2000 5000 --out $R/bp 2>&1 \
   | tee $R/bp.log | grep "^n="
 finish
 python - <<'P'
