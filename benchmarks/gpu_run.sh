@@ -42,14 +42,14 @@ finish
 timeout 60 $L --cases bbkb_cadata_fixed --compiled-picks --warmup 40 --steps 10 --timed-steps 10 --out $R/lcc \
   2>&1 | tee $R/lcc.log | tail -3
 finish
-timeout 60 python -m benchmarks.batch --device cuda --threads 2 --methods BBKB:constant --seeds 3 --compiled-picks \
-  --out $R/batch_cuda_compiled 2>&1 | tee $R/batch_cuda_compiled.log | grep -E "median_wall|BBKB \(" | tail -4
-finish
 for dev in cuda cpu; do
   timeout 50 python -m benchmarks.batch --device $dev --threads 2 --methods BBKB:constant --seeds 3 \
     --out $R/batch_$dev 2>&1 | tee $R/batch_$dev.log | grep -E "median_wall|BBKB \(" | tail -4
   finish
 done
+timeout 60 python -m benchmarks.batch --device cuda --threads 2 --methods BBKB:constant --seeds 3 --compiled-picks \
+  --out $R/batch_cuda_compiled 2>&1 | tee $R/batch_cuda_compiled.log | grep -E "median_wall|BBKB \(" | tail -4
+finish
 timeout 60 python -m benchmarks.pick_loop --device cuda --variants eager flagged graph graph_compiled --repeats 20 \
   --out $R/pl 2>&1 | tee $R/pl.log | tail -6
 finish
