@@ -48,6 +48,18 @@ def test_callable_diag_without_n_by_n():
     assert all(a[-2] == 1 and b[-2] == 1 for a, b in calls)  # never (n, n)
 
 
+def test_a_kernel_output_is_dense_and_a_strided_one_is_returned_as_it_is():
+    """A callable's sparse block and a GPyTorch kernel's lazy one come back dense; a strided tensor is not copied."""
+    X = torch.rand(6, 2, dtype=torch.float64)
+    dense = GaussianKernel(0.4)(X, X)
+    assert as_kernel(lambda A, B: dense).forward(X, X) is dense
+    sparse = as_kernel(lambda A, B: dense.to_sparse())(X, X)
+    assert sparse.layout == torch.strided and torch.equal(sparse, dense)
+    linear = gpytorch.kernels.LinearKernel().double()  # a lazy (low-rank) block in GPyTorch
+    out = as_kernel(linear)(X, X)
+    assert isinstance(out, torch.Tensor) and torch.equal(out, linear(X, X).to_dense())
+
+
 def test_callable_with_explicit_diag_and_batch():
     k = as_kernel(lambda A, B: A @ B.transpose(-1, -2), diag=lambda X: (X * X).sum(-1))
     X = torch.rand(2, 5, 3)

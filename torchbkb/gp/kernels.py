@@ -249,10 +249,7 @@ class KernelAdapter(nn.Module):
             if ls.numel() in (1, X1.shape[-1]) and X1.shape[-1] == X2.shape[-1]:
                 nu = getattr(self._stationary[0], "nu", None)
                 return gaussian_cross(X1, X2, s, ls) if nu is None else matern_cross(X1, X2, nu, s, ls)
-        out = self.kernel(X1, X2)
-        if hasattr(out, "to_dense"):
-            out = out.to_dense()
-        return out
+        return _dense(self.kernel(X1, X2))
 
     def against(self, X2: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
         """``X1 -> self(X1, X2)`` for a fixed ``X2`` `(n2, d)`, the same values; on the Gaussian and Matérn paths
@@ -282,8 +279,7 @@ class KernelAdapter(nn.Module):
             s = self._hyperparameters(X)[1]  # k(x, x) = s (1 bare): GPyTorch's diagonal is exactly that
             return (X.new_ones(()) if s is None else s).expand(X.shape[:-1]).clone()
         if self._is_gpytorch:
-            out = self.kernel(X, X, diag=True)
-            return out.to_dense() if hasattr(out, "to_dense") else out
+            return _dense(self.kernel(X, X, diag=True))
         inner = self.kernel
         if isinstance(inner, _CallableModule):
             inner = inner.fn
@@ -347,6 +343,14 @@ class _CallableModule(nn.Module):
 
     def forward(self, X1: torch.Tensor, X2: torch.Tensor) -> torch.Tensor:
         return self.fn(X1, X2)
+
+
+def _dense(out):
+    """A kernel's output as a strided tensor: a LinearOperator's or a sparse tensor's dense values, a strided tensor
+    as it is (tested by type and layout, not ``hasattr``, which Dynamo 2.4 cannot trace on a tensor)."""
+    if isinstance(out, torch.Tensor):
+        return out if out.layout == torch.strided else out.to_dense()
+    return out.to_dense() if hasattr(out, "to_dense") else out
 
 
 def _is_gpytorch_kernel(kernel: object) -> bool:
