@@ -3,7 +3,7 @@ in-batch variances and hallucinated V⁻¹ in float64; no tensor operation per p
 
 import pytest
 import torch
-from hypothesis import given, settings, strategies as st
+from hypothesis import example, given, settings, strategies as st
 
 from helpers import Dispatches, TorchRows, batch_strategies
 from torchbkb import DTCPosterior, NystromEmbedding
@@ -41,6 +41,9 @@ def test_the_state_is_chosen_by_where_the_rows_can_be_read():
 
 @settings(max_examples=40, deadline=None)
 @given(lazy=st.booleans(), **batch_strategies(max_cap=80))
+# rounding puts x_i's refreshed UCB below its closed form in one state only: the arms between are refreshed, and
+# the arm just refreshed at that UCB is not counted twice (it was, and the evaluation counts parted: 127 and 128)
+@example(lazy=True, seed=248, alpha=1.0, C=13.0, cap=None, stop_rule="sum", dominant=True)
 def test_host_and_torch_states_select_the_same_batch_in_float64(seed, alpha, C, cap, stop_rule, dominant, lazy):
     Z, mean, rls, V_inv = _problem(seed, dominant=dominant)
     kw = dict(alpha=alpha, batch_bound=C, max_batch_size=cap, stop_rule=stop_rule, lazy=lazy)

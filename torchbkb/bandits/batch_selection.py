@@ -183,11 +183,12 @@ def select_batch(
         # the next argmax, exact: every arm not refreshed is strictly below the refreshed maximum, so it is the
         # first refreshed arm at that maximum (the lowest index among ties)
         i = int(idx[j])
-        if lazy and top < ucb_i_new:
+        if lazy and top < ucb_i_new:  # rare: rounding put x_i's refreshed UCB below its closed form
             more = ((ucb >= as_dt(top)) & (ucb < as_dt(ucb_i_new))).nonzero()[0]
+            more = np.setdiff1d(more, idx, assume_unique=True)  # not the arms just refreshed (those at top)
             state.refresh_into(more, cur_rls, ucb)
             evaluations += more.size
-            i = int(ucb.argmax())  # rare: two refreshed sets, some arms in both
+            i = int(ucb.argmax())
     picked = torch.tensor(picks, dtype=torch.long, device=dev)
     return BatchSelection(
         indices=picked,
