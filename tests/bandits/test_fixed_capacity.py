@@ -398,6 +398,12 @@ def test_bbkb_with_replayed_picks_scores_every_arm_in_the_fixed_update():
     assert be.scored_arms is not None and bf.scored_arms is None
 
 
+def _record_launches(b, launches: list[int]) -> None:
+    """Append the engine's ``m_cap`` to ``launches`` at each fixed-capacity update ``b`` launches."""
+    launch = b.engine.launch
+    b.engine.launch = lambda *a, **kw: launches.append(b.engine.m_cap) or launch(*a, **kw)
+
+
 @pytest.mark.parametrize("cls", [BKB, BBKB])
 def test_past_the_row_limit_the_eager_update_runs_with_the_same_picks(cls, device, monkeypatch):
     """``m_cap × A`` over :data:`FIXED_ROWS_MAX` (lowered here to 16 slots of 300 arms): the fixed-capacity update
@@ -408,13 +414,8 @@ def test_past_the_row_limit_the_eager_update_runs_with_the_same_picks(cls, devic
     monkeypatch.setattr(capacity, "FIXED_ROWS_MAX", 16 * 300)
     arms, f = _problem(21, device)
     launches = []
-
-    def setup(b):
-        launch = b.engine.launch
-        b.engine.launch = lambda *a, **kw: launches.append(b.engine.m_cap) or launch(*a, **kw)
-
     eager, _ = _run(cls, arms, f, fixed=False, T=120, seed=21)
-    fixed, b = _run(cls, arms, f, fixed=True, T=120, seed=21, setup=setup)
+    fixed, b = _run(cls, arms, f, fixed=True, T=120, seed=21, setup=lambda b: _record_launches(b, launches))
     assert fixed == eager
     assert launches.count(16) >= 5 and set(launches) <= {16, 32} and launches.count(32) <= 1  # the outgrowing one
     assert b.dictionary_size > 16
@@ -432,8 +433,7 @@ def test_the_row_limit_leaves_bbkb_with_replayed_picks_on_the_fixed_update(monke
 
     def setup(b):
         b.pick_graphs = PickGraphs(devices=("cpu",))
-        launch = b.engine.launch
-        b.engine.launch = lambda *a, **kw: launches.append(b.engine.m_cap) or launch(*a, **kw)
+        _record_launches(b, launches)
 
     eager, _ = _run(BBKB, arms, f, fixed=False, T=120, seed=22)
     fixed, b = _run(BBKB, arms, f, fixed=True, T=120, seed=22, setup=setup)
