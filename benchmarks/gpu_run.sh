@@ -1,5 +1,5 @@
 #!/bin/bash
-# The measurements of one lent GPU run (docs/gpu.md), from the repository root: each piece time-guarded (about 1005 s
+# The measurements of one lent GPU run (docs/gpu.md), from the repository root: each piece time-guarded (about 1055 s
 # if each ran to its limit; run it with timeout_s ~590), in the order of what matters most, its results tarred into
 # $OUT after each piece so that a run stopped at its limit still returns them. `_fixed` cases run the GPU's defaults
 # (the fixed-capacity update, BBKB's device loop with its picks replayed from CUDA graphs and its batch-end update
