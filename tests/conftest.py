@@ -5,8 +5,14 @@ from pathlib import Path
 
 import pytest
 import torch
+from hypothesis import settings
 
 REPO = Path(__file__).resolve().parents[1]
+
+# CI sets HYPOTHESIS_PROFILE=ci (.ci/run): the same draws at every run, so a property that fails on one draw in
+# thousands fails every run or none, never a landing at random. Elsewhere each run draws anew (the default).
+settings.register_profile("ci", derandomize=True, database=None)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 ALL_DEVICES = [
