@@ -24,6 +24,26 @@ def rbf(A, B, ls):
     return torch.exp(-0.5 * d2 / ls**2)
 
 
+class ScaledRBF:
+    """The kernel ``outputscale · rbf(A, B, lengthscale)``: called, in closed form (float64); :meth:`gpytorch`, as
+    GPyTorch's ``ScaleKernel(RBFKernel())`` with its hyperparameters set exactly in the final dtype (a Python float
+    would pass through float32)."""
+
+    def __init__(self, lengthscale, outputscale):
+        self.lengthscale, self.outputscale = lengthscale, outputscale
+
+    def __call__(self, A, B):
+        return self.outputscale * rbf(A, B, self.lengthscale)
+
+    def gpytorch(self, device=None, dtype=torch.float64):
+        from gpytorch.kernels import RBFKernel, ScaleKernel
+
+        k = ScaleKernel(RBFKernel()).to(device=device, dtype=dtype)
+        k.base_kernel.lengthscale = torch.tensor(self.lengthscale, dtype=dtype)
+        k.outputscale = torch.tensor(self.outputscale, dtype=dtype)
+        return k
+
+
 def exact_gp(K_xx, K_xq, k_qq, y, lam):
     """Exact GP posterior mean and joint covariance (000 Eq. 1-2, GP scale)."""
     n = K_xx.shape[0]

@@ -1,7 +1,7 @@
-"""The layout CONTRIBUTING promises, checked on the source: one concept per file (no file in ``torchbkb/`` over
-400 lines), no import cycle between torchbkb's modules (imports inside functions count), no private name
-imported from another module, no private attribute read on another object than ``self``/``cls``, and a core
-that imports neither BoTorch nor GPyTorch."""
+"""The layout CONTRIBUTING promises, checked on the source: one concept per file (no file in ``torchbkb/``,
+``tests/`` or ``benchmarks/`` over 400 lines), no import cycle between torchbkb's modules (imports inside functions
+count), no private name imported from another module, no private attribute read on another object than
+``self``/``cls``, and a core that imports neither BoTorch nor GPyTorch."""
 
 import ast
 import subprocess
@@ -31,6 +31,13 @@ def _imports(tree):
 def test_no_file_over_400_lines(name):
     n = len(MODULES[name].read_text().splitlines())
     assert n <= 400, f"{MODULES[name]}: expected at most 400 lines, got {n}"
+
+
+def test_no_test_or_benchmark_file_over_400_lines():
+    root = PKG.parent
+    long = {str(p.relative_to(root)): n for folder in ("tests", "benchmarks") for p in (root / folder).rglob("*.py")
+            if (n := len(p.read_text().splitlines())) > 400}
+    assert not long, f"expected at most 400 lines a file, got {long}"
 
 
 def test_no_import_cycle():

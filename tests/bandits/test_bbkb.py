@@ -3,6 +3,7 @@ import math
 import pytest
 import torch
 
+from bbkb_cases import LS, arms_and_values, make_bbkb, run_batches
 from helpers import close
 from torchbkb import BBKB, BKB, DTCPosterior, ExactPosterior, NystromEmbedding
 from torchbkb.bandits.batch_selection import select_batch
@@ -10,49 +11,23 @@ from torchbkb.bandits.confidence import bbkb_beta
 from torchbkb.errors import InputDataError
 from torchbkb.gp.kernels import GaussianKernel
 
-LS = 0.2
-
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny operations: one intra-op thread (tests/conftest.py)
 
 
-
-def _arms(A=300, d=2, seed=0, dtype=torch.float64, device="cpu"):
-    g = torch.Generator().manual_seed(seed)
-    X = torch.rand(A, d, generator=g, dtype=torch.float64)
-    f = torch.sin(5 * X[:, 0]) * torch.cos(3 * X[:, 1]) + X[:, 1]
-    return X.to(device, dtype), f.to(device, dtype)
-
-
-def _run(bandit, f, T):
-    """Ask/tell until ``T`` rewards are told; returns the batches."""
-    batches = []
-    while bandit.t < T:
-        idx = bandit.ask()
-        batches.append(idx.tolist())
-        bandit.tell(idx, f[idx])
-    return batches
-
-
-def _bbkb(arms, **kw):
-    args = dict(noise=0.01, q_bar=2.0, beta=0.3, batch_bound=2.0, seed=1)
-    args.update(kw)
-    return BBKB(arms, GaussianKernel(LS), **args)
-
-
 def test_batch_bound_one_gives_batches_of_one_and_bkb_choices(dtype, device):
-    arms, f = _arms(dtype=dtype, device=device)
-    bb = _bbkb(arms, batch_bound=1.0, beta=0.3)
+    arms, f = arms_and_values(dtype=dtype, device=device)
+    bb = make_bbkb(arms, batch_bound=1.0, beta=0.3)
     bk = BKB(arms, GaussianKernel(LS), noise=0.01, q_bar=2.0, beta=0.3, seed=1)
-    batches = _run(bb, f, 60)
-    _run(bk, f, 60)
+    batches = run_batches(bb, f, 60)
+    run_batches(bk, f, 60)
     assert all(len(b) == 1 for b in batches) and bb.batch_sizes == [1] * 60
     assert bb.history["index"] == bk.history["index"]  # 001: updating at every step BBKB is BKB
     assert torch.equal(bb.dictionary, bk.dictionary)
 
 
 def test_first_batch_is_one_uniform_arm_and_seeds_the_dictionary():
-    arms, f = _arms()
-    b = _bbkb(arms)
+    arms, f = arms_and_values()
+    b = make_bbkb(arms)
     first = b.ask()
     assert len(first) == 1 and b.last_selection is None
     b.tell(first, f[first])
@@ -84,9 +59,9 @@ def _reference_batch(bandit, arms):
 
 @pytest.mark.parametrize("seed", [0, 1])
 def test_in_batch_variances_equal_a_refit_with_the_hallucinated_picks(seed):
-    arms, f = _arms(seed=seed)
-    b = _bbkb(arms, batch_bound=3.0, beta=0.5, seed=seed)
-    _run(b, f, 40)
+    arms, f = arms_and_values(seed=seed)
+    b = make_bbkb(arms, batch_bound=3.0, beta=0.5, seed=seed)
+    run_batches(b, f, 40)
     checked = 0
     for _ in range(200):
         if checked == 3:
@@ -103,9 +78,9 @@ def test_in_batch_variances_equal_a_refit_with_the_hallucinated_picks(seed):
 
 
 def test_resampling_uses_the_batch_start_variances_and_pull_counts(monkeypatch):
-    arms, f = _arms()
-    b = _bbkb(arms, batch_bound=3.0)
-    _run(b, f, 30)
+    arms, f = arms_and_values()
+    b = make_bbkb(arms, batch_bound=3.0)
+    run_batches(b, f, 30)
     seen = []
     original = b.sampler.resample
     monkeypatch.setattr(b.sampler, "resample",
@@ -121,9 +96,9 @@ def test_resampling_uses_the_batch_start_variances_and_pull_counts(monkeypatch):
 
 
 def test_lazy_and_eager_selection_give_identical_runs():
-    arms, f = _arms(A=400)
-    lazy, eager = _bbkb(arms, lazy=True), _bbkb(arms, lazy=False)
-    assert _run(lazy, f, 300) == _run(eager, f, 300)
+    arms, f = arms_and_values(A=400)
+    lazy, eager = make_bbkb(arms, lazy=True), make_bbkb(arms, lazy=False)
+    assert run_batches(lazy, f, 300) == run_batches(eager, f, 300)
     assert torch.equal(lazy.dictionary, eager.dictionary)
     assert lazy.ucb_evaluations < eager.ucb_evaluations / 5  # lazy touches far fewer arms
 
@@ -132,7 +107,7 @@ def test_batch_sizes_grow_on_a_smooth_problem():
     arms = torch.linspace(0, 1, 500, dtype=torch.float64)[:, None]
     f = torch.exp(-((arms[:, 0] - 0.7) ** 2) / 0.05)
     b = BBKB(arms, GaussianKernel(0.15), noise=0.01, beta=0.2, batch_bound=2.0, seed=0)
-    _run(b, f, 2000)
+    run_batches(b, f, 2000)
     sizes = b.batch_sizes
     third = len(sizes) // 3
     early, late = sizes[:third], sizes[-third:]
@@ -143,9 +118,9 @@ def test_batch_sizes_grow_on_a_smooth_problem():
 
 def test_dictionary_of_all_pulled_arms_is_gp_bucb_with_the_sum_rule():
     # q̄ huge: every pulled arm stays in S, the DTC posterior is the exact GP (001: "we recover GP-BUCB")
-    arms, f = _arms(A=120)
-    b = _bbkb(arms, q_bar=1e9, batch_bound=4.0, beta=0.4)
-    _run(b, f, 25)
+    arms, f = arms_and_values(A=120)
+    b = make_bbkb(arms, q_bar=1e9, batch_bound=4.0, beta=0.4)
+    run_batches(b, f, 25)
     batch = b.ask()
     pulled = (b.counts > 0).nonzero().squeeze(1)
     assert torch.equal(b.dictionary, pulled)
@@ -163,8 +138,8 @@ def test_dictionary_of_all_pulled_arms_is_gp_bucb_with_the_sum_rule():
 
 
 def test_theory_width_is_batch_bound_times_bbkb_beta():
-    arms, f = _arms()
-    b = _bbkb(arms, beta="theory", batch_bound=3.0, F=2.0, delta=0.05)
+    arms, f = arms_and_values()
+    b = make_bbkb(arms, beta="theory", batch_bound=3.0, F=2.0, delta=0.05)
     log_sum = 0.0
     for _ in range(8):
         idx = b.ask()
@@ -177,26 +152,26 @@ def test_theory_width_is_batch_bound_times_bbkb_beta():
 
 
 def test_float_beta_is_the_in_batch_multiplier_itself():
-    arms, f = _arms()
+    arms, f = arms_and_values()
     for C in (1.5, 4.0):
-        b = _bbkb(arms, beta=0.7, batch_bound=C)
-        _run(b, f, 10)
+        b = make_bbkb(arms, beta=0.7, batch_bound=C)
+        run_batches(b, f, 10)
         b.ask()
         assert b.beta == 0.7 and math.isnan(b.beta_tilde)
 
 
 def test_max_batch_size_caps_batches():
-    arms, f = _arms()
-    b = _bbkb(arms, batch_bound=50.0, max_batch_size=4)
-    _run(b, f, 80)
+    arms, f = arms_and_values()
+    b = make_bbkb(arms, batch_bound=50.0, max_batch_size=4)
+    run_batches(b, f, 80)
     assert max(b.batch_sizes) == 4
 
 
 @pytest.mark.parametrize("mid_batch", [False, True])
 def test_checkpoint_resume_is_an_identical_continuation(mid_batch):
-    arms, f = _arms(A=250)
-    a = _bbkb(arms, beta="theory", batch_bound=3.0, F=1.0)
-    _run(a, f, 60)
+    arms, f = arms_and_values(A=250)
+    a = make_bbkb(arms, beta="theory", batch_bound=3.0, F=1.0)
+    run_batches(a, f, 60)
     if mid_batch:
         idx = a.ask()
         while len(idx) < 2:  # need a batch of >= 2 to stop in the middle of it
@@ -204,24 +179,24 @@ def test_checkpoint_resume_is_an_identical_continuation(mid_batch):
             idx = a.ask()
         a.tell(idx[:1], f[idx[:1]])
     state = a.state_dict()
-    b = _bbkb(arms, beta="theory", batch_bound=3.0, F=1.0, seed=123)  # a different seed: all restored
+    b = make_bbkb(arms, beta="theory", batch_bound=3.0, F=1.0, seed=123)  # a different seed: all restored
     b.load_state_dict(state)
     if mid_batch:
         assert b.pending.tolist() == a.pending.tolist()
         rest = a.pending
         a.tell(rest, f[rest])
         b.tell(rest, f[rest])
-    _run(a, f, 200)
-    _run(b, f, 200)
+    run_batches(a, f, 200)
+    run_batches(b, f, 200)
     assert a.history == b.history and a.batch_sizes == b.batch_sizes
     assert torch.equal(a.dictionary, b.dictionary) and a.log_sum == b.log_sum
     assert torch.equal(a.scores()[0], b.scores()[0]) and torch.equal(a.scores()[1], b.scores()[1])
 
 
 def test_discarded_picks_are_left_out_consistently():
-    arms, f = _arms()
-    b = _bbkb(arms, batch_bound=4.0)
-    _run(b, f, 30)
+    arms, f = arms_and_values()
+    b = make_bbkb(arms, batch_bound=4.0)
+    run_batches(b, f, 30)
     idx = b.ask()
     while len(idx) < 3:
         b.tell(idx, f[idx])
@@ -232,12 +207,12 @@ def test_discarded_picks_are_left_out_consistently():
     assert b.t == t0 + len(idx) - 1 and int(b.counts.sum()) == b.t
     rls_fb = b.last_selection.rls_start[1:].double()
     assert b.log_sum == pytest.approx(log0 + float(torch.log1p(3 * rls_fb).sum()), rel=1e-9)
-    _run(b, f, b.t + 20)  # continues normally
+    run_batches(b, f, b.t + 20)  # continues normally
 
 
 def test_a_fully_discarded_first_batch_draws_again():
-    arms, f = _arms()
-    b = _bbkb(arms)
+    arms, f = arms_and_values()
+    b = make_bbkb(arms)
     first = b.ask()
     b.discard(first)
     assert b.t == 0 and b.dictionary_size == 0
@@ -247,19 +222,19 @@ def test_a_fully_discarded_first_batch_draws_again():
 
 
 def test_counters_and_timers():
-    arms, f = _arms()
-    b = _bbkb(arms)
-    _run(b, f, 100)
+    arms, f = arms_and_values()
+    b = make_bbkb(arms)
+    run_batches(b, f, 100)
     assert b.num_resparsifications == len(b.batch_sizes) and sum(b.batch_sizes) >= 100
     assert b.time_in_batch > 0 and b.time_resparsify > 0
     assert b.dictionary_size == b.dictionary.numel() > 0 and b.embeddings_computed <= b.num_resparsifications
 
 
 def test_float32_follows_float64():
-    arms, f = _arms()
-    b64, b32 = _bbkb(arms), _bbkb(arms.float())
-    _run(b64, f, 150)
-    _run(b32, f.float(), 150)
+    arms, f = arms_and_values()
+    b64, b32 = make_bbkb(arms), make_bbkb(arms.float())
+    run_batches(b64, f, 150)
+    run_batches(b32, f.float(), 150)
     r64 = float(f.max() - f[b64.history["index"][-30:]].mean())
     r32 = float(f.max() - f[b32.history["index"][-30:]].mean())
     assert r64 < 0.05 and r32 < 0.05
@@ -285,15 +260,15 @@ def test_float32_follows_float64():
     ],
 )
 def test_bad_arguments(kw, msg):
-    arms, _ = _arms(A=20)
+    arms, _ = arms_and_values(A=20)
     with pytest.raises(InputDataError, match=msg):
-        _bbkb(arms, **kw)
+        make_bbkb(arms, **kw)
 
 
 def test_bad_tell_leaves_state_unchanged():
-    arms, f = _arms()
-    b = _bbkb(arms)
-    _run(b, f, 20)
+    arms, f = arms_and_values()
+    b = make_bbkb(arms)
+    run_batches(b, f, 20)
     idx = b.ask()
     before = b.state_dict()
     with pytest.raises(InputDataError):
@@ -312,7 +287,7 @@ def test_batches_read_features_on_demand_and_equal_selection_on_the_full_embeddi
     arms = torch.linspace(0, 1, 400, dtype=torch.float64)[:, None]
     f = torch.exp(-((arms[:, 0] - 0.7) ** 2) / 0.05)
     b = BBKB(arms, GaussianKernel(0.15), noise=0.01, beta=0.2, batch_bound=2.0, max_batch_size=300, seed=0)
-    _run(b, f, 300)
+    run_batches(b, f, 300)
     longest = 0
     for _ in range(30):
         rows = b.feature_rows()
@@ -332,7 +307,7 @@ def test_batches_read_features_on_demand_and_equal_selection_on_the_full_embeddi
 def test_a_prior_variance_too_small_for_the_stop_rule_ends_the_batch(cap):
     """A kernel with prior variance 1e-100 next to λ = 0.01 (σ̃²_fb ≈ 0 next to C̃): without a cap each pick ends its
     batch instead of a practically endless batch; with a cap the batch runs to the cap."""
-    arms, f = _arms(A=40)
+    arms, f = arms_and_values(A=40)
     base = GaussianKernel(0.2)
     b = BBKB(arms, lambda x1, x2: 1e-100 * base(x1, x2), noise=0.01, q_bar=2.0, beta=0.3, batch_bound=2.0,
              max_batch_size=cap, seed=1)
@@ -340,51 +315,6 @@ def test_a_prior_variance_too_small_for_the_stop_rule_ends_the_batch(cap):
         idx = b.ask()
         b.tell(idx, f[idx])
     assert b.batch_sizes[0] == 1 and set(b.batch_sizes[1:]) == {1 if cap is None else cap}
-
-
-@pytest.mark.parametrize("prune", [True, False])
-def test_a_fixed_batch_size_gives_distinct_batches_of_that_size(prune):
-    arms, f = _arms(A=400)
-    b = _bbkb(arms, batch_size=12, prune=prune)
-    batches = _run(b, f, 121)
-    assert batches[0] == batches[0][:1] and all(len(x) == 12 == len(set(x)) for x in batches[1:])
-    ref = _bbkb(arms, batch_size=12, prune=not prune)
-    assert _run(ref, f, 121) == batches  # pruning changes the work, never the batches
-
-
-def test_fixed_batches_are_gp_bucb_batches_with_every_pulled_arm_in_the_dictionary():
-    arms, f = _arms(A=200)
-    b = _bbkb(arms, batch_size=8, q_bar=1e9, beta=0.5)  # every pulled arm joins the dictionary
-    _run(b, f, 25)
-    idx = b.ask()
-    pulled = (b.counts > 0).nonzero().squeeze(1)
-    assert torch.equal(b.dictionary.sort().values, pulled.sort().values)
-    lam, k = 0.01, GaussianKernel(LS)
-    X, n = arms[pulled], b.counts[pulled].to(torch.float64)
-    y = b.reward_sums[pulled] / n
-    K = k(X, X) + lam * torch.diag(1.0 / n)
-    L = torch.linalg.cholesky(K)
-    Ka = k(arms, X)
-    mu = Ka @ torch.cholesky_solve(y.unsqueeze(-1), L).squeeze(-1)
-    W = torch.linalg.solve_triangular(L, Ka.T, upper=False)
-    Sig = k(arms, arms) - W.T @ W
-    picks = []
-    for _ in range(8):
-        ucb = mu + 0.5 * (Sig.diagonal().clamp_min(0) / lam).sqrt()
-        ucb[picks] = -torch.inf
-        p = int(ucb.argmax())
-        picks.append(p)
-        Sig = Sig - Sig[:, p : p + 1] @ Sig[p : p + 1, :] / (Sig[p, p] + lam)
-    assert idx.tolist() == picks
-
-
-def test_fixed_batch_checkpoint_resume_is_an_identical_continuation():
-    arms, f = _arms(A=250)
-    a = _bbkb(arms, batch_size=10)
-    _run(a, f, 31)
-    b = _bbkb(arms, batch_size=10, seed=99)
-    b.load_state_dict(a.state_dict())
-    assert _run(a, f, 101) == _run(b, f, 101)
 
 
 def test_reward_sums_of_repeated_arms_are_the_same_at_every_run(device):

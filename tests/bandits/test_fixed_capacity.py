@@ -8,76 +8,11 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from helpers import HostReads
 
+from fixed_capacity_cases import compiled_with, counted_run, drive, problem, reward_noise, run_picks
 from torchbkb import BBKB, BKB
 from torchbkb.bandits.fixed_capacity import capacity_for, compact_slots, fixed_update
 from torchbkb.gp.kernels import GaussianKernel
-
-
-def _problem(seed: int, device, A: int = 300, twins: bool = False):
-    g = torch.Generator().manual_seed(seed)
-    arms = torch.rand(A, 2, generator=g, dtype=torch.float64)
-    if twins:  # every point twice, 1e-7 apart: a dictionary holding both has a K_S singular to rounding
-        arms = torch.cat([arms[: A // 2], arms[: A // 2] + 1e-7])
-    return arms.to(device), torch.sin(5 * arms).sum(-1).to(device)
-
-
-def _noise(seed: int, skip: int = 0) -> torch.Generator:
-    """The reward noise of run ``seed``, past the draws of its first ``skip`` one-arm steps."""
-    g = torch.Generator().manual_seed(100 + seed)
-    for _ in range(skip):
-        torch.randn((1,), generator=g, dtype=torch.float64)
-    return g
-
-
-def _drive(b, f, T: int, g: torch.Generator, picks: list[int], stop_at: int | None = None) -> list[int]:
-    """Ask and tell ``b`` until ``T`` evaluations (or ``stop_at``), the rewards ``f`` plus noise from ``g``; the picks
-    appended to ``picks``."""
-    while b.t < T:
-        idx = b.ask()
-        picks += idx.tolist()
-        b.tell(idx, f[idx] + 0.1 * torch.randn(idx.shape, generator=g, dtype=torch.float64).to(f.device))
-        if stop_at is not None and b.t >= stop_at:
-            break
-    return picks
-
-
-def _run(cls, arms, f, *, fixed: bool, T: int, seed: int, stop_at: int | None = None, setup=None, **kw):
-    """Picks of a bandit run to ``T`` evaluations (noisy rewards from a seeded generator); ``setup(bandit)`` sets
-    what the constructor does not (the engine's compilation, BBKB's device loop)."""
-    kw = {"noise": 0.01, "q_bar": 2.0, "beta": 0.5, "seed": seed} | kw
-    b = cls(arms, GaussianKernel(0.2), **kw)
-    b.fixed_capacity = fixed
-    if setup is not None:
-        setup(b)
-    return _drive(b, f, T, _noise(seed), [], stop_at), b
-
-
-def _compiled(backend):
-    """A ``setup`` for :func:`_run`: the fixed-capacity update compiled with ``backend``."""
-    def setup(b):
-        b.engine.compiled, b.engine.backend = True, backend
-    return setup
-
-
-def _counted_run(b, f, T: int, g: torch.Generator, *, host_rewards: bool):
-    """:func:`_drive` counting the host reads of every ``ask`` and of every ``tell`` (given ask's own tensor, and the
-    rewards as a host list when ``host_rewards``), less the one read a ``tell`` that pulls new arms makes for their
-    rows' finiteness; returns ``(picks, asks, tells)``."""
-    picks, asks, tells = [], [], []
-    while b.t < T:
-        with HostReads() as r:
-            idx = b.ask()
-        asks.append(len(r.calls))
-        y = f[idx] + 0.1 * torch.randn(idx.shape, generator=g, dtype=torch.float64).to(f.device)
-        y = y.cpu().tolist() if host_rewards else y
-        new = bool(set(b.pending.tolist()) - set(picks))
-        picks += b.pending.tolist()
-        with HostReads() as r:
-            b.tell(idx, y)
-        tells.append(len(r.calls) - new)
-    return picks, asks, tells
 
 
 @settings(max_examples=60, deadline=None)
@@ -103,14 +38,14 @@ def test_capacity_is_a_power_of_two_that_holds_n():
 def test_the_fixed_update_prunes_the_arms_the_eager_update_prunes(cls, device):
     """A narrow width over 3,000 arms: most arms fall below the bound. The fixed update scores the same arms in its
     ``k_cap`` slots (grown from the first guess when more pass), the prior bound for the others, the same picks."""
-    arms, f = _problem(3, device, A=3_000)
+    arms, f = problem(3, device, A=3_000)
     kw = {"T": 200, "seed": 3, "prune": True, "beta": 0.05} | ({"batch_bound": 3.0} if cls is BBKB else {})
-    eager, be = _run(cls, arms, f, fixed=False, **kw)
+    eager, be = run_picks(cls, arms, f, fixed=False, **kw)
 
     def setup(b):  # BBKB's replayed picks (a GPU's default) take every arm: no pruning (a test below)
         b.engine.k_cap, b.pick_graphs = 16, None
 
-    fixed, bf = _run(cls, arms, f, fixed=True, setup=setup, **kw)
+    fixed, bf = run_picks(cls, arms, f, fixed=True, setup=setup, **kw)
     assert fixed == eager
     assert bf.engine.k_cap > 16  # outgrown on the way, run again in more slots
     assert be.arms_scored_total < 0.1 * 200 * 3_000  # the eager update pruned (BKB: 200 updates, BBKB: fewer)
@@ -123,9 +58,9 @@ def test_the_fixed_update_prunes_the_arms_the_eager_update_prunes(cls, device):
 @pytest.mark.parametrize("prune", [True, False])
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_bkb_makes_the_eager_updates_choices(seed, prune, device):
-    arms, f = _problem(seed, device)
-    eager, be = _run(BKB, arms, f, fixed=False, T=150, seed=seed, prune=prune)
-    fixed, bf = _run(BKB, arms, f, fixed=True, T=150, seed=seed, prune=prune)
+    arms, f = problem(seed, device)
+    eager, be = run_picks(BKB, arms, f, fixed=False, T=150, seed=seed, prune=prune)
+    fixed, bf = run_picks(BKB, arms, f, fixed=True, T=150, seed=seed, prune=prune)
     assert fixed == eager
     assert torch.equal(bf.dictionary, be.dictionary)
     assert bf.embeddings_computed == be.embeddings_computed
@@ -138,16 +73,16 @@ def test_bkb_makes_the_eager_updates_choices(seed, prune, device):
 
 @pytest.mark.parametrize("seed", [0, 1])
 def test_bbkb_makes_the_eager_updates_choices(seed, device):
-    arms, f = _problem(seed, device)
-    eager, _ = _run(BBKB, arms, f, fixed=False, T=300, seed=seed, batch_bound=2.0)
-    fixed, _ = _run(BBKB, arms, f, fixed=True, T=300, seed=seed, batch_bound=2.0)
+    arms, f = problem(seed, device)
+    eager, _ = run_picks(BBKB, arms, f, fixed=False, T=300, seed=seed, batch_bound=2.0)
+    fixed, _ = run_picks(BBKB, arms, f, fixed=True, T=300, seed=seed, batch_bound=2.0)
     assert fixed == eager
 
 
 def test_a_dictionary_that_outgrows_its_slots_is_redone_in_larger_ones(device):
-    arms, f = _problem(3, device, A=400)
-    eager, be = _run(BKB, arms, f, fixed=False, T=120, seed=3, q_bar=20.0)
-    fixed, bf = _run(BKB, arms, f, fixed=True, T=120, seed=3, q_bar=20.0)
+    arms, f = problem(3, device, A=400)
+    eager, be = run_picks(BKB, arms, f, fixed=False, T=120, seed=3, q_bar=20.0)
+    fixed, bf = run_picks(BKB, arms, f, fixed=True, T=120, seed=3, q_bar=20.0)
     assert be.dictionary_size > 32 and bf.engine.m_cap >= bf.dictionary_size
     assert fixed == eager
 
@@ -155,34 +90,34 @@ def test_a_dictionary_that_outgrows_its_slots_is_redone_in_larger_ones(device):
 def test_a_singular_dictionary_falls_back_to_the_eager_update(device):
     """Both twins of a point in the dictionary: ``K_S`` is singular to rounding, its Cholesky pivot test fails and
     the eager update (``eigh``) runs on the dictionary drawn."""
-    arms, f = _problem(4, device, A=60, twins=True)
-    eager, _ = _run(BKB, arms, f, fixed=False, T=150, seed=4, q_bar=50.0, beta=2.0)
-    fixed, bf = _run(BKB, arms, f, fixed=True, T=150, seed=4, q_bar=50.0, beta=2.0)
+    arms, f = problem(4, device, A=60, twins=True)
+    eager, _ = run_picks(BKB, arms, f, fixed=False, T=150, seed=4, q_bar=50.0, beta=2.0)
+    fixed, bf = run_picks(BKB, arms, f, fixed=True, T=150, seed=4, q_bar=50.0, beta=2.0)
     assert fixed == eager
     held = set(bf.dictionary.tolist())
     assert any(a + 30 in held for a in held if a < 30)
 
 
 def test_a_resumed_fixed_capacity_run_continues_exactly(device):
-    arms, f = _problem(5, device)
-    whole, _ = _run(BKB, arms, f, fixed=True, T=120, seed=5)
-    first, b = _run(BKB, arms, f, fixed=True, T=120, seed=5, stop_at=60)
+    arms, f = problem(5, device)
+    whole, _ = run_picks(BKB, arms, f, fixed=True, T=120, seed=5)
+    first, b = run_picks(BKB, arms, f, fixed=True, T=120, seed=5, stop_at=60)
     resumed = BKB(arms, GaussianKernel(0.2), noise=0.01, q_bar=2.0, beta=0.5, seed=5)
     resumed.fixed_capacity = True
     resumed.load_state_dict(b.state_dict())
     torch.testing.assert_close(resumed.arm_means, b.arm_means, rtol=0, atol=0)
-    assert _drive(resumed, f, 120, _noise(5, skip=60), list(first)) == whole  # the noise of the steps left
+    assert drive(resumed, f, 120, reward_noise(5, skip=60), list(first)) == whole  # the noise of the steps left
 
 
 def test_a_bkb_step_reads_the_device_once(device):
     """With a constant width the fixed-capacity update makes the next UCB argmax too: ``ask`` reads nothing, and
     ``tell`` with the tensor ask returned reads the rewards and the update's flags (and, for an arm pulled the first
     time, its kernel row's finiteness) -- beside the accuracy check when the dictionary has grown by a quarter."""
-    arms, f = _problem(6, device)
-    eager, _ = _run(BKB, arms, f, fixed=False, T=120, seed=6)
+    arms, f = problem(6, device)
+    eager, _ = run_picks(BKB, arms, f, fixed=False, T=120, seed=6)
     b = BKB(arms, GaussianKernel(0.2), noise=0.01, q_bar=2.0, beta=0.5, seed=6)
     b.fixed_capacity = True
-    picks, asks, tells = _counted_run(b, f, 120, _noise(6), host_rewards=False)
+    picks, asks, tells = counted_run(b, f, 120, reward_noise(6), host_rewards=False)
     assert picks == eager
     assert set(asks[1:]) == {0}
     checks = 2 + math.ceil(math.log(b.dictionary_size) / math.log(1.25))
@@ -196,10 +131,10 @@ def test_the_update_compiles_as_one_graph_and_equals_the_eager_update(dtype, dev
     import torch._dynamo
 
     torch._dynamo.reset()
-    arms, f = _problem(7, device)
+    arms, f = problem(7, device)
     arms = arms.to(dtype)
-    eager, _ = _run(BKB, arms, f, fixed=True, T=80, seed=7)
-    picks, b = _run(BKB, arms, f, fixed=True, T=80, seed=7, setup=_compiled("eager"))
+    eager, _ = run_picks(BKB, arms, f, fixed=True, T=80, seed=7)
+    picks, b = run_picks(BKB, arms, f, fixed=True, T=80, seed=7, setup=compiled_with("eager"))
     assert picks == eager
     torch._dynamo.reset()  # the engine's compilations above count towards the recompile limit of the same code
     compiled = torch.compile(fixed_update, fullgraph=True, backend="eager", dynamic=False)
@@ -231,11 +166,11 @@ def test_a_bbkb_batch_reads_the_device_once_to_select_and_once_to_update(width, 
     they come from the host), the new arms' kernel rows' finiteness (when there are new arms) and the update's
     flags, once each -- beside the float64 accuracy check of the variances, which runs when the dictionary has grown
     by a quarter (a few times a run); the same batches as the CPU's loops."""
-    arms, f = _problem(8, device)
-    lazy, _ = _run(BBKB, arms, f, fixed=False, T=200, seed=8, batch_bound=3.0, beta=width)
+    arms, f = problem(8, device)
+    lazy, _ = run_picks(BBKB, arms, f, fixed=False, T=200, seed=8, batch_bound=3.0, beta=width)
     b = BBKB(arms, GaussianKernel(0.2), noise=0.01, q_bar=2.0, beta=width, seed=8, batch_bound=3.0)
     b.fixed_capacity, b.device_loop, b.pick_graphs = True, True, None
-    picks, asks, tells = _counted_run(b, f, 200, _noise(8), host_rewards=True)
+    picks, asks, tells = counted_run(b, f, 200, reward_noise(8), host_rewards=True)
     assert picks == lazy
     sizes = b.batch_sizes
     for k in range(1, len(sizes)):
@@ -255,9 +190,9 @@ def test_a_long_batch_goes_to_the_lazy_loop_with_the_same_picks(device, monkeypa
     from torchbkb.bandits import device_batch
 
     monkeypatch.setattr(device_batch, "DEVICE_PICKS_MAX", 16)
-    arms, f = _problem(9, device)
-    lazy, _ = _run(BBKB, arms, f, fixed=False, T=300, seed=9, batch_bound=3.0)
-    picks, b = _run(BBKB, arms, f, fixed=True, T=300, seed=9, batch_bound=3.0,
+    arms, f = problem(9, device)
+    lazy, _ = run_picks(BBKB, arms, f, fixed=False, T=300, seed=9, batch_bound=3.0)
+    picks, b = run_picks(BBKB, arms, f, fixed=True, T=300, seed=9, batch_bound=3.0,
                     setup=lambda b: setattr(b, "device_loop", True))
     assert max(b.batch_sizes) > 16 and picks == lazy
 
@@ -268,11 +203,11 @@ def test_a_pickled_bandit_with_a_compiled_update_continues_exactly():
     import torch._dynamo
 
     torch._dynamo.reset()
-    arms, f = _problem(10, torch.device("cpu"))
-    whole, _ = _run(BKB, arms, f, fixed=True, T=60, seed=10)
-    first, b = _run(BKB, arms, f, fixed=True, T=60, seed=10, stop_at=30, setup=_compiled("eager"))
+    arms, f = problem(10, torch.device("cpu"))
+    whole, _ = run_picks(BKB, arms, f, fixed=True, T=60, seed=10)
+    first, b = run_picks(BKB, arms, f, fixed=True, T=60, seed=10, stop_at=30, setup=compiled_with("eager"))
     b = pickle.loads(pickle.dumps(b))
-    assert _drive(b, f, 60, _noise(10, skip=30), first) == whole and b.engine.compiled
+    assert drive(b, f, 60, reward_noise(10, skip=30), first) == whole and b.engine.compiled
 
 
 def test_a_compilation_that_fails_warns_once_and_the_update_runs_eagerly(monkeypatch):
@@ -281,14 +216,14 @@ def test_a_compilation_that_fails_warns_once_and_the_update_runs_eagerly(monkeyp
     import torch._dynamo
 
     torch._dynamo.reset()
-    arms, f = _problem(11, torch.device("cpu"))
-    whole, _ = _run(BKB, arms, f, fixed=True, T=40, seed=11)
+    arms, f = problem(11, torch.device("cpu"))
+    whole, _ = run_picks(BKB, arms, f, fixed=True, T=40, seed=11)
 
     def broken(gm, example_inputs):
         raise RuntimeError("no compiler here")
 
     with pytest.warns(RuntimeWarning, match="torch.compile failed") as caught:
-        picks, b = _run(BKB, arms, f, fixed=True, T=40, seed=11, setup=_compiled(broken))
+        picks, b = run_picks(BKB, arms, f, fixed=True, T=40, seed=11, setup=compiled_with(broken))
     assert picks == whole and not b.engine.compiled
     assert sum("torch.compile failed" in str(w.message) for w in caught) == 1
 
@@ -297,7 +232,7 @@ def test_a_compilation_that_fails_warns_once_and_the_update_runs_eagerly(monkeyp
 def test_discards_exclusions_and_readmissions_make_the_eager_choices(cls, device):
     """Arms that keep failing are discarded and excluded, then readmitted: the fixed-capacity update (with BKB's
     fused argmax and BBKB's device loop) and the eager one pick the same arms throughout."""
-    arms, f = _problem(12, device, A=80)
+    arms, f = problem(12, device, A=80)
     runs = []
     for fixed in (False, True):  # (a cap: 80 arms at a constant width grow batches of millions of repeated picks)
         kw = {"batch_bound": 3.0, "max_batch_size": 40} if cls is BBKB else {}
@@ -323,9 +258,9 @@ def test_discards_exclusions_and_readmissions_make_the_eager_choices(cls, device
 
 def test_streamed_dictionary_rows_run_the_eager_update(device):
     """Dictionary rows past ``kernel_cache_bytes`` are streamed: the fixed-capacity update steps aside."""
-    arms, f = _problem(13, device)
-    eager, _ = _run(BKB, arms, f, fixed=False, T=60, seed=13, kernel_cache_bytes=1)
-    fixed, b = _run(BKB, arms, f, fixed=True, T=60, seed=13, kernel_cache_bytes=1)
+    arms, f = problem(13, device)
+    eager, _ = run_picks(BKB, arms, f, fixed=False, T=60, seed=13, kernel_cache_bytes=1)
+    fixed, b = run_picks(BKB, arms, f, fixed=True, T=60, seed=13, kernel_cache_bytes=1)
     assert fixed == eager and b.dictionary_size > 0
 
 
@@ -334,15 +269,15 @@ def test_without_cached_pulled_rows_the_update_computes_the_dictionary_rows(cls,
     """Many arms: once the pulled arms' rows outgrow ``row_cache_bytes`` (0 here) the fixed-capacity update computes
     the dictionary's rows from the arms, at fixed shapes still: the eager update's choices; a BKB ``ask`` reads
     nothing and ``tell`` the rewards and the flags (beside the accuracy checks)."""
-    arms, f = _problem(13, device)
-    eager, be = _run(cls, arms, f, fixed=False, T=120, seed=13, row_cache_bytes=0)
-    fixed, bf = _run(cls, arms, f, fixed=True, T=120, seed=13, row_cache_bytes=0)
+    arms, f = problem(13, device)
+    eager, be = run_picks(cls, arms, f, fixed=False, T=120, seed=13, row_cache_bytes=0)
+    fixed, bf = run_picks(cls, arms, f, fixed=True, T=120, seed=13, row_cache_bytes=0)
     assert fixed == eager and torch.equal(bf.dictionary, be.dictionary)
     torch.testing.assert_close(bf.scores()[0], be.scores()[0], rtol=1e-8, atol=1e-8)
     b = BKB(arms, GaussianKernel(0.2), noise=0.01, q_bar=2.0, beta=0.5, seed=13, row_cache_bytes=0)
     b.fixed_capacity = True
-    picks, asks, tells = _counted_run(b, f, 120, _noise(13), host_rewards=False)
-    assert picks == _run(BKB, arms, f, fixed=False, T=120, seed=13, row_cache_bytes=0)[0]
+    picks, asks, tells = counted_run(b, f, 120, reward_noise(13), host_rewards=False)
+    assert picks == run_picks(BKB, arms, f, fixed=False, T=120, seed=13, row_cache_bytes=0)[0]
     checks = 2 + math.ceil(math.log(b.dictionary_size) / math.log(1.25))
     assert set(asks[1:]) == {0} and sum(t > 2 for t in tells[1:]) <= checks, tells
 
@@ -352,7 +287,7 @@ def test_non_finite_kernel_rows_raise_a_typed_error(device):
     (a typed error) before adopting the update."""
     from torchbkb.errors import NumericsError
 
-    arms, f = _problem(14, device)
+    arms, f = problem(14, device)
 
     class Broken(GaussianKernel):
         def forward(self, x1, x2, **kw):
@@ -362,7 +297,7 @@ def test_non_finite_kernel_rows_raise_a_typed_error(device):
     b = BKB(arms, Broken(0.2), noise=0.01, q_bar=2.0, beta=0.5, seed=14, row_cache_bytes=0)
     b.fixed_capacity = True
     with pytest.raises(NumericsError, match="finite"):
-        _drive(b, f, 40, _noise(14), [])
+        drive(b, f, 40, reward_noise(14), [])
 
 
 def test_computed_dictionary_rows_compile_as_one_graph(device):
@@ -373,69 +308,10 @@ def test_computed_dictionary_rows_compile_as_one_graph(device):
     import torch._dynamo
 
     torch._dynamo.reset()  # a compilation of another test in this process counts towards the recompile limit
-    arms, f = _problem(15, device)
-    eager, _ = _run(BKB, arms, f, fixed=False, T=80, seed=15, row_cache_bytes=0)
+    arms, f = problem(15, device)
+    eager, _ = run_picks(BKB, arms, f, fixed=False, T=80, seed=15, row_cache_bytes=0)
     with warnings.catch_warnings():
         warnings.simplefilter("error", RuntimeWarning)
-        compiled, b = _run(BKB, arms, f, fixed=True, T=80, seed=15, row_cache_bytes=0, setup=_compiled("eager"))
+        compiled, b = run_picks(BKB, arms, f, fixed=True, T=80, seed=15, row_cache_bytes=0,
+                                setup=compiled_with("eager"))
     assert compiled == eager and b.engine.compiled
-
-
-def test_bbkb_with_replayed_picks_scores_every_arm_in_the_fixed_update():
-    """Replayed picks take every arm, so BBKB's fixed-capacity update does not prune while they are on: the same
-    picks as the eager update, which prunes."""
-    from torchbkb.bandits.pick_graph import PickGraphs
-
-    arms, f = _problem(3, "cpu", A=3_000)
-    kw = {"T": 120, "seed": 3, "prune": True, "beta": 0.05, "batch_bound": 3.0}
-    eager, be = _run(BBKB, arms, f, fixed=False, **kw)
-
-    def replayed(b):
-        b.device_loop, b.pick_graphs = True, PickGraphs(devices=("cpu", "cuda"))
-
-    fixed, bf = _run(BBKB, arms, f, fixed=True, setup=replayed, **kw)
-    assert fixed == eager
-    assert be.scored_arms is not None and bf.scored_arms is None
-
-
-def _record_launches(b, launches: list[int]) -> None:
-    """Append the engine's ``m_cap`` to ``launches`` at each fixed-capacity update ``b`` launches."""
-    launch = b.engine.launch
-    b.engine.launch = lambda *a, **kw: launches.append(b.engine.m_cap) or launch(*a, **kw)
-
-
-@pytest.mark.parametrize("cls", [BKB, BBKB])
-def test_past_the_row_limit_the_eager_update_runs_with_the_same_picks(cls, device, monkeypatch):
-    """``m_cap × A`` over :data:`FIXED_ROWS_MAX` (lowered here to 16 slots of 300 arms): the fixed-capacity update
-    runs while the dictionary fits 16 slots (the update that outgrows them ends in 32), then the eager one -- the
-    picks of a run that is eager throughout."""
-    import torchbkb.bandits.capacity as capacity
-
-    monkeypatch.setattr(capacity, "FIXED_ROWS_MAX", 16 * 300)
-    arms, f = _problem(21, device)
-    launches = []
-    eager, _ = _run(cls, arms, f, fixed=False, T=120, seed=21)
-    fixed, b = _run(cls, arms, f, fixed=True, T=120, seed=21, setup=lambda b: _record_launches(b, launches))
-    assert fixed == eager
-    assert launches.count(16) >= 5 and set(launches) <= {16, 32} and launches.count(32) <= 1  # the outgrowing one
-    assert b.dictionary_size > 16
-
-
-def test_the_row_limit_leaves_bbkb_with_replayed_picks_on_the_fixed_update(monkeypatch):
-    """Replayed picks take every arm from the fixed update (it does not prune then): the limit, measured for an update
-    that prunes, does not apply; the same picks as the eager update."""
-    import torchbkb.bandits.capacity as capacity
-    from torchbkb.bandits.pick_graph import PickGraphs
-
-    monkeypatch.setattr(capacity, "FIXED_ROWS_MAX", 16 * 300)
-    arms, f = _problem(22, "cpu")
-    launches = []
-
-    def setup(b):
-        b.pick_graphs = PickGraphs(devices=("cpu",))
-        _record_launches(b, launches)
-
-    eager, _ = _run(BBKB, arms, f, fixed=False, T=120, seed=22)
-    fixed, b = _run(BBKB, arms, f, fixed=True, T=120, seed=22, setup=setup)
-    assert fixed == eager
-    assert b.dictionary_size > 32 and launches.count(max(launches)) >= 3 and max(launches) >= 64

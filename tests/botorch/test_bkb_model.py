@@ -1,5 +1,5 @@
 """BKBModel: the DTC math against independent float64 formulas, BoTorch shapes, gradients, transforms,
-conditioning, ``from_model`` and input validation."""
+``from_model`` and input validation (conditioning: test_bkb_model_conditioning.py)."""
 
 
 import pytest
@@ -7,51 +7,23 @@ import torch
 from botorch.models import SingleTaskGP
 from botorch.models.transforms.input import Normalize
 from botorch.models.transforms.outcome import Standardize
-from botorch.sampling import SobolQMCNormalSampler
-from gpytorch.kernels import RBFKernel, ScaleKernel
 from hypothesis import given, settings, strategies as st
 
+from bkb_model_cases import LAM, dictionary_model, gpytorch_kernel, krbf, model_data
 from conftest import tol
-from helpers import close, exact_gp, rbf, titsias_dtc
+from helpers import close, exact_gp, titsias_dtc
 from torchbkb.botorch import BKBModel, sample_dictionary
 from torchbkb.errors import InputDataError
 from torchbkb.gp.kernels import GaussianKernel
 
-LS, OS, LAM = 0.3, 1.7, 0.05
-
-
-def _kernel(device=None, dtype=torch.float64):
-    k = ScaleKernel(RBFKernel()).to(device=device, dtype=dtype)  # set values in the final dtype (exact)
-    k.base_kernel.lengthscale = torch.tensor(LS, dtype=dtype)  # a Python float would pass through float32
-    k.outputscale = torch.tensor(OS, dtype=dtype)
-    return k
-
-
-def _k(A, B):
-    return OS * rbf(A, B, LS)
-
-
-def _data(n=30, d=2, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    X = torch.rand(n, d, generator=g, dtype=torch.float64)
-    Y = (torch.sin(5 * X.sum(-1)) + 0.1 * torch.randn(n, generator=g, dtype=torch.float64)).unsqueeze(-1)
-    Xq = torch.rand(7, d, generator=g, dtype=torch.float64)
-    return X, Y, Xq
-
-
-def _model(X, Y, S, device="cpu", dtype=torch.float64, **kw):
-    kw.setdefault("outcome_transform", None)
-    return BKBModel(X.to(device, dtype), Y.to(device, dtype), kernel=_kernel(device, dtype), noise=LAM,
-                    inducing_points=S.to(device, dtype), **kw)
-
 
 # ---------------------------------------------------------------------- the math
 def test_posterior_is_titsias_dtc_with_joint_covariance(dtype, device):
-    X, Y, Xq = _data()
+    X, Y, Xq = model_data()
     S = X[::3]
-    model = _model(X, Y, S, device, dtype)
+    model = dictionary_model(X, Y, S, device, dtype)
     post = model.posterior(Xq.to(device, dtype))
-    m_ref, cov_ref = titsias_dtc(_k(S, S), _k(X, S), _k(Xq, S), _k(Xq, Xq), Y[:, 0], LAM)
+    m_ref, cov_ref = titsias_dtc(krbf(S, S), krbf(X, S), krbf(Xq, S), krbf(Xq, Xq), Y[:, 0], LAM)
     t = tol(dtype) * 10
     assert post.mean.shape == (7, 1) and post.mean.dtype == dtype and post.mean.device.type == device.type
     assert close(post.mean[:, 0].double().cpu(), m_ref, atol=t)
@@ -66,25 +38,25 @@ def test_posterior_is_titsias_dtc_with_joint_covariance(dtype, device):
 
 
 def test_dictionary_of_all_points_is_the_exact_gp():
-    X, Y, Xq = _data()
-    model = _model(X, Y, X)
-    m_ref, cov_ref = exact_gp(_k(X, X), _k(X, Xq), _k(Xq, Xq), Y[:, 0], LAM)
+    X, Y, Xq = model_data()
+    model = dictionary_model(X, Y, X)
+    m_ref, cov_ref = exact_gp(krbf(X, X), krbf(X, Xq), krbf(Xq, Xq), Y[:, 0], LAM)
     post = model.posterior(Xq)
     assert close(post.mean[:, 0], m_ref, atol=1e-9)
     assert close(post.distribution.covariance_matrix, cov_ref, atol=1e-9)
 
 
 def test_rls_is_gp_variance_over_lambda():
-    X, Y, Xq = _data()
-    model = _model(X, Y, X[::2])
+    X, Y, Xq = model_data()
+    model = dictionary_model(X, Y, X[::2])
     var = model.posterior(Xq.unsqueeze(-2)).variance.reshape(-1)
     assert close(model.rls(Xq), var / LAM, atol=1e-9)
 
 
 @pytest.mark.parametrize("shape", [(5, 2), (4, 5, 2), (3, 4, 1, 2)])
 def test_posterior_shapes(shape):
-    X, Y, _ = _data()
-    model = _model(X, Y, X[::3])
+    X, Y, _ = model_data()
+    model = dictionary_model(X, Y, X[::3])
     Xq = torch.rand(*shape, dtype=torch.float64)
     post = model.posterior(Xq)
     q = shape[-2]
@@ -100,8 +72,8 @@ def test_posterior_shapes(shape):
 
 
 def test_gradcheck_mean_and_variance():
-    X, Y, _ = _data(n=15)
-    model = _model(X, Y, X[::2])
+    X, Y, _ = model_data(n=15)
+    model = dictionary_model(X, Y, X[::2])
     Xq = torch.rand(2, 3, 2, dtype=torch.float64, requires_grad=True)
 
     def f(x):
@@ -112,8 +84,8 @@ def test_gradcheck_mean_and_variance():
 
 
 def test_q1_fast_path_equals_the_joint_diagonal_and_is_differentiable():
-    X, Y, Xq = _data(n=15)
-    model = _model(X, Y, X[::2])
+    X, Y, Xq = model_data(n=15)
+    model = dictionary_model(X, Y, X[::2])
     joint = model.posterior(Xq)  # q = 7: joint covariance
     single = model.posterior(Xq.unsqueeze(-2))  # 7 batches of q = 1: the variance path
     assert single.distribution.covariance_matrix.shape == (7, 1, 1)
@@ -125,32 +97,32 @@ def test_q1_fast_path_equals_the_joint_diagonal_and_is_differentiable():
 
 
 def test_batched_training_data_are_independent_posteriors():
-    X, Y, Xq = _data()
-    X2, Y2, _ = _data(seed=1)
+    X, Y, Xq = model_data()
+    X2, Y2, _ = model_data(seed=1)
     S = torch.cat([X[::3], X2[::3]])
-    batched = _model(torch.stack([X, X2]), torch.stack([Y, Y2]), S)
+    batched = dictionary_model(torch.stack([X, X2]), torch.stack([Y, Y2]), S)
     assert batched.batch_shape == torch.Size([2])
     post = batched.posterior(Xq)
     assert post.mean.shape == (2, 7, 1)
     for i, (Xi, Yi) in enumerate([(X, Y), (X2, Y2)]):
-        single = _model(Xi, Yi, S).posterior(Xq)
+        single = dictionary_model(Xi, Yi, S).posterior(Xq)
         assert close(post.mean[i], single.mean, atol=1e-10)
         assert close(post.distribution.covariance_matrix[i], single.distribution.covariance_matrix, atol=1e-10)
 
 
 # ---------------------------------------------------------------------- transforms and from_model
 def test_transforms_are_honored(dtype):
-    X, Y, Xq = _data()
+    X, Y, Xq = model_data()
     lo, hi = torch.tensor([-3.0, 10.0], dtype=torch.float64), torch.tensor([5.0, 12.0], dtype=torch.float64)
     X_raw, Xq_raw = lo + (hi - lo) * X, lo + (hi - lo) * Xq
     Y_raw = 40.0 + 7.0 * Y
     c = lambda t: t.to(dtype)
     model = BKBModel(
-        c(X_raw), c(Y_raw), kernel=_kernel(dtype=dtype), noise=LAM, inducing_points=c(X_raw[::3]),
+        c(X_raw), c(Y_raw), kernel=gpytorch_kernel(dtype=dtype), noise=LAM, inducing_points=c(X_raw[::3]),
         input_transform=Normalize(2, bounds=c(torch.stack([lo, hi]))), outcome_transform=Standardize(m=1),
     )
     Ys = (Y - Y.mean()) / Y.std()
-    m_ref, cov_ref = titsias_dtc(_k(X[::3], X[::3]), _k(X, X[::3]), _k(Xq, X[::3]), _k(Xq, Xq), Ys[:, 0], LAM)
+    m_ref, cov_ref = titsias_dtc(krbf(X[::3], X[::3]), krbf(X, X[::3]), krbf(Xq, X[::3]), krbf(Xq, Xq), Ys[:, 0], LAM)
     s, a = 7.0 * Y.std(), 40.0 + 7.0 * Y.mean()
     post = model.posterior(c(Xq_raw))
     t = tol(dtype) * 100
@@ -169,7 +141,7 @@ def _fitted_like_gp(X, Y, input_transform=None):
 
 @pytest.mark.parametrize("with_input_transform", [False, True])
 def test_from_model_equals_single_task_gp_with_all_points(with_input_transform):
-    X, Y, Xq = _data()
+    X, Y, Xq = model_data()
     X_raw, Xq_raw = 2.0 + 3.0 * X, 2.0 + 3.0 * Xq
     it = Normalize(2) if with_input_transform else None  # learned bounds
     gp = _fitted_like_gp(X_raw if it else X, 5.0 * Y - 1.0, input_transform=it)
@@ -190,7 +162,7 @@ def test_from_model_equals_single_task_gp_with_all_points(with_input_transform):
 
 
 def test_from_model_samples_a_dictionary_and_keeps_conditioning_consistent():
-    X, Y, Xq = _data(n=60)
+    X, Y, Xq = model_data(n=60)
     gp = _fitted_like_gp(X, Y)
     a, b = BKBModel.from_model(gp, seed=3), BKBModel.from_model(gp, seed=3)
     assert torch.equal(a.inducing_points, b.inducing_points)  # reproducible
@@ -200,91 +172,13 @@ def test_from_model_samples_a_dictionary_and_keeps_conditioning_consistent():
 
 
 def test_from_model_rejects_what_it_cannot_copy():
-    X, Y, _ = _data()
+    X, Y, _ = model_data()
     with pytest.raises(InputDataError, match="single-output"):
         BKBModel.from_model(SingleTaskGP(X, torch.cat([Y, Y], -1)))
     with pytest.raises(InputDataError, match="GaussianLikelihood"):
         BKBModel.from_model(SingleTaskGP(X, Y, train_Yvar=torch.full_like(Y, 0.1)))
     with pytest.raises(InputDataError, match="ExactGP"):
-        BKBModel.from_model(_model(X, Y, X))
-
-
-# ---------------------------------------------------------------------- conditioning
-def test_condition_on_observations_equals_refit(dtype):
-    X, Y, Xq = _data(n=40)
-    S = X[::4]
-    it = lambda: Normalize(2, bounds=torch.tensor([[0.0, 0.0], [1.0, 1.0]], dtype=dtype))
-    c = lambda t: t.to(dtype)
-    for k in (1, 3, 9):  # Sherman-Morrison steps and a refactorization
-        base = _model(X[:30], Y[:30], S, dtype=dtype, input_transform=it())
-        cond = base.condition_on_observations(c(X[30 : 30 + k]), c(Y[30 : 30 + k]))
-        refit = _model(X[: 30 + k], Y[: 30 + k], S, dtype=dtype, input_transform=it())
-        p1, p2 = cond.posterior(c(Xq)), refit.posterior(c(Xq))
-        t = tol(dtype) * 10
-        assert close(p1.mean.double(), p2.mean.double(), atol=t)
-        assert close(p1.distribution.covariance_matrix.double(), p2.distribution.covariance_matrix.double(), atol=t)
-        assert cond.train_inputs[0].shape == (30 + k, 2)
-    # the original is unchanged
-    assert base.train_inputs[0].shape == (30, 2)
-    assert close(base.posterior(c(Xq)).mean.double(),
-                 _model(X[:30], Y[:30], S, dtype=dtype).posterior(c(Xq)).mean.double(), atol=tol(dtype) * 10)
-
-
-def test_condition_with_outcome_transform_uses_the_stored_statistics():
-    X, Y, Xq = _data(n=40)
-    base = _model(X[:30], Y[:30], X[::4], outcome_transform=Standardize(m=1))
-    cond = base.condition_on_observations(X[30:], Y[30:])
-    mu, sd = Y[:30].mean(), Y[:30].std()
-    ref = _model(X, (Y - mu) / sd, X[::4])
-    assert close(cond.posterior(Xq).mean, mu + sd * ref.posterior(Xq).mean, atol=1e-9)
-
-
-def test_condition_with_noise_is_heteroskedastic_exact_gp():
-    X, Y, Xq = _data(n=20)
-    base = _model(X[:12], Y[:12], X)  # dictionary holds every point: exact GP
-    noise = torch.linspace(0.01, 0.3, 8, dtype=torch.float64).unsqueeze(-1)
-    cond = base.condition_on_observations(X[12:], Y[12:], noise=noise)
-    D = torch.cat([torch.full((12,), LAM, dtype=torch.float64), noise[:, 0]])
-    K = _k(X, X)
-    M = K + torch.diag(D)
-    Kq = _k(X, Xq)
-    m_ref = Kq.T @ torch.linalg.solve(M, Y[:, 0])
-    cov_ref = _k(Xq, Xq) - Kq.T @ torch.linalg.solve(M, Kq)
-    post = cond.posterior(Xq)
-    assert close(post.mean[:, 0], m_ref, atol=1e-8)
-    assert close(post.distribution.covariance_matrix, cov_ref, atol=1e-8)
-
-
-def test_fantasize_batches_each_sample_like_a_refit():
-    X, Y, Xq = _data(n=30)
-    S = X[::3]
-    base = _model(X[:25], Y[:25], S)
-    sampler = SobolQMCNormalSampler(torch.Size([4]), seed=0)
-    fant = base.fantasize(X[25:], sampler)
-    assert fant.batch_shape == torch.Size([4])
-    post = fant.posterior(Xq)
-    assert post.mean.shape == (4, 7, 1)
-    Yf = fant.train_targets[..., 25:]  # (4, 5) fantasized outcomes
-    for i in range(4):
-        ref = _model(X, torch.cat([Y[:25, 0], Yf[i]]).unsqueeze(-1), S).posterior(Xq)
-        assert close(post.mean[i], ref.mean, atol=1e-9)
-        assert close(post.distribution.covariance_matrix[i], ref.distribution.covariance_matrix, atol=1e-9)
-    # fantasies over a batch of candidate sets: (b, q, d) -> batch (s, b)
-    fant2 = base.fantasize(torch.rand(3, 2, 2, dtype=torch.float64), sampler)
-    assert fant2.batch_shape == torch.Size([4, 3])
-    assert fant2.posterior(torch.rand(3, 5, 2, dtype=torch.float64)).mean.shape == (4, 3, 5, 1)
-
-
-def test_hallucinate_keeps_mean_and_matches_conditioning_on_the_mean():
-    X, Y, Xq = _data(n=30)
-    model = _model(X, Y, X[::3])
-    P = torch.rand(3, 2, dtype=torch.float64)
-    hal = model.hallucinate(P)
-    mean_P = model.posterior(P).mean
-    ref = model.condition_on_observations(P, mean_P.detach())
-    assert close(hal.posterior(Xq).mean, model.posterior(Xq).mean, atol=1e-10)
-    assert close(hal.posterior(Xq).variance, ref.posterior(Xq).variance, atol=1e-10)
-    assert bool((hal.posterior(Xq.unsqueeze(-2)).variance <= model.posterior(Xq.unsqueeze(-2)).variance + 1e-12).all())
+        BKBModel.from_model(dictionary_model(X, Y, X))
 
 
 # ---------------------------------------------------------------------- dictionary sampling
@@ -308,9 +202,9 @@ def test_sampled_dictionary_gives_an_accurate_posterior():
     X = torch.rand(300, 2, generator=g, dtype=torch.float64)
     Y = torch.sin(4 * X.sum(-1, keepdim=True))
     Xq = torch.rand(50, 2, generator=g, dtype=torch.float64)
-    model = BKBModel(X, Y, kernel=_kernel(), noise=LAM, q_bar=4.0, seed=0, outcome_transform=None)
+    model = BKBModel(X, Y, kernel=gpytorch_kernel(), noise=LAM, q_bar=4.0, seed=0, outcome_transform=None)
     assert model.num_inducing < 150
-    m_ref, cov_ref = exact_gp(_k(X, X), _k(X, Xq), _k(Xq, Xq), Y[:, 0], LAM)
+    m_ref, cov_ref = exact_gp(krbf(X, X), krbf(X, Xq), krbf(Xq, Xq), Y[:, 0], LAM)
     post = model.posterior(Xq.unsqueeze(-2))
     assert close(post.mean.reshape(-1), m_ref, atol=0.05)
     v = post.variance.reshape(-1)
@@ -319,7 +213,7 @@ def test_sampled_dictionary_gives_an_accurate_posterior():
 
 
 def test_seed_controls_the_dictionary():
-    X, Y, _ = _data(n=80)
+    X, Y, _ = model_data(n=80)
     a = BKBModel(X, Y, seed=1).inducing_points
     b = BKBModel(X, Y, seed=1).inducing_points
     assert torch.equal(a, b)
@@ -327,8 +221,8 @@ def test_seed_controls_the_dictionary():
 
 # ---------------------------------------------------------------------- dtype / device plumbing
 def test_to_keeps_float64_factorizations():
-    X, Y, Xq = _data()
-    model = _model(X, Y, X[::3], dtype=torch.float32)
+    X, Y, Xq = model_data()
+    model = dictionary_model(X, Y, X[::3], dtype=torch.float32)
     assert model.dtc_posterior.V_inv.dtype == torch.float64
     ref = model.posterior(Xq.float()).mean
     model.to(torch.float32)  # what BoTorch acquisitions do with ``self.to(X)``
@@ -341,7 +235,7 @@ def test_to_keeps_float64_factorizations():
 
 # ---------------------------------------------------------------------- bad inputs
 def test_bad_training_data_give_clear_errors():
-    X, Y, _ = _data()
+    X, Y, _ = model_data()
     with pytest.raises(InputDataError, match="one output column"):
         BKBModel(X, torch.cat([Y, Y], -1))
     with pytest.raises(InputDataError, match="explicit output dimension"):
@@ -376,8 +270,8 @@ def _bad_query_cases():
 @given(st.sampled_from(_bad_query_cases()), st.integers(0, 2))
 def test_bad_queries_give_clear_errors_and_leave_the_model_usable(case, extra_batch):
     shape, dtype, nan, msg = case
-    X, Y, Xq = _data()
-    model = _model(X, Y, X[::3])
+    X, Y, Xq = model_data()
+    model = dictionary_model(X, Y, X[::3])
     before = model.posterior(Xq).mean.clone()
     bad = torch.rand(*([2] * extra_batch), *shape, dtype=dtype)
     if nan:
@@ -387,33 +281,3 @@ def test_bad_queries_give_clear_errors_and_leave_the_model_usable(case, extra_ba
     with pytest.raises(InputDataError):
         model.condition_on_observations(bad, torch.zeros(*bad.shape[:-1], 1, dtype=torch.float64))
     assert torch.equal(model.posterior(Xq).mean, before)
-
-
-def test_bad_conditioning_and_batches():
-    X, Y, Xq = _data()
-    model = _model(X, Y, X[::3])
-    with pytest.raises(InputDataError, match="Y: expected shape"):
-        model.condition_on_observations(Xq, torch.zeros(7, 2, dtype=torch.float64))
-    with pytest.raises(InputDataError, match="noise"):
-        model.condition_on_observations(Xq, torch.zeros(7, 1, dtype=torch.float64),
-                                        noise=torch.zeros(7, 1, dtype=torch.float64))
-    fant = model.condition_on_observations(Xq[:2], torch.zeros(3, 2, 1, dtype=torch.float64))
-    assert fant.batch_shape == torch.Size([3])
-    with pytest.raises(InputDataError, match="broadcastable"):
-        fant.posterior(torch.rand(5, 4, 2, dtype=torch.float64))
-    with pytest.raises(InputDataError, match="output_indices"):
-        model.posterior(Xq, output_indices=[1])
-
-
-def test_likelihood_and_hallucinating_on_a_fantasy_model():
-    X, Y, Xq = _data()
-    model = _model(X, Y, X[::3])
-    assert model.likelihood.noise.item() == pytest.approx(LAM, rel=1e-12)
-    fant = model.condition_on_observations(Xq[:2], torch.zeros(3, 2, 1, dtype=torch.float64))
-    hal = fant.hallucinate(Xq[2:4])
-    assert hal.batch_shape == torch.Size([3])
-    p0, p1 = fant.posterior(Xq), hal.posterior(Xq)
-    assert close(p1.mean, p0.mean, atol=1e-10)
-    assert bool((p1.variance <= p0.variance + 1e-12).all()) and bool((p1.variance < p0.variance).any())
-    with pytest.raises(InputDataError, match="X_pending"):
-        model.hallucinate(Xq.unsqueeze(0))

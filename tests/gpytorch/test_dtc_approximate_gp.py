@@ -4,13 +4,12 @@
 import gpytorch
 import pytest
 import torch
-from gpytorch.kernels import RBFKernel, ScaleKernel
 from gpytorch.means import ConstantMean, ZeroMean
 from gpytorch.variational import CholeskyVariationalDistribution, UnwhitenedVariationalStrategy
 from hypothesis import given, settings, strategies as st
 
 from conftest import tol
-from helpers import close, exact_gp, rbf, titsias_dtc
+from helpers import ScaledRBF, close, exact_gp, titsias_dtc
 from torchbkb import DTCPosterior, NystromEmbedding
 from torchbkb.errors import InputDataError
 from torchbkb.gpytorch import DTCApproximateGP
@@ -18,15 +17,7 @@ from torchbkb.gpytorch import DTCApproximateGP
 LS, OS, NOISE, C0 = 0.3, 1.4, 0.05, 0.7
 
 
-def _kernel(dtype=torch.float64, device=None):
-    k = ScaleKernel(RBFKernel()).to(device=device, dtype=dtype)
-    k.base_kernel.lengthscale = torch.tensor(LS, dtype=dtype)
-    k.outputscale = torch.tensor(OS, dtype=dtype)
-    return k
-
-
-def _k(A, B):
-    return OS * rbf(A, B, LS)
+KERNEL = ScaledRBF(LS, OS)  # KERNEL(A, B) in closed form, KERNEL.gpytorch(device, dtype) as GPyTorch's
 
 
 def _data(n=40, d=2, seed=0):
@@ -40,7 +31,7 @@ def _data(n=40, d=2, seed=0):
 def _model(Z, X, y, dtype=torch.float64, device="cpu", constant=True, **kw):
     mean = ConstantMean() if constant else ZeroMean()
     m = DTCApproximateGP(Z.to(device, dtype), X.to(device, dtype), y.to(device, dtype), noise=NOISE,
-                         covar_module=_kernel(dtype, device), mean_module=mean, **kw)
+                         covar_module=KERNEL.gpytorch(device, dtype), mean_module=mean, **kw)
     if constant:
         m.mean_module.constant = torch.tensor(C0, dtype=dtype)
         m.to(device)
@@ -53,14 +44,14 @@ def test_predictive_is_titsias_dtc_and_dtc_posterior(dtype, device):
     Z = X[::4]
     model = _model(Z, X, y, dtype, device)
     pred = model(Xq.to(device, dtype))
-    m_ref, cov_ref = titsias_dtc(_k(Z, Z), _k(X, Z), _k(Xq, Z), _k(Xq, Xq), y - C0, NOISE)
+    m_ref, cov_ref = titsias_dtc(KERNEL(Z, Z), KERNEL(X, Z), KERNEL(Xq, Z), KERNEL(Xq, Xq), y - C0, NOISE)
     t = tol(dtype) * 10
     assert pred.mean.dtype == dtype and pred.mean.shape == (9,)
     assert close(pred.mean.double().cpu(), C0 + m_ref, atol=t)
     assert close(pred.covariance_matrix.double().cpu(), cov_ref, atol=t)
     assert close(pred.variance.double().cpu(), cov_ref.diagonal(), atol=t)
     # the same numbers as torchbkb's DTCPosterior on the residuals
-    post = DTCPosterior(NystromEmbedding(_kernel(dtype, device), Z.to(device, dtype)),
+    post = DTCPosterior(NystromEmbedding(KERNEL.gpytorch(device, dtype), Z.to(device, dtype)),
                         noise=NOISE).fit(X.to(device, dtype), (y - C0).to(device, dtype))
     mean, var = post(Xq.to(device, dtype))
     assert close(pred.mean.double().cpu(), C0 + mean.double().cpu(), atol=t)
@@ -78,7 +69,7 @@ def test_zero_mean_and_batched_queries():
     pred = model(Xb)
     assert pred.mean.shape == (3, 3) and pred.covariance_matrix.shape == (3, 3, 3)
     for i in range(3):
-        m_ref, cov_ref = titsias_dtc(_k(Z, Z), _k(X, Z), _k(Xb[i], Z), _k(Xb[i], Xb[i]), y, NOISE)
+        m_ref, cov_ref = titsias_dtc(KERNEL(Z, Z), KERNEL(X, Z), KERNEL(Xb[i], Z), KERNEL(Xb[i], Xb[i]), y, NOISE)
         assert close(pred.mean[i], m_ref, atol=1e-9)
         assert close(pred.covariance_matrix[i], cov_ref, atol=1e-9)
 
@@ -86,7 +77,7 @@ def test_zero_mean_and_batched_queries():
 def test_all_training_points_as_inducing_points_is_the_exact_gp():
     X, y, Xq = _data(n=25)
     model = _model(X, X, y, constant=False)
-    m_ref, cov_ref = exact_gp(_k(X, X), _k(X, Xq), _k(Xq, Xq), y, NOISE)
+    m_ref, cov_ref = exact_gp(KERNEL(X, X), KERNEL(X, Xq), KERNEL(Xq, Xq), y, NOISE)
     pred = model(Xq)
     assert close(pred.mean, m_ref, atol=1e-9)
     assert close(pred.covariance_matrix, cov_ref, atol=1e-9)
@@ -97,7 +88,7 @@ def test_variational_distribution_is_the_titsias_optimum():
     Z = X[::4]
     model = _model(Z, X, y)
     q = model.variational_strategy.variational_distribution
-    Kzz, Kzx = _k(Z, Z), _k(Z, X)
+    Kzz, Kzx = KERNEL(Z, Z), KERNEL(Z, X)
     Sigma = Kzz + Kzx @ Kzx.T / NOISE
     m_ref = C0 + Kzz @ torch.linalg.solve(Sigma, Kzx @ (y - C0)) / NOISE
     S_ref = Kzz @ torch.linalg.solve(Sigma, Kzz)
@@ -122,7 +113,7 @@ class _UnwhitenedGP(gpytorch.models.ApproximateGP):
         super().__init__(strategy)
         self.mean_module = ConstantMean().double()
         self.mean_module.constant = torch.tensor(C0, dtype=torch.float64)
-        self.covar_module = _kernel()
+        self.covar_module = KERNEL.gpytorch()
         with torch.no_grad():
             dist.variational_mean.copy_(q.mean)
             dist.chol_variational_covar.copy_(torch.linalg.cholesky(q.covariance_matrix + 1e-12
@@ -134,10 +125,10 @@ class _UnwhitenedGP(gpytorch.models.ApproximateGP):
 
 
 def _ref_bound(Z, X, y):
-    Q = _k(X, Z) @ torch.linalg.solve(_k(Z, Z), _k(Z, X))
+    Q = KERNEL(X, Z) @ torch.linalg.solve(KERNEL(Z, Z), KERNEL(Z, X))
     mvn = torch.distributions.MultivariateNormal(torch.full_like(y, C0),
                                                  Q + NOISE * torch.eye(len(y), dtype=torch.float64))
-    return mvn.log_prob(y) - (torch.diagonal(_k(X, X)).sum() - torch.trace(Q)) / (2 * NOISE)
+    return mvn.log_prob(y) - (torch.diagonal(KERNEL(X, X)).sum() - torch.trace(Q)) / (2 * NOISE)
 
 
 def test_titsias_bound_matches_the_formula_and_the_exact_likelihood():
@@ -147,7 +138,7 @@ def test_titsias_bound_matches_the_formula_and_the_exact_likelihood():
     assert model.titsias_bound().item() == pytest.approx(_ref_bound(Z, X, y).item(), rel=1e-9)
     # Z = X: the bound is the exact log marginal likelihood
     full = _model(X, X, y)
-    M = _k(X, X) + NOISE * torch.eye(len(y), dtype=torch.float64)
+    M = KERNEL(X, X) + NOISE * torch.eye(len(y), dtype=torch.float64)
     exact = torch.distributions.MultivariateNormal(torch.full_like(y, C0), M).log_prob(y)
     assert full.titsias_bound().item() == pytest.approx(exact.item(), rel=1e-8)
 
