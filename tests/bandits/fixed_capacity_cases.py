@@ -59,7 +59,7 @@ def compiled_with(backend):
 def counted_run(b, f, T: int, g: torch.Generator, *, host_rewards: bool):
     """:func:`drive` counting the host reads of every ``ask`` and of every ``tell`` (given ask's own tensor, and the
     rewards as a host list when ``host_rewards``), less the one read a ``tell`` that pulls new arms makes for their
-    rows' finiteness; returns ``(picks, asks, tells)``."""
+    rows' finiteness off the CPU (NumPy scans them on the CPU); returns ``(picks, asks, tells)``."""
     picks, asks, tells = [], [], []
     while b.t < T:
         with HostReads() as r:
@@ -67,7 +67,7 @@ def counted_run(b, f, T: int, g: torch.Generator, *, host_rewards: bool):
         asks.append(len(r.calls))
         y = f[idx] + 0.1 * torch.randn(idx.shape, generator=g, dtype=torch.float64).to(f.device)
         y = y.cpu().tolist() if host_rewards else y
-        new = bool(set(b.pending.tolist()) - set(picks))
+        new = f.device.type != "cpu" and bool(set(b.pending.tolist()) - set(picks))
         picks += b.pending.tolist()
         with HostReads() as r:
             b.tell(idx, y)

@@ -172,7 +172,10 @@ class KernelRowCache:
                 finite_rows(buf[first : first + len(new)], new)
             for j, a in enumerate(new):
                 self._P_pos[a] = first + j
-            self._P_row[self._long(new)] = torch.arange(first, first + len(new), device=self.arms.device)
+            if len(new) == 1:  # the usual case: one write, no index tensors
+                self._P_row[new[0]] = first
+            else:
+                self._P_row[self._long(new)] = torch.arange(first, first + len(new), device=self.arms.device)
         return None if check else (new, torch.isfinite(buf[first : first + len(new)]).all())
 
     def reject_pulled(self, arms: list[int]) -> None:

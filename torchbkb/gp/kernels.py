@@ -101,7 +101,8 @@ Both inputs are centred on the mean of ``B`` first (``B`` is the small side in t
         A: `(*b, n1, d)`; B: `(*b, n2, d)`.
         outputscale: optional scalar tensor ``s > 0`` (default 1).
         lengthscale: optional `()` or `(d,)` tensor ``ℓ > 0`` (default 1: already-scaled inputs).
-        right: ``B``'s side as :func:`centred_right` gave it for this ``B`` and ``lengthscale`` (the same values).
+        right: ``B``'s side as :func:`centred_right` gave it for this ``B`` and ``lengthscale`` (the same values),
+            optionally with a fourth entry, ``(log s, ‖b'‖² - 2 log s)`` formed once for many calls.
 
     Returns:
         `(*b, n1, n2)`.
@@ -111,12 +112,8 @@ Both inputs are centred on the mean of ``B`` first (``B`` is the small side in t
         K = torch.exp(-0.5 * (an + bn - 2.0 * (A @ B.transpose(-1, -2))).clamp_min(0.0))
         return K if outputscale is None else outputscale * K
     # no autograd: one fused GEMM, then in place: -½(‖a‖² - 2aᵀb + ‖b‖²) + log s, capped at log s, exp
-    log_s = (
-        torch.zeros((), dtype=A.dtype, device=A.device)
-        if outputscale is None
-        else outputscale.to(device=A.device, dtype=A.dtype).log()
-    )
-    shift = bn - 2.0 * log_s  # (*b, 1, n2)
+    formed = right is not None and len(right) == 4 and right[3][1].dtype == A.dtype  # this side's constants, formed
+    log_s, shift = right[3] if formed else _log_scale_shift(outputscale, bn, A)
     if A.dim() == 2:
         K = torch.addmm(an, A, B.T, beta=1.0, alpha=-2.0)
     else:
@@ -179,6 +176,14 @@ def matern_cross(
     return K if outputscale is None else outputscale * K
 
 
+def _log_scale_shift(outputscale, bn: torch.Tensor, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(log s, ‖b'‖² - 2 log s)`` `((), (*b, 1, n2))` in ``like``'s dtype and device: :func:`gaussian_cross`'s
+    constants of its right side."""
+    log_s = (torch.zeros((), dtype=like.dtype, device=like.device) if outputscale is None
+             else outputscale.to(device=like.device, dtype=like.dtype).log())
+    return log_s, bn - 2.0 * log_s
+
+
 def centred_right(B: torch.Tensor, lengthscale: torch.Tensor | None) -> tuple:
     """``(c, B', ‖b'‖²)``: the right side of :func:`gaussian_cross` and :func:`matern_cross` -- the centre
     ``c`` `(*b, 1, d)` (the mean of ``B``), ``B' = (B - c) / ℓ`` `(*b, n2, d)` and its squared norms `(*b, 1, n2)`
@@ -194,7 +199,7 @@ def _centred_scaled(A: torch.Tensor, B: torch.Tensor, outputscale, lengthscale, 
     """``(A', B', ‖a'‖² (*b, n1, 1), ‖b'‖² (*b, 1, n2), grad)``: both inputs centred on the mean of ``B`` (the
     kernel does not depend on it), then divided by ``lengthscale``; ``grad`` says whether autograd must see the
     block. ``right`` is :func:`centred_right` of ``B``, computed already."""
-    c, B, bn = centred_right(B, lengthscale) if right is None else right
+    c, B, bn = centred_right(B, lengthscale) if right is None else right[:3]
     A = A - c
     if lengthscale is not None:
         A = A / lengthscale
@@ -325,6 +330,8 @@ def _fixed_right(kernel: Callable, X2: torch.Tensor, s, ls, nu) -> Callable[[tor
     ``X2``'s side computed once; with autograd on, ``kernel`` itself (the block must be differentiable)."""
     with torch.no_grad():
         right = centred_right(X2, ls)
+        if nu is None:  # gaussian_cross's constants of this side, formed once as it forms them
+            right = (*right, _log_scale_shift(s, right[2], X2))
 
     def rows(X1: torch.Tensor) -> torch.Tensor:
         if torch.is_grad_enabled():
