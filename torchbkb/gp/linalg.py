@@ -78,9 +78,9 @@ def safe_cholesky(A: torch.Tensor, *, max_tries: int = 6, name: str = "matrix") 
     """
     n = A.shape[-1]
     dtype = compute_dtype(A.dtype, n)
-    A = A.to(dtype)
+    A = A if A.dtype == dtype else A.to(dtype)
     L, info = torch.linalg.cholesky_ex(A)
-    if not bool(info.any()):
+    if not (int(info) if info.dim() == 0 else bool(info.any())):  # one matrix: read its flag, no reduction
         return L
     if not bool(torch.isfinite(A.detach()).all()):  # no jitter helps: say so (an optimizer backs off on it)
         err = NumericsError(f"{name}: expected a finite positive definite {n}x{n} matrix, got NaN/inf entries")
