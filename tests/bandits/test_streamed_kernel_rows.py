@@ -77,3 +77,25 @@ def test_streamed_steps_form_no_m_by_A_tensor(cls):
         _run(bandit, f, 3)
     assert bandit.streams_kernel_rows
     assert rec.numel <= max(A * 2, 256 * (m + 1) * 2) < m * A, (rec.numel, m * A)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.float16])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+def test_finite_rows_names_every_row_with_a_non_finite_value(dtype, bad, device):
+    """NumPy scans CPU float32/float64 rows, torch the others; both name the same rows, and finite rows come back as
+    they are (a transposed view, a tensor that requires grad)."""
+    from torchbkb.bandits.kernel_rows import finite_rows
+    from torchbkb.errors import NumericsError
+
+    rows = torch.rand(5, 7, generator=torch.Generator().manual_seed(0)).to(device, dtype)
+    assert finite_rows(rows, None) is rows
+    view = rows.T  # (7, 5), not contiguous
+    assert finite_rows(view, None) is view
+    grad = rows.clone().requires_grad_(dtype != torch.float16 or device.type != "cpu")
+    assert finite_rows(grad, None) is grad
+    rows[1, 3] = bad
+    rows[4, 0] = bad
+    with pytest.raises(NumericsError, match=r"rows of arms \[11, 14\]"):
+        finite_rows(rows, [10, 11, 12, 13, 14])
+    with pytest.raises(NumericsError, match=r"rows of arms \[0, 3\]"):
+        finite_rows(rows.T, None)  # (7, 5): its rows 0 and 3 hold them
