@@ -38,8 +38,8 @@ Algorithms are looked up in :mod:`benchmarks.registry`. Studies that are run on 
 modules: ``sequential_studies``, ``batch_studies``, ``float32_check``, ``paper_readings`` (the readings of 001 Sec. 4
 under which the paper's figures appear), ``high_throughput`` (trust-region BKB against TuRBO-1 on a SingleTaskGP,
 global BKB loops and Sobol search in 20-60 dimensions; ``--study speed``: one proposal's time against ``n``; hours)
-and ``tutorial_swap`` (BoTorch's and Ax's tutorial flows with SingleTaskGP swapped for BKBModel)
-(``python -m benchmarks.<name>``).
+``tutorial_swap`` (BoTorch's and Ax's tutorial flows with SingleTaskGP swapped for BKBModel) and ``ab_commits`` (a git
+revision and the working tree in one process, whole runs alternated) (``python -m benchmarks.<name>``).
 """
 
 MAIN = "regret"  # what `python -m benchmarks` runs without --only/--all

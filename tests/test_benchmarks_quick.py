@@ -202,6 +202,23 @@ def test_issue_benchmarks_quick(tmp_path, name, args, outputs):
         assert len(doc["rows"]) == 4 and all("seconds" in r and r["extra_mb"] == r["extra_mb"] for r in doc["rows"])
 
 
+def test_ab_commits_runs_a_committed_version_beside_the_working_tree(tmp_path):
+    """``benchmarks.ab_commits`` imports the package at a git revision as a second package (skipped outside a git
+    checkout), runs both alternately with the same picks, writes JSON and PNG and leaves nothing imported."""
+    import subprocess
+    import sys
+
+    from benchmarks import ab_commits
+
+    if subprocess.run(["git", "-C", str(ab_commits.REPO), "rev-parse", "HEAD"], capture_output=True).returncode:
+        pytest.skip("not a git checkout")
+    ab_commits.main(["--quick", "--base", "HEAD", "--cases", "bbkb_anchor", "--out", str(tmp_path)])
+    doc = json.loads((tmp_path / "ab_commits.json").read_text())
+    assert doc["rows"][0]["case"] == "bbkb_anchor" and doc["rows"][0]["pairs"] == 1
+    assert (tmp_path / "ab_commits.png").stat().st_size > 0
+    assert ab_commits.BASE_NAME not in sys.modules
+
+
 def test_runner_defaults_to_main_job_and_drops_unknown_options(tmp_path, capsys):
     from benchmarks import MAIN
     from benchmarks.__main__ import main
