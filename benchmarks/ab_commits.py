@@ -43,8 +43,11 @@ BASE_NAME = "torchbkb_base"
 
 def base_package(rev: str, root: Path) -> str:
     """Extract ``torchbkb/`` at ``rev`` into ``root`` as the package :data:`BASE_NAME` and return its name."""
-    tar_bytes = subprocess.run(["git", "-C", str(REPO), "archive", rev, "torchbkb"], check=True,
-                               capture_output=True).stdout
+    out = subprocess.run(["git", "-C", str(REPO), "archive", rev, "torchbkb"], capture_output=True)
+    if out.returncode:
+        raise SystemExit(f"ab_commits: expected a git revision of {REPO}, got {rev!r} "
+                         f"({out.stderr.decode(errors='replace').strip()})")
+    tar_bytes = out.stdout
     with tarfile.open(fileobj=io.BytesIO(tar_bytes)) as tar:
         if hasattr(tarfile, "data_filter"):
             tar.extractall(root, filter="data")
