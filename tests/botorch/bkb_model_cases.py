@@ -9,9 +9,9 @@ from torchbkb.botorch import BKBModel
 LS, OS, LAM = 0.3, 1.7, 0.05
 
 
-#: ``OS · rbf(LS)``: ``KERNEL(A, B)`` in closed form, ``KERNEL.gpytorch(device, dtype)`` as GPyTorch's
-krbf = KERNEL = ScaledRBF(LS, OS)
-gpytorch_kernel = KERNEL.gpytorch
+#: ``OS · rbf(LS)``: ``krbf(A, B)`` in closed form, ``gpytorch_kernel(device, dtype)`` as GPyTorch's
+krbf = ScaledRBF(LS, OS)
+gpytorch_kernel = krbf.gpytorch
 
 
 def model_data(n=30, d=2, seed=0):

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from torchbkb.errors import NumericsError
-from torchbkb.utils.host_copy import HOST_DTYPES
+from torchbkb.utils.host_copy import HOST_DTYPES, host_array
 
 __all__ = ["FeatureRows", "StreamedKernelRows", "finite_rows"]
 
@@ -147,7 +147,7 @@ def finite_rows(rows: torch.Tensor, arms: list[int] | None) -> torch.Tensor:
     value can enter the bandit's state (``arms`` names the rows, or None). On the CPU NumPy scans them in place: a
     few microseconds against three tensor operations and a read."""
     if rows.device.type == "cpu" and rows.dtype in HOST_DTYPES:
-        finite = bool(np.isfinite(rows.detach().numpy()).all())
+        finite = bool(np.isfinite(host_array(rows)).all())
     else:
         finite = bool(torch.isfinite(rows).all())
     if not finite:
