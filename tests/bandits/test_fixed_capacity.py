@@ -256,6 +256,27 @@ def test_discards_exclusions_and_readmissions_make_the_eager_choices(cls, device
     assert runs[0] == runs[1]
 
 
+@pytest.mark.parametrize("cls", [BKB, BBKB])
+def test_a_fully_discarded_first_batch_leaves_the_prior_in_both_updates(cls, device):
+    """The first batch discarded whole (its evaluations all failed): no arm pulled, the fixed-capacity update (the
+    default off the CPU) keeps the prior as the eager one does, then both make the same choices."""
+    arms, f = problem(14, device, A=60)
+    runs = []
+    for fixed in (False, True):
+        b = cls(arms, GaussianKernel(0.2), noise=0.1, beta=0.5, seed=14)
+        b.fixed_capacity = fixed
+        first = b.ask()
+        b.discard(first, exclude=True)
+        assert b.t == 0 and b.dictionary_size == 0
+        picks = [first.tolist()]
+        for _ in range(12):
+            idx = b.ask()
+            picks.append(idx.tolist())
+            b.tell(idx, f[idx])
+        runs.append(picks)
+    assert runs[0] == runs[1] and runs[0][0][0] not in runs[0][1]
+
+
 def test_streamed_dictionary_rows_run_the_eager_update(device):
     """Dictionary rows past ``kernel_cache_bytes`` are streamed: the fixed-capacity update steps aside."""
     arms, f = problem(13, device)
