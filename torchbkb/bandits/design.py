@@ -25,6 +25,7 @@ Example:
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import NamedTuple
 from collections.abc import Callable
@@ -51,7 +52,11 @@ def theory_rls_delta(delta: float, batches: int = 1) -> Callable[[int], float]:
     """
     check_positive(delta, "delta")
     check_int(batches, "batches")
-    return lambda j: min(3.0 * float(delta) / (math.pi**2 * batches * max(int(j), 1) ** 2), 0.999 / 32.0)
+    return functools.partial(_schedule_at, float(delta), int(batches))  # a partial, not a closure: it pickles
+
+
+def _schedule_at(delta: float, batches: int, j: int) -> float:
+    return min(3.0 * delta / (math.pi**2 * batches * max(int(j), 1) ** 2), 0.999 / 32.0)
 
 
 class UncertaintyExplorer:
