@@ -292,6 +292,20 @@ def test_algorithm_fields_of_the_wrong_kind_are_refused_before_loading(field, va
     assert _same_state(target.state_dict(), before)
 
 
+@pytest.mark.parametrize("cls", [BKB, GPUCB, Random])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_reward_sums_of_another_dtype_are_refused(cls, dtype):
+    """The sums are float64 in every bandit: a state with other sums would fail at the next ``tell``, so the load
+    refuses it (nothing is silently converted) and changes nothing."""
+    target = _mid_run(cls)
+    state = _mid_run(cls).state_dict()
+    state["reward_sums"] = state["reward_sums"].to(dtype)
+    before = target.state_dict()
+    with pytest.raises(CheckpointError, match="reward_sums of dtype float64"):
+        target.load_state_dict(state)
+    assert _same_state(target.state_dict(), before)
+
+
 def test_a_dictionary_as_large_as_the_arm_set_still_loads_smaller_ones():
     arms = ARMS[:6]
     big = BKB(arms, GaussianKernel(0.2), noise=0.01, beta=50.0, q_bar=1e6, seed=0)

@@ -42,8 +42,8 @@ def check_saved_state(state: dict[str, Any], num_arms: int) -> None:
     counts, sums = state["counts"], state["reward_sums"]
     if not isinstance(counts, torch.Tensor) or counts.dtype != torch.long or counts.shape != (num_arms,):
         raise CheckpointError(f"state: expected counts of dtype int64 and shape ({num_arms},), got {_describe(counts)}")
-    if not isinstance(sums, torch.Tensor) or not sums.is_floating_point() or sums.shape != (num_arms,):
-        raise CheckpointError(f"state: expected reward_sums of a floating dtype and shape ({num_arms},), got "
+    if not isinstance(sums, torch.Tensor) or sums.dtype != torch.float64 or sums.shape != (num_arms,):
+        raise CheckpointError(f"state: expected reward_sums of dtype float64 and shape ({num_arms},), got "
                               f"{_describe(sums)}")
     if bool((counts < 0).any()) or not bool(torch.isfinite(sums).all()):
         raise CheckpointError("state: expected non-negative counts and finite reward sums, got negative counts or "
