@@ -299,16 +299,16 @@ class FixedCapacityEngine:
 
 class FixedCapacityUpdates:
     """The update of a :class:`~torchbkb.bandits.sketched.SketchedKernelBandit` through :class:`FixedCapacityEngine`
-    (mixed into it) while ``fixed_capacity`` is on (the default on every device but the CPU), the dictionary's rows fit
-    ``kernel_cache_bytes`` and, for an update that prunes, :data:`~torchbkb.bandits.capacity.FIXED_ROWS_MAX`: gathered
-    from the pulled arms' cached rows, or, once those outgrew ``row_cache_bytes``, computed from the arms at every
-    update; otherwise, and for an update whose ``K_S`` needs ``eigh``, the eager update runs from the same draws. It
-    prunes as the eager update does (its :class:`~torchbkb.bandits.pruning.PruningSchedule`), in ``k_cap`` slots."""
+    while ``fixed_capacity`` is on (the default on every device but the CPU), an arm was pulled, the dictionary's rows
+    fit ``kernel_cache_bytes`` and, for an update that prunes, :data:`~torchbkb.bandits.capacity.FIXED_ROWS_MAX`:
+    gathered from the pulled arms' cached rows, or, once those outgrew ``row_cache_bytes``, computed from the arms at
+    every update; otherwise (before any pull, or for a ``K_S`` that needs ``eigh``) the eager update runs from the same
+    draws. It prunes as the eager one does (:class:`~torchbkb.bandits.pruning.PruningSchedule`), in ``k_cap`` slots."""
 
     def _fixed_applies(self) -> bool:  # the row limit, measured for an update that prunes: not for replayed picks
         m_cap = self.engine.m_cap
         small = m_cap * self.num_arms <= capacity.FIXED_ROWS_MAX or not self._prunes_fixed()
-        return self.fixed_capacity and self.rows.caches(m_cap) and small
+        return self.fixed_capacity and self.t > 0 and self.rows.caches(m_cap) and small
 
     def _update_fixed(self, pulled: torch.Tensor, n: torch.Tensor, forced: torch.Tensor | None) -> None:
         """Resample (or take the arms ``forced`` `(k,)`: the first update, a checkpoint), refit and rescore."""

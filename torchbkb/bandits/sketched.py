@@ -282,7 +282,7 @@ class SketchedKernelBandit(SettlingReadouts, FixedCapacityUpdates, SketchedCheck
         pulled = self._pulled_arms(told)
         n = self.counts[pulled].to(torch.float64)  # (p,) their pull counts
         first = self.dictionary.numel() == 0 and self.t <= len(told)
-        if self._fixed_applies() and pulled.numel():  # nothing pulled (a first batch discarded): the prior, eagerly
+        if self._fixed_applies():
             return self._update_fixed(pulled, n, self.last_told[0][:1] if first else None)
         if first:
             new_dict = self.last_told[0][:1]  # S_1 = {x_1}
