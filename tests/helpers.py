@@ -44,6 +44,20 @@ class ScaledRBF:
         return k
 
 
+def same_state(a, b) -> bool:
+    """Equal state dicts: the same keys and lengths, tensors of the same dtype and shape with the same values (or
+    all NaN in both), other values equal (NaN to NaN)."""
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(same_state(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return isinstance(b, (list, tuple)) and len(a) == len(b) and all(same_state(x, y) for x, y in zip(a, b))
+    if isinstance(a, torch.Tensor):
+        if not isinstance(b, torch.Tensor) or a.dtype != b.dtype or a.shape != b.shape:
+            return False
+        return bool(torch.equal(a, b) or (a.is_floating_point() and (a.isnan() & b.isnan()).all()))
+    return a == b or (a != a and b != b)
+
+
 def exact_gp(K_xx, K_xq, k_qq, y, lam):
     """Exact GP posterior mean and joint covariance (000 Eq. 1-2, GP scale)."""
     n = K_xx.shape[0]

@@ -14,19 +14,10 @@ from torchbkb import BBKB, BKB
 from torchbkb.errors import InputDataError
 from torchbkb.gp.kernels import GaussianKernel
 
+from helpers import same_state
+
 ARMS = torch.rand(30, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(5))
 F = torch.sin(4 * ARMS[:, 0]) + ARMS[:, 1]
-
-
-def _same(a, b) -> bool:
-    """Two state dicts hold the same values (tensors bitwise, NaN equal to NaN)."""
-    if isinstance(a, torch.Tensor):
-        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
-    if isinstance(a, dict):
-        return isinstance(b, dict) and a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
-    if isinstance(a, (list, tuple)):
-        return isinstance(b, (list, tuple)) and len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
-    return a == b or (a != a and b != b)
 
 
 def _make(cls, noise: float, fixed: bool):
@@ -102,7 +93,7 @@ class UpdateModes(RuleBasedStateMachine):
                 raise AssertionError("a NaN reward was accepted")
             except InputDataError:
                 pass
-            assert _same(b.state_dict(), before)
+            assert same_state(b.state_dict(), before)
 
     @invariant()
     def same_state(self):

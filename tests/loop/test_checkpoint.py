@@ -14,6 +14,8 @@ from torchbkb import BBKB, BKB, GPUCB, CheckpointError, Random
 from torchbkb.experiment.checkpoint import FORMAT_VERSION, read_checkpoint, save_checkpoint
 from torchbkb.gp.kernels import GaussianKernel
 
+from helpers import same_state
+
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 A = 120
@@ -23,19 +25,6 @@ F = torch.sin(5 * ARMS[:, 0]) * torch.cos(3 * ARMS[:, 1]) + ARMS[:, 1]
 
 def _bkb(arms=ARMS, noise=0.01, lengthscale=0.2, beta=0.3, seed=0):
     return BKB(arms, GaussianKernel(lengthscale), noise=noise, beta=beta, seed=seed)
-
-
-def _same_state(a: dict, b: dict) -> bool:
-    """Equal state dicts (tensors compared by value)."""
-    if isinstance(a, dict):
-        return isinstance(b, dict) and a.keys() == b.keys() and all(_same_state(a[k], b[k]) for k in a)
-    if isinstance(a, (list, tuple)):
-        return isinstance(b, (list, tuple)) and len(a) == len(b) and all(_same_state(x, y) for x, y in zip(a, b))
-    if isinstance(a, torch.Tensor):
-        return (isinstance(b, torch.Tensor) and a.shape == b.shape
-                and bool(torch.equal(a, b) or (a.isnan() & b.isnan()).all() if a.is_floating_point()
-                         else torch.equal(a, b)))
-    return a == b or (a != a and b != b)
 
 
 def _continuation(bandit, steps=15):
@@ -102,7 +91,7 @@ def test_empty_or_foreign_files_are_typed_errors(tmp_path, content):
     before = bandit.state_dict()
     with pytest.raises(CheckpointError, match="checkpoint"):
         torchbkb.run(bandit, F, 5, progress=False, checkpoint=path)
-    assert _same_state(bandit.state_dict(), before)
+    assert same_state(bandit.state_dict(), before)
 
 
 def test_truncated_checkpoints_are_typed_errors(tmp_path):
@@ -150,7 +139,7 @@ def test_a_checkpoint_of_another_problem_is_refused_and_changes_nothing(tmp_path
     twin.load_state_dict(before)
     with pytest.raises(CheckpointError):
         torchbkb.run(bandit, F, 30, progress=False, checkpoint=path)
-    assert _same_state(bandit.state_dict(), before)
+    assert same_state(bandit.state_dict(), before)
     assert _continuation(bandit) == _continuation(twin)
 
 
@@ -164,7 +153,7 @@ def test_a_renamed_field_is_refused_before_anything_is_overwritten(tmp_path):
     before = bandit.state_dict()
     with pytest.raises(CheckpointError, match="counts"):
         torchbkb.run(bandit, F, 30, progress=False, checkpoint=path)
-    assert _same_state(bandit.state_dict(), before)
+    assert same_state(bandit.state_dict(), before)
     assert bandit.t == 0 and len(bandit.pending) == 0
 
 
@@ -228,7 +217,7 @@ def _corrupt_and_load(cls, field, value, delete, part):
     try:
         target.load_state_dict(state)
     except CheckpointError:
-        assert _same_state(target.state_dict(), before)
+        assert same_state(target.state_dict(), before)
         twin = _mid_run(cls)
         twin.load_state_dict(before)
         assert _continuation(target, 4) == _continuation(twin, 4)
@@ -256,7 +245,7 @@ def test_an_empty_algorithm_state_is_refused_and_rolled_back(cls):
     before = target.state_dict()
     with pytest.raises(CheckpointError, match="failed with KeyError"):
         target.load_state_dict(state)
-    assert _same_state(target.state_dict(), before)
+    assert same_state(target.state_dict(), before)
 
 
 def test_a_checkpoint_directory_that_disappears_mid_run_is_a_typed_error(tmp_path):
@@ -289,7 +278,7 @@ def test_algorithm_fields_of_the_wrong_kind_are_refused_before_loading(field, va
     before = target.state_dict()
     with pytest.raises(CheckpointError, match=field):
         target.load_state_dict(state)
-    assert _same_state(target.state_dict(), before)
+    assert same_state(target.state_dict(), before)
 
 
 @pytest.mark.parametrize("cls", [BKB, GPUCB, Random])
@@ -303,7 +292,7 @@ def test_reward_sums_of_another_dtype_are_refused(cls, dtype):
     before = target.state_dict()
     with pytest.raises(CheckpointError, match="reward_sums of dtype float64"):
         target.load_state_dict(state)
-    assert _same_state(target.state_dict(), before)
+    assert same_state(target.state_dict(), before)
 
 
 def test_a_dictionary_as_large_as_the_arm_set_still_loads_smaller_ones():
