@@ -190,22 +190,24 @@ class KernelRowCache:
         raise TorchBKBError(f"KernelRowCache: expected non-finite rows for {arms}, got finite ones")
 
     def set_dictionary(self, dictionary: torch.Tensor, order: list[int] | None = None,
-                       blocks: list[list[int]] | None = None) -> None:
+                       blocks: list[list[int]] | None = None, *, ids: list[int] | None = None) -> None:
         """Make :meth:`rows` hold ``k(s, arms)`` for every point ``s`` of ``dictionary`` `(m,)` (ascending arm indices).
 
         ``order`` and ``blocks`` (resuming from a checkpoint: a saved :attr:`order` and :meth:`blocks`) rebuild
-        the saved slot order with each row computed in the block it was first computed in.
+        the saved slot order with each row computed in the block it was first computed in. ``ids``: ``dictionary``
+        as Python ints, when the caller has them (no read of the device).
         """
         m = dictionary.numel()
         with torch.no_grad():
             # streamed: slot order = the dictionary's
             if not self.caches(m):
-                self._K_buf, self.order = None, list(order) if order is not None else dictionary.tolist()
+                ids = ids if ids is not None else dictionary.tolist()
+                self._K_buf, self.order = None, list(order) if order is not None else ids
                 self.order_index, self._slot_block, self._blocks = self._long(self.order), [-1] * len(self.order), {}
             elif order is None:
                 if self._K_buf is None:  # cached again after streaming: every row enters
                     self.order, self._slot_block, self._blocks = [], [], {}
-                self._update(dictionary.tolist(), dictionary)
+                self._update(ids if ids is not None else dictionary.tolist(), dictionary)
             else:
                 self._K_buf, self.order, self._slot_block, self._blocks = None, [], [], {}
                 self._update(list(order), blocks=blocks)

@@ -55,6 +55,7 @@ from torchbkb.gp.scoring_chunk import check_chunk_size, scoring_chunk
 from torchbkb.sampling.rls_dictionary import DEFAULT_INCLUSION, RLSDictionary, check_inclusion
 from torchbkb.gp.stable_scoring import AccuracyMonitor
 from torchbkb.gp.linalg import inv_sqrt_factor
+from torchbkb.utils.host_copy import to_device
 
 __all__ = ["SketchedKernelBandit"]
 
@@ -135,6 +136,8 @@ class SketchedKernelBandit(SettlingReadouts, FixedCapacityUpdates, SketchedCheck
         self.arms_scored_total = 0  # (arms_scored: set with the empty posterior below)
         self._pulled: torch.Tensor | None = None  # (p,) the pulled arms, ascending (None: to be found again)
         self._pulled_set: set[int] = set()
+        self._pulled_host: torch.Tensor | None = None  # _pulled on the CPU
+        self._dictionary_host: tuple[torch.Tensor, torch.Tensor | None] = (self.dictionary, None)
         self.row_posterior = KernelRowPosterior(self.kdiag, self.lam)
         self._bonus_cache: tuple[float, torch.Tensor] | None = None  # (width, width·√(k/λ)) for the UCB bound
         # variances vs a float64 reference, as the dictionary grows
@@ -285,28 +288,33 @@ class SketchedKernelBandit(SettlingReadouts, FixedCapacityUpdates, SketchedCheck
         if self._fixed_applies():
             return self._update_fixed(pulled, n, self.last_told[0][:1] if first else None)
         if first:
-            new_dict = self.last_told[0][:1]  # S_1 = {x_1}
+            new_dict, host = self.last_told[0][:1], None  # S_1 = {x_1}
         else:
             keep = self.sampler.resample(self.row_posterior.rls[pulled].to(torch.float64), n, validate=False)
-            new_dict = pulled[keep]  # ascending, like pulled
-        self._rebuild(new_dict, pulled=pulled, counts=n)
+            host = self._pulled_host[keep.cpu()]  # ascending, like pulled: the update's one read of its dictionary
+            new_dict = to_device(host, self.arms.device)  # (the same tensor on the CPU)
+        self._rebuild(new_dict, pulled=pulled, counts=n, host=host)
 
     def _pulled_arms(self, told: list[int]) -> torch.Tensor:
         """`(p,)` long, the arms pulled so far, ascending; updated on the host after a first pull (in ``told``)."""
         if self._pulled is None:
             self._pulled = (self.counts > 0).nonzero().squeeze(1)
-            self._pulled_set = set(self._pulled.tolist())
+            self._pulled_host = self._pulled.cpu()
+            self._pulled_set = set(self._pulled_host.tolist())
         elif any(a not in self._pulled_set for a in told):
             self._pulled_set.update(told)
-            self._pulled = self._long(sorted(self._pulled_set))
+            self._pulled_host = torch.tensor(sorted(self._pulled_set), dtype=torch.long)
+            self._pulled = to_device(self._pulled_host, self.arms.device)
         return self._pulled
 
     def _rebuild(self, new_dict: torch.Tensor, order=None, blocks=None, *, pulled: torch.Tensor | None = None,
-                 counts: torch.Tensor | None = None) -> None:
+                 counts: torch.Tensor | None = None, host: torch.Tensor | None = None) -> None:
         """Set the dictionary, update kernel rows and ``W`` if it changed, refit ``V`` from all pulls, rescore the arms.
 
         ``order`` and ``blocks`` (checkpoint loading) are the saved slot order and kernel blocks; ``pulled`` (the
-        ascending pulled arms, with their float64 ``counts``) comes with a ``new_dict`` that is already sorted.
+        ascending pulled arms, with their float64 ``counts``) comes with a ``new_dict`` that is already sorted;
+        ``host`` is ``new_dict`` on the CPU, which the comparison with the last dictionary and the row cache read
+        instead of the device.
         """
         if pulled is None:
             new_dict = torch.sort(new_dict).values
@@ -316,10 +324,10 @@ class SketchedKernelBandit(SettlingReadouts, FixedCapacityUpdates, SketchedCheck
             if new_dict.numel() == 0:  # S = ∅: z ≡ 0, the DTC posterior is the prior
                 self._clear_posterior()
             else:
-                changed = not self.row_posterior.fitted or not torch.equal(new_dict, self.dictionary)
+                changed = not self.row_posterior.fitted or not self._same_dictionary(new_dict, host)
                 W = self.row_posterior.W
                 if changed:
-                    self.rows.set_dictionary(new_dict, order, blocks)
+                    self.rows.set_dictionary(new_dict, order, blocks, ids=None if host is None else host.tolist())
                     K_SS = self.rows.rows().T[self.rows.order_index]  # (m, m): a row gather of the transposed view
                     W = inv_sqrt_factor(K_SS, name="K_S")  # (r, m): one m×m factorization
                     self.embeddings_computed += 1
@@ -329,8 +337,15 @@ class SketchedKernelBandit(SettlingReadouts, FixedCapacityUpdates, SketchedCheck
                     self._check_accuracy(K_SA, Ma[:-1].to(K_SA.dtype), pulled, n, W)
                 self._score(K_SA, Ma.to(K_SA.dtype), pulled)
                 self._posterior = None
-        self.dictionary = new_dict
+        self.dictionary, self._dictionary_host = new_dict, (new_dict, host)
         self._deff, self._deff_inputs = None, (pulled, n, self.row_posterior.rls)  # read by the widths that need it
+
+    def _same_dictionary(self, new_dict: torch.Tensor, host: torch.Tensor | None) -> bool:
+        """Whether ``new_dict`` is :attr:`dictionary`: compared on the host when both have a host copy."""
+        last, last_host = self._dictionary_host
+        if host is not None and last_host is not None and last is self.dictionary:
+            return torch.equal(host, last_host)
+        return torch.equal(new_dict, self.dictionary)
 
     def _check_accuracy(self, K_SA, M: torch.Tensor, pulled: torch.Tensor, n: torch.Tensor, W: torch.Tensor) -> None:
         """Warn once (:class:`~torchbkb.errors.NumericsWarning`) when the variances at the dictionary points, scored as

@@ -32,6 +32,7 @@ import torch
 from torch import nn
 
 from torchbkb.errors import InputDataError, check_finite, check_generator, check_positive
+from torchbkb.utils.host_copy import to_device
 
 __all__ = ["RLSDictionary", "INCLUSION_RULES", "DEFAULT_INCLUSION", "check_inclusion", "inclusion_probability"]
 
@@ -116,7 +117,7 @@ class RLSDictionary(nn.Module):
             `(n,)` bool mask of the candidates kept.
         """
         p = self.inclusion_probability(rls, counts, validate=validate)
-        return self.draw(p.numel()).to(p.device) < p.to(torch.float64)
+        return to_device(self.draw(p.numel()), p.device) < p.to(torch.float64)  # queued: no host wait on a GPU
 
     def draw(self, n: int) -> torch.Tensor:
         """`(n,)` float64 uniforms on the generator's device: the draws :meth:`resample` compares with the

@@ -1,0 +1,50 @@
+"""How often a sketched bandit's eager update makes the host wait for a GPU: CUDA only, where a read is a
+synchronization (``torch.cuda.set_sync_debug_mode``); a CPU tensor is the host's own.
+
+The eager update is what a GPU runs past the fixed-capacity update's row limit (10⁶ arms and more). A step whose
+dictionary stays the same reads the device four times at most: the picks (``ask``), the kept arms of the resample,
+``V``'s Cholesky check and, when the update prunes, the arms that pass the UCB bound. The draws reach the device
+queued, and the new dictionary is compared with the last one on the host."""
+
+import warnings
+
+import pytest
+import torch
+
+from torchbkb import BKB
+from torchbkb.gp.kernels import GaussianKernel
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+
+
+def _steps_reads(b: BKB, values: torch.Tensor, steps: int) -> list[tuple[int, bool]]:
+    """``steps`` ask/tell steps with rewards from the host (a black box's): each step's synchronizations and whether
+    its update changed the dictionary."""
+    out = []
+    for _ in range(steps):
+        before = b.embeddings_computed
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                idx = b.ask()
+                b.tell(idx, values[torch.tensor(b.pending_ids)])
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+        syncs = sum(1 for w in caught if "synchroniz" in str(w.message).lower())
+        out.append((syncs, b.embeddings_computed != before))
+    return out
+
+
+@pytest.mark.parametrize("prune", [False, True])
+def test_an_eager_update_reads_the_device_at_most_four_times_a_step(prune):
+    g = torch.Generator().manual_seed(0)
+    arms = torch.rand(20_000, 8, generator=g, dtype=torch.float64)
+    values = torch.sin(6 * arms).sum(-1)  # on the host
+    b = BKB(arms.cuda(), GaussianKernel(0.5), noise=0.01, beta=0.5, seed=0, prune=prune)
+    b.fixed_capacity = False  # the eager update, as past the row limit
+    _steps_reads(b, values, 30)  # warm-up: the dictionary settles
+    reads = _steps_reads(b, values, 20)
+    same = [s for s, changed in reads if not changed]
+    assert same, reads
+    assert max(same) <= (4 if prune else 3), reads
