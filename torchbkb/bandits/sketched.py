@@ -298,8 +298,8 @@ class SketchedKernelBandit(SettlingReadouts, FixedCapacityUpdates, SketchedCheck
     def _pulled_arms(self, told: list[int]) -> torch.Tensor:
         """`(p,)` long, the arms pulled so far, ascending; updated on the host after a first pull (in ``told``)."""
         if self._pulled is None:
-            self._pulled = (self.counts > 0).nonzero().squeeze(1)
-            self._pulled_host = self._pulled.cpu()
+            self._pulled_host = (self.counts > 0).cpu().nonzero().squeeze(1)  # one read
+            self._pulled = to_device(self._pulled_host, self.arms.device)
             self._pulled_set = set(self._pulled_host.tolist())
         elif any(a not in self._pulled_set for a in told):
             self._pulled_set.update(told)
