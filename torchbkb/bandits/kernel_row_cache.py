@@ -201,8 +201,8 @@ class KernelRowCache:
         with torch.no_grad():
             # streamed: slot order = the dictionary's
             if not self.caches(m):
-                ids = ids if ids is not None else dictionary.tolist()
-                self._K_buf, self.order = None, list(order) if order is not None else ids
+                order = order if order is not None else ids if ids is not None else dictionary.tolist()
+                self._K_buf, self.order = None, list(order)
                 self.order_index, self._slot_block, self._blocks = self._long(self.order), [-1] * len(self.order), {}
             elif order is None:
                 if self._K_buf is None:  # cached again after streaming: every row enters
