@@ -54,6 +54,8 @@ def _bad_tells(i: torch.Tensor, y: torch.Tensor):
         ("rewards (k, 2)", i, torch.stack([y, y], 1), "rewards"),
         ("float indices", i.double(), y, "integer tensor"),
         ("bool indices", torch.ones(n, dtype=torch.bool), y, "integer tensor"),
+        ("indices (k, 2)", torch.stack([i, i], 1), torch.cat([y, y]), r"expected shape \(k,\) or \(k, 1\)"),
+        ("indices (1, 1, k)", i[None, None], y, r"expected shape \(k,\) or \(k, 1\)"),
         ("past the arms", torch.full_like(i, A), y, r"in \[0, 40\)"),
         ("negative", torch.full_like(i, -1), y, r"in \[0, 40\)"),
         ("not asked", torch.tensor([(a + 1) % A for a in ids]) if n == 1 else torch.tensor([ids[0]] * (n + 1)),

@@ -134,8 +134,8 @@ class Bandit(BanditCheckpoint):
         """Report rewards for asked arms.
 
         Args:
-            indices: `(k,)` integer tensor (or list), each an arm that was asked and is still pending
-                (an arm asked twice in a batch may be told twice).
+            indices: `(k,)` integer tensor (or list; a column `(k, 1)` reads as `(k,)`), each an arm that was asked
+                and is still pending (an arm asked twice in a batch may be told twice).
             y: `(k,)` finite rewards, in the same order.
         """
         idx, ids, y, ys, remaining = self._check_tell(indices, y)
@@ -243,6 +243,8 @@ class Bandit(BanditCheckpoint):
             raise InputDataError(f"{name}: expected a LongTensor of arm indices, got {type(indices).__name__}")
         if indices.is_floating_point() or indices.is_complex() or indices.dtype == torch.bool:
             raise InputDataError(f"{name}: expected an integer tensor of arm indices, got dtype {indices.dtype}")
+        if indices.dim() > 2 or (indices.dim() == 2 and indices.shape[-1] != 1):  # a column (k, 1) reads as (k,)
+            raise InputDataError(f"{name}: expected shape (k,) or (k, 1), got {tuple(indices.shape)}")
         idx = indices.reshape(-1)
         asked = self._asked
         if asked is not None and indices is asked[0] and indices._version == asked[1]:
