@@ -44,6 +44,14 @@ class ScaledRBF:
         return k
 
 
+def gpu_defaults(bandit):
+    """``bandit`` with a GPU's defaults, on any device: the fixed-capacity update and, for BBKB, the device loop."""
+    bandit.fixed_capacity = True
+    if hasattr(bandit, "device_loop"):
+        bandit.device_loop = True
+    return bandit
+
+
 def same_state(a, b) -> bool:
     """Equal state dicts: the same keys and lengths, tensors of the same dtype and shape with the same values (or
     all NaN in both), other values equal (NaN to NaN)."""

@@ -2,6 +2,7 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
+from helpers import same_state
 from torchbkb import BKB, GPUCB, EpsGreedy, Random
 from torchbkb.errors import InputDataError, TorchBKBError
 from torchbkb.gp.kernels import GaussianKernel
@@ -28,16 +29,6 @@ def _warm(make, steps=5):
     return b
 
 
-def _state_equal(a, b):
-    if isinstance(a, torch.Tensor):
-        return torch.equal(a, b)
-    if isinstance(a, dict):
-        return a.keys() == b.keys() and all(_state_equal(a[k], b[k]) for k in a)
-    if isinstance(a, (list, tuple)):
-        return len(a) == len(b) and all(_state_equal(x, y) for x, y in zip(a, b))
-    return a == b or (a != a and b != b)
-
-
 BAD_TELLS = [
     (lambda i: (torch.tensor([(int(i) + 1) % 30]), torch.tensor([0.0])), "were asked"),
     (lambda i: (torch.tensor([30]), torch.tensor([0.0])), r"in \[0, 30\)"),
@@ -62,7 +53,7 @@ def test_bad_tell_leaves_state_unchanged_and_ask_repeats(bandit_case, bad):
     idx, y = make_bad(asked)
     with pytest.raises(TorchBKBError, match=msg):
         b.tell(idx, y)
-    assert _state_equal(before, b.state_dict())
+    assert same_state(before, b.state_dict())
     assert torch.equal(b.ask(), asked)
 
 
@@ -147,7 +138,7 @@ def test_pending_is_a_multiset_told_in_any_order_and_in_parts(data):
             before = b.state_dict()
             with pytest.raises(InputDataError, match="were asked"):
                 b.tell(torch.tensor(part + [extra]), torch.zeros(len(part) + 1, dtype=torch.float64))
-            assert _state_equal(before, b.state_dict())
+            assert same_state(before, b.state_dict())
         b.tell(torch.tensor(part), F[torch.tensor(part)])
         for a in part:
             reference.remove(a)

@@ -7,16 +7,9 @@ import pickle
 import pytest
 import torch
 
+from helpers import gpu_defaults
 from torchbkb import BBKB, BKB, GPBUCB, GPUCB, SBPE, EpsGreedy, Random, ThompsonBKB
 from torchbkb.gp.kernels import GaussianKernel
-
-def _fixed(b):
-    """The fixed-capacity update and, for BBKB, the device loop: a GPU's defaults, here on the CPU."""
-    b.fixed_capacity = True
-    if hasattr(b, "device_loop"):
-        b.device_loop = True
-    return b
-
 
 ARMS = torch.rand(40, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
 F = torch.sin(4 * ARMS[:, 0]) + ARMS[:, 1]
@@ -32,8 +25,8 @@ MAKERS = {
     "ThompsonBKB": lambda: ThompsonBKB(ARMS, KERNEL, noise=0.1, seed=0),
     "SBPE": lambda: SBPE(ARMS, KERNEL, noise=0.1, budget=400, seed=0),
     "SBPE theory width": lambda: SBPE(ARMS, KERNEL, noise=0.1, budget=400, rkhs_norm=1.0, subgaussian=0.1, seed=0),
-    "BKB fixed capacity": lambda: _fixed(BKB(ARMS, KERNEL, noise=0.1, beta=0.5, seed=0)),
-    "BBKB fixed capacity": lambda: _fixed(BBKB(ARMS, KERNEL, noise=0.1, beta=0.5, batch_bound=3.0, seed=0)),
+    "BKB fixed capacity": lambda: gpu_defaults(BKB(ARMS, KERNEL, noise=0.1, beta=0.5, seed=0)),
+    "BBKB fixed capacity": lambda: gpu_defaults(BBKB(ARMS, KERNEL, noise=0.1, beta=0.5, batch_bound=3.0, seed=0)),
 }
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny operations: one intra-op thread (tests/conftest.py)

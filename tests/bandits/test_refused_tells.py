@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 
+from helpers import gpu_defaults, same_state
 from torchbkb import BBKB, BKB, GPBUCB, GPUCB, ThompsonBKB
 from torchbkb.errors import TorchBKBError
 from torchbkb.gp.kernels import GaussianKernel
@@ -23,18 +24,11 @@ F = -((ARMS - 0.4) ** 2).sum(-1)
 KERNEL = GaussianKernel(0.3)
 
 
-def _fixed(b):
-    b.fixed_capacity = True
-    if hasattr(b, "device_loop"):
-        b.device_loop = True
-    return b
-
-
 BANDITS = {
     "bkb": lambda: BKB(ARMS, KERNEL, noise=0.1, q_bar=2.0, beta=0.3, seed=0),
-    "bkb_fixed": lambda: _fixed(BKB(ARMS, KERNEL, noise=0.1, q_bar=2.0, beta=0.3, seed=0)),
+    "bkb_fixed": lambda: gpu_defaults(BKB(ARMS, KERNEL, noise=0.1, q_bar=2.0, beta=0.3, seed=0)),
     "bbkb": lambda: BBKB(ARMS, KERNEL, noise=0.1, q_bar=2.0, beta=0.3, seed=0),
-    "bbkb_fixed": lambda: _fixed(BBKB(ARMS, KERNEL, noise=0.1, q_bar=2.0, beta=0.3, seed=0)),
+    "bbkb_fixed": lambda: gpu_defaults(BBKB(ARMS, KERNEL, noise=0.1, q_bar=2.0, beta=0.3, seed=0)),
     "bbkb_q3": lambda: BBKB(ARMS, KERNEL, noise=0.1, q_bar=2.0, beta=0.3, seed=0, batch_size=3),
     "gpbucb": lambda: GPBUCB(ARMS, KERNEL, noise=0.1, beta=0.3, seed=0),
     "gpucb": lambda: GPUCB(ARMS, KERNEL, noise=0.1, beta=0.3, seed=0),
@@ -70,17 +64,6 @@ def _bad_tells(i: torch.Tensor, y: torch.Tensor):
     ]
 
 
-def _state_equal(a, b) -> bool:
-    if isinstance(a, torch.Tensor):
-        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and a.shape == b.shape and bool(
-            torch.equal(a, b) or (a.is_floating_point() and torch.equal(a.nan_to_num(7.0), b.nan_to_num(7.0))))
-    if isinstance(a, dict):
-        return a.keys() == b.keys() and all(_state_equal(a[k], b[k]) for k in a)
-    if isinstance(a, (list, tuple)):
-        return len(a) == len(b) and all(_state_equal(x, y) for x, y in zip(a, b))
-    return a == b or (a != a and b != b)
-
-
 def _steps(b, n: int) -> None:
     for _ in range(n):
         i = b.ask()
@@ -108,7 +91,7 @@ def test_a_refused_tell_changes_nothing_and_the_bandit_goes_on_as_an_untouched_c
         before = copy.deepcopy(b.state_dict())
         with pytest.raises(TorchBKBError, match=message):
             b.tell(idx, y)
-        assert _state_equal(before, b.state_dict()), what
+        assert same_state(before, b.state_dict()), what
         twin = copy.deepcopy(base)
         for bandit in (b, twin):
             bandit.tell(asked, F[asked])
@@ -129,7 +112,7 @@ def test_a_refused_tell_in_the_middle_of_a_batch_keeps_the_part_already_told(nam
     rest = asked[1:]
     with pytest.raises(TorchBKBError, match="finite"):
         b.tell(rest, torch.full((rest.numel(),), math.nan, dtype=torch.float64))
-    assert _state_equal(before, b.state_dict())
+    assert same_state(before, b.state_dict())
     assert b.pending.tolist() == rest.tolist()
     twin = copy.deepcopy(b)
     for bandit in (b, twin):
