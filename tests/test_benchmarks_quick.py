@@ -185,6 +185,7 @@ def test_registry_and_helpers():
         ("launches", ["--cases", "bkb_anchor", "bbkb_anchor_fixed"], ["launches.json", "launches.png"]),
         ("step_floor", ["--peers", "no-such-directory"], ["step_floor.json", "step_floor.png"]),
         ("step_phases", ["--cases", "bkb_anchor_eager", "bkb_anchor_fixed"], ["step_phases.json", "step_phases.png"]),
+        ("blas_threads", [], ["blas_threads.json", "blas_threads.png"]),
         ("inclusion", ["--seeds", "1", "--problems", "anchor,cadata"], ["inclusion.json", "inclusion.png"]),
         ("sbpe", ["--threads", "1"], ["sbpe.json", "sbpe.png"]),
         ("online", ["--threads", "1"], ["online.json", "online.png"]),
