@@ -15,6 +15,7 @@ Writes ``blas_threads.json`` and ``blas_threads.png``. Usage::
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import time
 
@@ -77,10 +78,7 @@ def main(argv=None):
     for rep in range(args.reps):
         for name, call in table.items():
             for mode in (("default", "one") if rep % 2 == 0 else ("one", "default")):
-                if mode == "one":
-                    with threadpool_limits(1, user_api="blas"):
-                        times[name][mode].append(per_round(call, torch_op, args.iterations))
-                else:
+                with threadpool_limits(1, user_api="blas") if mode == "one" else contextlib.nullcontext():
                     times[name][mode].append(per_round(call, torch_op, args.iterations))
     rows = []
     for name, t in times.items():

@@ -198,16 +198,17 @@ class KernelRowCache:
         as Python ints, when the caller has them (no read of the device).
         """
         m = dictionary.numel()
+        if order is None and ids is None:  # read once, only when no saved order gives the slots
+            ids = dictionary.tolist()
         with torch.no_grad():
             # streamed: slot order = the dictionary's
             if not self.caches(m):
-                order = order if order is not None else ids if ids is not None else dictionary.tolist()
-                self._K_buf, self.order = None, list(order)
+                self._K_buf, self.order = None, list(order if order is not None else ids)
                 self.order_index, self._slot_block, self._blocks = self._long(self.order), [-1] * len(self.order), {}
             elif order is None:
                 if self._K_buf is None:  # cached again after streaming: every row enters
                     self.order, self._slot_block, self._blocks = [], [], {}
-                self._update(ids if ids is not None else dictionary.tolist(), dictionary)
+                self._update(ids, dictionary)
             else:
                 self._K_buf, self.order, self._slot_block, self._blocks = None, [], [], {}
                 self._update(list(order), blocks=blocks)
