@@ -55,6 +55,7 @@ __all__ = ["UNBOUNDED_PICKS", "BatchSelection", "check_batch_limits", "picks_to_
            "stop_rule_stalls"]
 
 _WINDOW, _MAX_WINDOW = 8, 1024  # repeated picks looked ahead at once (grows while an arm keeps winning)
+_VECTOR_RUN = 16  # runs at least this long get their in-batch variances in one NumPy pass
 
 
 class BatchSelection(NamedTuple):
@@ -134,6 +135,7 @@ def select_batch(
     level = 1.0  # 1 + Σ σ̃²_fb   or   Π (1 + σ̃²_fb)
     evaluations = 0
     window = _WINDOW
+    refreshed: np.ndarray | None = None  # (A,) scratch mask of the rare branch below
     i = int(ucb.argmax())  # lowest index among ties
     while True:
         s0 = float(rls0_h[i])
@@ -162,7 +164,7 @@ def select_batch(
             in_batch.append(max(rls_i, 0.0))
             picks.append(i)
         else:
-            in_batch.extend(max(rls_i - j / (1.0 + j * s) * (s * s), 0.0) for j in range(run))
+            in_batch.extend(_in_run_variances(rls_i, s, run))
             picks.extend([i] * run)
         level = level_after(level, s0, run, stop_rule)
         done = run == n_allowed  # the stop rule (or the cap) ends the batch with the run's last pick
@@ -185,7 +187,11 @@ def select_batch(
         i = int(idx[j])
         if lazy and top < ucb_i_new:  # rare: rounding put x_i's refreshed UCB below its closed form
             more = ((ucb >= as_dt(top)) & (ucb < as_dt(ucb_i_new))).nonzero()[0]
-            more = np.setdiff1d(more, idx, assume_unique=True)  # not the arms just refreshed (those at top)
+            if refreshed is None:
+                refreshed = np.zeros(ucb.size, dtype=bool)
+            refreshed[idx] = True  # not the arms just refreshed (those at top); a mask, not np.setdiff1d's sort
+            more = more[~refreshed[more]]
+            refreshed[idx] = False
             state.refresh_into(more, cur_rls, ucb)
             evaluations += more.size
             i = int(ucb.argmax())
@@ -197,6 +203,16 @@ def select_batch(
         ucb_evaluations=evaluations,
         V_inv=state.V_inv(),
     )
+
+
+def _in_run_variances(rls_i: float, s: float, run: int) -> list[float]:
+    """``σ̃²_t`` of each pick of a run of ``run`` picks of one arm: ``max(σ̃² - j s² / (1 + j s), 0)`` for ``j < run``
+    (``j`` hallucinations of it before), as Python floats; a long run in one NumPy pass of the same operations
+    (IEEE float64 either way: the same values)."""
+    if run < _VECTOR_RUN:
+        return [max(rls_i - j / (1.0 + j * s) * (s * s), 0.0) for j in range(run)]
+    js = np.arange(run, dtype=np.float64)
+    return np.maximum(rls_i - js / (1.0 + js * s) * (s * s), 0.0).tolist()
 
 
 def rounding_to(dtype: torch.dtype):
