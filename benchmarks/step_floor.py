@@ -88,8 +88,9 @@ def timed(step):
     return run
 
 
-def fewest_ops_runner():
-    """The bare step at the anchor's sizes, 35 operations (see the module docstring)."""
+def fewest_ops_runner(ucb: bool = True):
+    """The bare step at the anchor's sizes, 35 operations (see the module docstring); without ``ucb``, the update
+    alone: the step up to every arm's mean and variance, without the UCB and its argmax."""
     g = torch.Generator().manual_seed(0)
     A, p, lam = 1000, 25, LAM
     X = torch.rand(A, 2, dtype=torch.float64, generator=g)
@@ -121,14 +122,15 @@ def fewest_ops_runner():
         Ma = torch.cat([W.T @ (inner @ W), (w @ W).unsqueeze(0)])
         P = Ma @ K_SA
         var = (kdiag / lam - (P[:-1] * K_SA).sum(0)).clamp_(min=0.0)
-        return int((P[-1] + BETA * var.sqrt()).argmax())
+        return int((P[-1] + BETA * var.sqrt()).argmax()) if ucb else 0
 
     return timed(step)
 
 
-def fewest_numpy_ops_runner():
+def fewest_numpy_ops_runner(ucb: bool = True):
     """The same bare step in NumPy and SciPy's LAPACK wrappers (the draw from the same torch generator): what the
-    fewest operations cost with the cheapest dispatch Python has, about a microsecond a call."""
+    fewest operations cost with the cheapest dispatch Python has, about a microsecond a call (``ucb`` as in
+    :func:`fewest_ops_runner`)."""
     import numpy as np
     from scipy.linalg import lapack
 
@@ -159,13 +161,14 @@ def fewest_numpy_ops_runner():
         inner.flat[:: inner.shape[0] + 1] += 1.0 / lam
         P = np.vstack([W.T @ (inner @ W), (w @ W)[None]]) @ K_SA
         var = np.maximum(kdiag / lam - (P[:-1] * K_SA).sum(0), 0.0)
-        return int(np.argmax(P[-1] + BETA * np.sqrt(var)))
+        return int(np.argmax(P[-1] + BETA * np.sqrt(var))) if ucb else 0
 
     return timed(step)
 
 
-def authors_runner(peers: str):
-    """The authors' BKB (constant width) through the peers harness, or ``None`` when it cannot be imported."""
+def authors_runner(peers: str, name: str = "authors BKB (β=0.5)"):
+    """The authors' BKB (constant width; or the harness's method ``name``) through the peers harness, as seconds
+    per step, or ``None`` when it cannot be imported."""
     try:
         sys.path.insert(0, str(Path(peers).resolve()))
         argv, sys.argv = sys.argv, [sys.argv[0]]
@@ -173,7 +176,7 @@ def authors_runner(peers: str):
             import run_peers
         finally:
             sys.argv = argv
-        method = run_peers.p1_methods(T)["authors BKB (β=0.5)"]
+        method = run_peers.p1_methods(T)[name]
     except Exception as err:  # numpy/scipy/scikit-learn missing, or no peers directory
         print(f"authors' code skipped: {err!r}")
         return None

@@ -184,6 +184,7 @@ def test_registry_and_helpers():
          ["botorch_closed_loop.json", "botorch_closed_loop.png"]),
         ("launches", ["--cases", "bkb_anchor", "bbkb_anchor_fixed"], ["launches.json", "launches.png"]),
         ("step_floor", ["--peers", "no-such-directory"], ["step_floor.json", "step_floor.png"]),
+        ("batch_floor", ["--peers", "no-such-directory"], ["batch_floor.json", "batch_floor.png"]),
         ("step_phases", ["--cases", "bkb_anchor_eager", "bkb_anchor_fixed"], ["step_phases.json", "step_phases.png"]),
         ("blas_threads", [], ["blas_threads.json", "blas_threads.png"]),
         ("inclusion", ["--seeds", "1", "--problems", "anchor,cadata"], ["inclusion.json", "inclusion.png"]),
