@@ -215,3 +215,22 @@ def test_pruning_backs_off_when_most_arms_pass(monkeypatch):
     _run(a2, f, 200)
     _run(b, f, 200)
     assert a2.history == b.history and torch.equal(a2.arm_means, b.arm_means)
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 10_000), A=st.integers(1, 60), P=st.integers(0, 8), n_excluded=st.integers(0, 5))
+def test_survivors_are_the_fixed_shape_mask_of_the_same_bound(seed, A, P, n_excluded):
+    """The eager update's survivors are the arms of the fixed-capacity update's mask, with or without exclusions,
+    ties at the level included."""
+    from torchbkb.bandits.pruning import survivor_mask, ucb_survivors
+
+    g = torch.Generator().manual_seed(seed)
+    mean = torch.randint(0, 4, (A,), generator=g).to(torch.float64) / 4  # ties with the largest mean
+    bonus = torch.randint(0, 3, (A,), generator=g).to(torch.float64) / 8
+    keep = torch.randint(0, A, (P,), generator=g)  # may repeat
+    excluded = torch.zeros(A, dtype=torch.bool)
+    excluded[torch.randint(0, A, (min(n_excluded, A - 1),), generator=g)] = True
+    valid = torch.ones(P, dtype=torch.bool)
+    for exc in (excluded, torch.zeros(A, dtype=torch.bool)):
+        ref = survivor_mask(mean, bonus, exc, keep, valid).nonzero().squeeze(1)
+        assert torch.equal(ucb_survivors(mean, bonus, exc, keep), ref)
