@@ -31,7 +31,7 @@ import time
 
 import torch
 
-from benchmarks.cli import base_parser, setup
+from benchmarks.cli import base_parser, setup, with_one_blas_thread
 from benchmarks.report import new_figure, print_table, save_figure, strip_plot, write_json
 from benchmarks.step_floor import BETA, LAM, LENGTHSCALE, Q_BAR, T, fewest_numpy_ops_runner, fewest_ops_runner
 from benchmarks.step_floor import authors_runner as authors_bkb_runner
@@ -104,12 +104,7 @@ def authors_runner(peers: str):
 
 
 def main(argv=None):
-    try:  # one thread for NumPy's BLAS too (it is ~16x slower with two on these VMs)
-        import threadpoolctl
-    except ImportError:
-        return measure(argv)
-    with threadpoolctl.threadpool_limits(1):
-        return measure(argv)
+    return with_one_blas_thread(measure, argv)
 
 
 def measure(argv=None):

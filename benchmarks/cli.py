@@ -52,3 +52,14 @@ def resolve_device(name: str) -> torch.device:
 
 def resolve_dtype(name: str) -> torch.dtype:
     return {"float32": torch.float32, "float64": torch.float64}[name]
+
+
+def with_one_blas_thread(measure, argv=None):
+    """``measure(argv)`` with NumPy's BLAS on one thread (``threadpoolctl``; it is about 16× slower with two on these
+    VMs), or as is without ``threadpoolctl``: the floor benchmarks time NumPy code beside torch's."""
+    try:
+        import threadpoolctl
+    except ImportError:
+        return measure(argv)
+    with threadpoolctl.threadpool_limits(1):
+        return measure(argv)

@@ -36,7 +36,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.cli import base_parser, setup
+from benchmarks.cli import base_parser, setup, with_one_blas_thread
 from benchmarks.report import new_figure, print_table, save_figure, strip_plot, write_json
 
 T, LAM, Q_BAR, BETA, LENGTHSCALE = 1000, 0.01, 2.0, 0.5, 0.2
@@ -188,12 +188,7 @@ def authors_runner(peers: str, name: str = "authors BKB (β=0.5)"):
 
 
 def main(argv=None):
-    try:  # one thread for NumPy's BLAS too (it is ~16x slower with two on these VMs)
-        import threadpoolctl
-    except ImportError:
-        return measure(argv)
-    with threadpoolctl.threadpool_limits(1):
-        return measure(argv)
+    return with_one_blas_thread(measure, argv)
 
 
 def measure(argv=None):
