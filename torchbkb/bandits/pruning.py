@@ -36,7 +36,7 @@ PRUNE_MAX_BACKOFF = 16
 def ucb_survivors(mean: torch.Tensor, bonus: torch.Tensor, excluded: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
     """`(k,)` ascending arms whose UCB bound ``mean + bonus`` reaches the largest mean of the arms not ``excluded``,
     plus the arms ``keep`` (always scored). ``mean``, ``bonus``, ``excluded``: `(A,)`; ``keep``: `(P,)` long. The
-    arms of :func:`survivor_mask`, with ``keep`` written into the bound's mask (two passes over the arms fewer)."""
+    arms of :func:`survivor_mask`, with ``keep`` written into the bound's mask (three passes over the arms fewer)."""
     best = mean.masked_fill(excluded, -torch.inf).max()  # <= the largest UCB
     return (mean + bonus >= best).index_fill_(0, keep, True).nonzero().squeeze(1)
 
