@@ -206,9 +206,9 @@ def select_batch(
 
 
 def _in_run_variances(rls_i: float, s: float, run: int) -> list[float]:
-    """``σ̃²_t`` of each pick of a run of ``run`` picks of one arm: ``max(σ̃² - j s² / (1 + j s), 0)`` for ``j < run``
-    (``j`` hallucinations of it before), as Python floats; a long run in one NumPy pass of the same operations
-    (IEEE float64 either way: the same values)."""
+    """``σ̃²_t`` of each pick of a run of ``run`` picks of one arm, as Python floats:
+    ``max(σ̃² - j s² / (1 + j s), 0)`` for ``j < run`` (``j`` hallucinations of it before); a long run in one NumPy
+    pass of the same operations (IEEE float64 either way: the same values)."""
     if run < _VECTOR_RUN:
         return [max(rls_i - j / (1.0 + j * s) * (s * s), 0.0) for j in range(run)]
     js = np.arange(run, dtype=np.float64)
