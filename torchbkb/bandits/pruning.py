@@ -37,17 +37,21 @@ def ucb_survivors(mean: torch.Tensor, bonus: torch.Tensor, excluded: torch.Tenso
     """`(k,)` ascending arms whose UCB bound ``mean + bonus`` reaches the largest mean of the arms not ``excluded``,
     plus the arms ``keep`` (always scored). ``mean``, ``bonus``, ``excluded``: `(A,)`; ``keep``: `(P,)` long. The
     arms of :func:`survivor_mask`, with ``keep`` written into the bound's mask (three passes over the arms fewer)."""
-    best = mean.masked_fill(excluded, -torch.inf).max()  # <= the largest UCB
-    return (mean + bonus >= best).index_fill_(0, keep, True).nonzero().squeeze(1)
+    return _bound_passes(mean, bonus, excluded).index_fill_(0, keep, True).nonzero().squeeze(1)
 
 
 def survivor_mask(mean: torch.Tensor, bonus: torch.Tensor, excluded: torch.Tensor, keep: torch.Tensor,
                   keep_valid: torch.Tensor) -> torch.Tensor:
     """:func:`ucb_survivors` as a mask `(A,)` bool, with fixed shapes and no host read (the fixed-capacity update
     takes it as is): ``keep`` `(P,)` may be padded, the arms with ``keep_valid`` `(P,)` always kept."""
-    best = mean.masked_fill(excluded, -torch.inf).max()  # <= the largest UCB
     kept = torch.zeros(mean.shape, dtype=torch.long, device=mean.device).index_add_(0, keep, keep_valid.long())
-    return (mean + bonus >= best) | (kept > 0)  # the UCB bound, computed as the selections compute a UCB
+    return _bound_passes(mean, bonus, excluded) | (kept > 0)
+
+
+def _bound_passes(mean: torch.Tensor, bonus: torch.Tensor, excluded: torch.Tensor) -> torch.Tensor:
+    """`(A,)` bool, the arms whose UCB bound ``mean + bonus`` (computed as the selections compute a UCB) reaches the
+    largest mean of the arms not ``excluded``, a lower bound of the largest UCB."""
+    return mean + bonus >= mean.masked_fill(excluded, -torch.inf).max()
 
 
 class PruningSchedule:
