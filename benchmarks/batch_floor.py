@@ -127,7 +127,8 @@ def measure(argv=None):
     authors = authors_runner(args.peers)
     for seed in range(args.seeds):  # warm-up, and each seed's batch sizes for the loop
         batches = bbkb(seed, steps)["batches"]
-        loop(seed, steps), update(seed, batches)
+        loop(seed, steps)
+        update(seed, batches)
         if update_np is not None:
             update_np(seed, batches)
         if authors is not None:
