@@ -60,7 +60,8 @@ class Bandit(BanditCheckpoint):
         reward_sums: `(A,)` float64, sum of the rewards told per arm.
         t: number of rewards told so far.
         history: dict of lists ``index``, ``reward``, ``batch`` (one entry per told reward).
-        excluded: `(A,)` bool, arms never selected again (see :meth:`discard`).
+        excluded: `(A,)` bool, arms never selected again (see :meth:`discard`). Written directly, it holds from the
+            next ``ask`` on, and :attr:`exclusions` follows it (reason ``"excluded"`` for the arms it adds).
         exclusions: ``{arm: reason}`` for every excluded arm (the error that made it fail).
         batch_id: number of batches asked so far (the current batch's id is ``batch_id - 1``).
     """
@@ -88,6 +89,7 @@ class Bandit(BanditCheckpoint):
         self._told_y: list[float] = []
         self.excluded = torch.zeros(A, dtype=torch.bool, device=arms.device)
         self.exclusions: dict[int, str] = {}
+        self._excluded_seen = (self.excluded, self.excluded._version)  # what exclusions was last synced with
         self._fingerprint: dict[str, Any] | None = None
 
     @property
@@ -119,6 +121,7 @@ class Bandit(BanditCheckpoint):
             batched ones). While some asked arms are not told yet, the same pending arms are returned.
         """
         if not self._pending:
+            self._sync_exclusions()
             self._selected_ids = None  # only this _select may hand its picks over
             idx = self._select().reshape(-1)
             ids, self._selected_ids = self._selected_ids, None
@@ -158,9 +161,11 @@ class Bandit(BanditCheckpoint):
         idx, ids = self._check_indices(indices, "indices")
         remaining = self._check_pending(ids)
         if exclude:
+            self._sync_exclusions()
             self.excluded[idx] = True
             for a in ids:
                 self.exclusions[a] = "excluded" if reason is None else str(reason)
+            self._excluded_seen = (self.excluded, self.excluded._version)
         self._pending = remaining
         if not self._pending:
             self._finish_batch()
@@ -168,6 +173,7 @@ class Bandit(BanditCheckpoint):
     def readmit(self, indices: torch.Tensor | None = None) -> list[int]:
         """Let the excluded arms ``indices`` `(k,)` (``None``: all) be selected again, e.g. once the cause of their
         failures is fixed; returns them, ascending."""
+        self._sync_exclusions()
         if indices is None:
             idx = self.excluded.nonzero().squeeze(1)
         else:
@@ -180,6 +186,7 @@ class Bandit(BanditCheckpoint):
         self.excluded[idx] = False
         for a in arms:
             self.exclusions.pop(a, None)
+        self._excluded_seen = (self.excluded, self.excluded._version)
         return arms
 
     # ------------------------------------------------------------------ hooks
@@ -203,6 +210,21 @@ class Bandit(BanditCheckpoint):
             raise TorchBKBError(f"{type(self).__name__}: every one of the {self.num_arms} arms was excluded (they all "
                                 f"kept failing)")
         return allowed
+
+    def _sync_exclusions(self) -> None:
+        """:attr:`exclusions` brought in line with :attr:`excluded` when that was written directly or replaced since
+        the last sync (one host read then, none otherwise); an error, changing nothing, for a tensor of another
+        shape, dtype or device."""
+        ex, (seen, version) = self.excluded, self._excluded_seen
+        if ex is seen and ex._version == version:
+            return
+        A, dev = self.num_arms, self.arms.device
+        if not isinstance(ex, torch.Tensor) or ex.dtype != torch.bool or ex.shape != (A,) or ex.device != dev:
+            got = (f"{ex.dtype} of shape {tuple(ex.shape)} on {ex.device}" if isinstance(ex, torch.Tensor)
+                   else type(ex).__name__)
+            raise InputDataError(f"excluded: expected a bool tensor of shape ({A},) on {dev}, got {got}")
+        self.exclusions = {a: self.exclusions.get(a, "excluded") for a in ex.nonzero().squeeze(1).tolist()}
+        self._excluded_seen = (ex, ex._version)
 
     def _mask_excluded(self, scores: torch.Tensor) -> torch.Tensor:
         """``scores`` `(A,)` with the excluded arms at ``-inf`` (so no argmax picks them); no host read unless arms were

@@ -42,7 +42,8 @@ class Random(Bandit):
 
 class EpsGreedy(Bandit):
     """ε-greedy on empirical means: with probability ``ε`` a uniform arm, otherwise the pulled arm with
-    the highest mean reward (lowest index on ties). The first arm is uniform.
+    the highest mean reward (lowest index on ties). The first arm is uniform, and so is an arm chosen while every
+    pulled arm is excluded (uniform among the arms not excluded).
 
     Args:
         arms: `(A, d)`.
@@ -74,4 +75,7 @@ class EpsGreedy(Bandit):
         means = torch.where(self.counts > 0, self.reward_sums / self.counts.clamp_min(1),
                             torch.full_like(self.reward_sums, -torch.inf))
         means = self._mask_excluded(means)
-        return torch.argmax(means).reshape(1)
+        best = torch.argmax(means).reshape(1)
+        if allowed is not None and bool(means[best] == -torch.inf):  # every pulled arm excluded: none to exploit
+            return uniform
+        return best
