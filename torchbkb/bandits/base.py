@@ -326,7 +326,9 @@ class KernelBandit(Bandit):
 
     Args:
         arms: `(A, d)`.
-        kernel: a ``gpytorch.kernels.Kernel`` or a callable ``(X1, X2) -> Tensor``.
+        kernel: a ``gpytorch.kernels.Kernel`` or a callable ``(X1, X2) -> Tensor``, fixed for the bandit's life (the
+            papers' known kernel): its values are cached, so hyperparameters written in place later are not seen
+            consistently: another kernel is another bandit (a checkpoint refuses a kernel of other values).
         noise: ``λ > 0`` (the GP noise variance).
         beta: a float ``>= 0`` (a constant width, RLS scale) or a name in :attr:`beta_modes` (``"theory"``, ...).
         seed: see :class:`Bandit`.
