@@ -234,3 +234,26 @@ def test_survivors_are_the_fixed_shape_mask_of_the_same_bound(seed, A, P, n_excl
     for exc in (excluded, torch.zeros(A, dtype=torch.bool)):
         ref = survivor_mask(mean, bonus, exc, keep, valid).nonzero().squeeze(1)
         assert torch.equal(ucb_survivors(mean, bonus, exc, keep), ref)
+
+
+@pytest.mark.parametrize("fixed", [False, True])
+@pytest.mark.parametrize(("cls", "seed", "T"), [(BKB, 0, 60), (BBKB, 1, 40)])
+def test_arms_excluded_by_writing_the_mask_after_a_pruned_update_leave_the_exact_argmax(cls, seed, T, fixed):
+    """The last update pruned with the level of an arm that a direct write of ``excluded`` then excludes (an isolated
+    arm of the best reward): the next pick is still the argmax of the exact UCBs of the arms left."""
+    g = torch.Generator().manual_seed(seed)
+    X = torch.rand(500, 1, generator=g, dtype=torch.float64) * 0.5
+    X[0] = 3.0
+    f = 0.3 * torch.sin(8.0 * X[:, 0])
+    f[0] = 1.0
+    kw = {"batch_bound": 2.0, "max_batch_size": 20} if cls is BBKB else {}
+    bandit = cls(X, GaussianKernel(0.1), noise=0.5, beta=0.1, seed=seed, **kw)
+    bandit.fixed_capacity = fixed
+    _run(bandit, f, T)
+    assert bandit.scored_arms is not None  # the last update pruned
+    mean, rls = bandit.scores()
+    top = int(mean.argmax())
+    assert top == 0
+    bandit.excluded[top] = True
+    ucb = (mean + 0.1 * rls.sqrt()).masked_fill(bandit.excluded, -torch.inf)
+    assert int(bandit.ask()[0]) == int(ucb.argmax())

@@ -223,8 +223,16 @@ class Bandit(BanditCheckpoint):
             got = (f"{ex.dtype} of shape {tuple(ex.shape)} on {ex.device}" if isinstance(ex, torch.Tensor)
                    else type(ex).__name__)
             raise InputDataError(f"excluded: expected a bool tensor of shape ({A},) on {dev}, got {got}")
-        self.exclusions = {a: self.exclusions.get(a, "excluded") for a in ex.nonzero().squeeze(1).tolist()}
+        arms = ex.nonzero().squeeze(1).tolist()
+        added = any(a not in self.exclusions for a in arms)
+        self.exclusions = {a: self.exclusions.get(a, "excluded") for a in arms}
         self._excluded_seen = (ex, ex._version)
+        if added:
+            self._exclusions_added()
+
+    def _exclusions_added(self) -> None:
+        """Hook: arms were excluded by a direct write of :attr:`excluded`, perhaps after the last update (nothing
+        here)."""
 
     def _mask_excluded(self, scores: torch.Tensor) -> torch.Tensor:
         """``scores`` `(A,)` with the excluded arms at ``-inf`` (so no argmax picks them); no host read unless arms were

@@ -340,6 +340,14 @@ class SketchedKernelBandit(SettlingReadouts, FixedCapacityUpdates, SketchedCheck
         self.dictionary, self._dictionary_host = new_dict, (new_dict, host)
         self._deff, self._deff_inputs = None, (pulled, n, self.row_posterior.rls)  # read by the widths that need it
 
+    def _exclusions_added(self) -> None:
+        """Arms excluded by a direct write of :attr:`excluded`: the UCB bound the last update pruned with may have
+        taken its level from one of them, so the variances it skipped are computed now (every arm a candidate)."""
+        if self._owed_update:  # the update still to run reads the mask as it is now
+            return
+        if self.row_posterior.scored is not None:
+            self.row_posterior.restore_scores(self.scores()[1], None, None)
+
     def _same_dictionary(self, new_dict: torch.Tensor, host: torch.Tensor | None) -> bool:
         """Whether ``new_dict`` is :attr:`dictionary`: compared on the host when both have a host copy."""
         last, last_host = self._dictionary_host
