@@ -235,10 +235,12 @@ class Bandit(BanditCheckpoint):
         here)."""
 
     def _mask_excluded(self, scores: torch.Tensor) -> torch.Tensor:
-        """``scores`` `(A,)` with the excluded arms at ``-inf`` (so no argmax picks them); no host read unless arms were
-        excluded (:attr:`exclusions`), when an error says so if every arm is."""
-        if self.exclusions:
-            self._allowed()
+        """``scores`` `(A,)` with the excluded arms at ``-inf`` (so no argmax picks them), or ``scores`` itself when no
+        arm is (callers only read it). No host read: :attr:`exclusions`, which ``ask`` syncs before a selection, says
+        whether any arm is excluded, and an error says so if every arm is."""
+        if not self.exclusions:
+            return scores
+        self._allowed()
         return scores.masked_fill(self.excluded, -torch.inf)
 
     def _record(self, idx: torch.Tensor, ids: list[int], y: torch.Tensor, ys: list[float]) -> None:
