@@ -257,3 +257,24 @@ def test_arms_excluded_by_writing_the_mask_after_a_pruned_update_leave_the_exact
     bandit.excluded[top] = True
     ucb = (mean + 0.1 * rls.sqrt()).masked_fill(bandit.excluded, -torch.inf)
     assert int(bandit.ask()[0]) == int(ucb.argmax())
+
+
+def test_a_checkpoint_after_a_direct_write_of_the_mask_resumes_with_the_same_choices():
+    """The checkpoint is taken between the write and the next ``ask``: the resumed bandit picks as the live one."""
+    g = torch.Generator().manual_seed(0)
+    X = torch.rand(500, 1, generator=g, dtype=torch.float64) * 0.5
+    X[0] = 3.0
+    f = 0.3 * torch.sin(8.0 * X[:, 0])
+    f[0] = 1.0
+    make = lambda: BKB(X, GaussianKernel(0.1), noise=0.5, beta=0.1, seed=0)  # noqa: E731
+    live = make()
+    _run(live, f, 60)
+    assert live.scored_arms is not None
+    live.excluded[0] = True
+    resumed = make()
+    resumed.load_state_dict(live.state_dict())
+    for _ in range(10):
+        idx = live.ask()
+        assert resumed.ask().tolist() == idx.tolist()
+        live.tell(idx, f[idx])
+        resumed.tell(idx, f[idx])

@@ -48,6 +48,7 @@ class BanditCheckpoint:
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to resume with an identical continuation (plain Python + tensors)."""
         self._settle()  # a deferred update draws from the generator: run it before anything is saved
+        self._sync_exclusions()  # a directly written mask, taken in as the next ask would
         return {
             "class": type(self).__name__,
             "num_arms": self.num_arms,
