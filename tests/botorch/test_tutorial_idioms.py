@@ -10,7 +10,7 @@ from botorch.acquisition.max_value_entropy_search import qLowerBoundMaxValueEntr
 from botorch.cross_validation import batch_cross_validation, gen_loo_cv_folds
 from botorch.exceptions.warnings import OptimizationWarning
 from botorch.fit import fit_gpytorch_mll
-from botorch.models import SingleTaskGP
+from botorch.models import ModelListGP, SingleTaskGP
 from botorch.models.transforms import Normalize, Standardize
 from botorch.optim.closures import get_loss_closure_with_grads
 from botorch.optim.closures.core import NdarrayOptimizationClosure
@@ -19,7 +19,7 @@ from gpytorch.constraints import GreaterThan, Interval
 from gpytorch.kernels import MaternKernel, ScaleKernel
 from gpytorch.likelihoods import GaussianLikelihood
 from gpytorch.means import ConstantMean, LinearMean
-from gpytorch.mlls import ExactMarginalLogLikelihood
+from gpytorch.mlls import ExactMarginalLogLikelihood, SumMarginalLogLikelihood
 from linear_operator.operators import DenseLinearOperator
 from linear_operator.utils.errors import NanError, NotPSDError
 
@@ -197,3 +197,41 @@ def _spy(forward, shapes):
         return forward(self, x1, x2, *args, **kwargs)
 
     return spy
+
+
+def test_the_exact_mll_of_bo_torch_loops_fits_with_the_bound():
+    """``fit_gpytorch_mll(ExactMarginalLogLikelihood(model.likelihood, model))``, as BoTorch's loops write it, fits
+    a BKBModel with its bound: the hyperparameters of the DTC MLL's fit, the exact MLL handed back in eval mode."""
+    X, Y = _data(n=40)
+    fitted = []
+    for mll_cls in (ExactMarginalLogLikelihood, DTCMarginalLogLikelihood):
+        model = BKBModel(X, Y, seed=0)
+        mll = mll_cls(model.likelihood, model)
+        assert fit_gpytorch_mll(mll) is mll and not model.training
+        fitted.append(model.state_dict())
+    assert fitted[0].keys() == fitted[1].keys() and all(torch.equal(fitted[0][k], fitted[1][k]) for k in fitted[0])
+    model = BKBModel(X, Y, seed=0)
+    with pytest.raises(InputDataError, match="likelihood: expected model.likelihood"):
+        fit_gpytorch_mll(ExactMarginalLogLikelihood(GaussianLikelihood().to(X), model))
+    models = ModelListGP(BKBModel(X, Y, seed=0), BKBModel(X, -Y, seed=0))  # the multi-objective tutorials' fit
+    fit_gpytorch_mll(SumMarginalLogLikelihood(models.likelihood, models))
+    assert all(m.fit_rounds >= 1 and not m.training for m in models.models)
+
+
+def test_the_exact_mll_of_model_of_x_is_single_task_gps_exact_evidence():
+    """The torch-optimizer loop with the exact MLL: the exact evidence of the same hyperparameters, and its gradient."""
+    X, Y = _data()
+    bkb, gp = _pair(X, Y)
+    losses, grads = [], []
+    for model in (bkb, gp):
+        model.train()
+        loss = -ExactMarginalLogLikelihood(model.likelihood, model)(model(X), model.train_targets)
+        loss.backward()
+        losses.append(loss.detach())
+        grads.append({name: p.grad for name, p in model.named_parameters()})
+    assert torch.allclose(losses[0], losses[1], rtol=1e-10)
+    copied = BKBModel.from_model(gp).train()  # built without __init__: a GPyTorch GP all the same
+    assert torch.allclose(-ExactMarginalLogLikelihood(copied.likelihood, copied)(copied(X), copied.train_targets),
+                          losses[1], rtol=1e-10)
+    assert grads[0].keys() == grads[1].keys()
+    assert all(torch.allclose(grads[0][k], grads[1][k], rtol=1e-8, atol=1e-12) for k in grads[1])

@@ -31,6 +31,7 @@ import math
 
 import torch
 from botorch.optim.fit import fit_gpytorch_mll_scipy
+from gpytorch.mlls import ExactMarginalLogLikelihood
 from gpytorch.module import Module as GPyTorchModule
 
 from torch import Tensor
@@ -84,7 +85,8 @@ def fit_rounds(model, mll, closure=None, optimizer=None, closure_kwargs=None, op
 
     Args:
         model: the :class:`~torchbkb.botorch.BKBModel`.
-        mll: ``DTCMarginalLogLikelihood(model.likelihood, model)``.
+        mll: ``DTCMarginalLogLikelihood(model.likelihood, model)``, or GPyTorch's ``ExactMarginalLogLikelihood`` of
+            the same (the MLL of BoTorch's loops, the exact evidence the bound replaces: the bound is fitted, as in Ax).
         closure, closure_kwargs: as in ``fit_gpytorch_mll`` (default: the negated bound and its gradients; a
             closure of your own is evaluated as given, on the model's whole dictionary).
         optimizer: a BoTorch fit routine ``(mll, closure=..., closure_kwargs=..., **optimizer_kwargs)``; default
@@ -105,6 +107,10 @@ def fit_rounds(model, mll, closure=None, optimizer=None, closure_kwargs=None, op
     Returns:
         ``mll`` in eval mode; the model's posterior is rebuilt at the fitted hyperparameters when next read.
     """
+    if isinstance(mll, ExactMarginalLogLikelihood) and mll.model is model:  # BoTorch loops' MLL: the bound replaces it
+        fit_rounds(model, DTCMarginalLogLikelihood(mll.likelihood, model), closure, optimizer, closure_kwargs,
+                   optimizer_kwargs, max_rounds, warm_start, inducing_limit, fit_points, **kwargs)
+        return mll.eval()
     if not isinstance(mll, DTCMarginalLogLikelihood) or mll.model is not model:
         raise InputDataError(
             f"mll: expected DTCMarginalLogLikelihood(model.likelihood, model) for this BKBModel, got "

@@ -1,16 +1,16 @@
 """BKB as a BoTorch ``Model``: the DTC posterior on a variance-sampled dictionary, with learned hyperparameters.
 
 :class:`BKBModel` replaces ``botorch.models.SingleTaskGP`` in a BoTorch loop, with its constructor arguments:
-``posterior(X)`` has the DTC mean and **joint** covariance (GP scale, 003 Eq. 4), differentiable in ``X``;
-``model(X)`` is the prior in training mode and the posterior in eval mode, as for an ``ExactGP``;
-``condition_on_observations`` (hence ``fantasize``) adds points without refitting, differentiably; transforms,
-known noise (``train_Yvar``) and batched training data (one set of hyperparameters per batch, exact GP) work as
-in BoTorch. The dictionary is drawn by BKB's variance sampling (:func:`sample_dictionary`, 000 Algorithm 1) or
-given; when it holds at least ``exact_fraction`` of the points the exact GP is computed (:mod:`.engine`). The
-hyperparameters are ``SingleTaskGP``'s (:func:`~torchbkb.botorch.defaults.hyperparameter_modules`), learned at
-``O(n·m²)`` by ``fit_gpytorch_mll(DTCMarginalLogLikelihood(model.likelihood, model))`` (:mod:`.fitting`) or
-copied from a fitted GP (:meth:`BKBModel.from_model`). The posterior is never stale, and threads, pickles and
-state dicts are safe (:mod:`.model_lifecycle`). ``state_dict()`` holds hyperparameters and transforms, never data.
+``posterior(X)`` has the DTC mean and **joint** covariance (GP scale, 003 Eq. 4), differentiable in ``X``; ``model(X)``
+is the prior in training mode and the posterior in eval mode, as for an ``ExactGP``; ``condition_on_observations``
+(hence ``fantasize``) adds points without refitting, differentiably; transforms, known noise (``train_Yvar``) and
+batched training data (one set of hyperparameters per batch, exact GP) work as in BoTorch. The dictionary is drawn by
+BKB's variance sampling (:func:`sample_dictionary`, 000 Algorithm 1) or given; when it holds at least ``exact_fraction``
+of the points the exact GP is computed (:mod:`.engine`). The hyperparameters are ``SingleTaskGP``'s
+(:func:`~torchbkb.botorch.defaults.hyperparameter_modules`), learned at ``O(n·m²)`` by
+``fit_gpytorch_mll(DTCMarginalLogLikelihood(model.likelihood, model))`` (:mod:`.fitting`) or copied from a fitted GP
+(:meth:`BKBModel.from_model`). The posterior is never stale, and threads, pickles and state dicts are safe
+(:mod:`.model_lifecycle`). ``state_dict()`` holds hyperparameters and transforms, never data.
 
 Example:
     >>> import torch
@@ -36,6 +36,7 @@ from botorch.models.transforms.outcome import Standardize
 from botorch.posteriors.gpytorch import GPyTorchPosterior
 from botorch.utils.types import DEFAULT
 from gpytorch.distributions import MultivariateNormal
+from gpytorch.models import GP  # GPyTorch's MLLs take a GP
 from linear_operator import to_linear_operator
 from torch import Tensor, nn
 
@@ -57,7 +58,7 @@ __all__ = ["BKBModel", "sample_dictionary", "default_kernel", "DEFAULT_LENGTHSCA
            "DEFAULT_NOISE", "EXACT_FRACTION", "MIN_YVAR"]
 
 
-class BKBModel(ModelLifecycle, Model, FantasizeMixin):
+class BKBModel(ModelLifecycle, Model, FantasizeMixin, GP):
     """BKB's DTC posterior on a posterior-variance-sampled dictionary as a BoTorch model, ``SingleTaskGP``'s drop-in.
 
     ``posterior(X).variance`` is the GP-scale ``λ·σ̃²``; :meth:`rls` is the papers' ``σ̃²``. A BKB UCB
@@ -158,7 +159,7 @@ class BKBModel(ModelLifecycle, Model, FantasizeMixin):
         parts = gp_parts(gp, inducing_points)
         it, ot = parts.pop("input_transform"), parts.pop("outcome_transform")
         model = cls.__new__(cls)
-        Model.__init__(model)
+        GP.__init__(model)  # the modules' state (torch's and GPyTorch's), without __init__'s data
         model._setup(parts.pop("kernel"), parts.pop("likelihood"), parts.pop("mean_module"), **parts, noise_tf=None,
                      q_bar=q_bar, inclusion=inclusion, seed=seed, exact_fraction=exact_fraction, transforms=(it, ot))
         return model.eval()
@@ -228,8 +229,7 @@ class BKBModel(ModelLifecycle, Model, FantasizeMixin):
 
     @property
     def noise(self) -> float:
-        """``λ`` of the posterior: the noise variance of the transformed outcomes (the mean known noise with
-        ``train_Yvar``)."""
+        """``λ`` of the posterior: the transformed outcomes' noise variance (with ``train_Yvar``, its mean)."""
         return self.engine.lam
 
     @property
