@@ -1,16 +1,16 @@
 """BKB as a BoTorch ``Model``: the DTC posterior on a variance-sampled dictionary, with learned hyperparameters.
 
 :class:`BKBModel` replaces ``botorch.models.SingleTaskGP`` in a BoTorch loop, with its constructor arguments:
-``posterior(X)`` has the DTC mean and **joint** covariance (GP scale, 003 Eq. 4), differentiable in ``X``; ``model(X)``
-is the prior in training mode and the posterior in eval mode, as for an ``ExactGP``; ``condition_on_observations``
-(hence ``fantasize``) adds points without refitting, differentiably; transforms, known noise (``train_Yvar``) and
-batched training data (one set of hyperparameters per batch, exact GP) work as in BoTorch. The dictionary is drawn by
-BKB's variance sampling (:func:`sample_dictionary`, 000 Algorithm 1) or given; when it holds at least ``exact_fraction``
-of the points the exact GP is computed (:mod:`.engine`). The hyperparameters are ``SingleTaskGP``'s
-(:func:`~torchbkb.botorch.defaults.hyperparameter_modules`), learned at ``O(n·m²)`` by
-``fit_gpytorch_mll(DTCMarginalLogLikelihood(model.likelihood, model))`` (:mod:`.fitting`) or copied from a fitted GP
-(:meth:`BKBModel.from_model`). The posterior is never stale, and threads, pickles and state dicts are safe
-(:mod:`.model_lifecycle`). ``state_dict()`` holds hyperparameters and transforms, never data.
+``posterior(X)`` has the DTC mean and **joint** covariance (GP scale, 003 Eq. 4), differentiable in ``X``;
+``model(X)`` is the prior in training mode and the posterior in eval mode, as for an ``ExactGP``;
+``condition_on_observations`` (hence ``fantasize``) adds points without refitting, differentiably; transforms,
+known noise (``train_Yvar``) and batched training data (one set of hyperparameters per batch, exact GP) work as
+in BoTorch. The dictionary is drawn by BKB's variance sampling (:func:`sample_dictionary`, 000 Algorithm 1) or
+given; when it holds at least ``exact_fraction`` of the points the exact GP is computed (:mod:`.engine`). The
+hyperparameters are ``SingleTaskGP``'s (:func:`~torchbkb.botorch.defaults.hyperparameter_modules`), learned at
+``O(n·m²)`` by ``fit_gpytorch_mll(DTCMarginalLogLikelihood(model.likelihood, model))`` (:mod:`.fitting`) or
+copied from a fitted GP (:meth:`BKBModel.from_model`). The posterior is never stale, and threads, pickles and
+state dicts are safe (:mod:`.model_lifecycle`). ``state_dict()`` holds hyperparameters and transforms, never data.
 
 Example:
     >>> import torch
