@@ -274,3 +274,44 @@ def test_point_by_point_conditioning_keeps_one_solve_per_query(monkeypatch):
     assert torch.allclose(model.train_inputs[0], at_once.train_inputs[0])
     assert torch.allclose(model.posterior(Xq).mean, at_once.posterior(Xq).mean, atol=1e-9)
     assert torch.allclose(model.posterior(Xq).variance, at_once.posterior(Xq).variance, atol=1e-9)
+
+
+@pytest.mark.parametrize("n", [30, 300])  # exact outright, and a sparse dictionary
+def test_set_train_data_is_a_fresh_model_on_the_new_data_with_the_same_hyperparameters(n):
+    X, Y = _data(n)
+    model = _fit(BKBModel(X, Y, seed=0, outcome_transform=None))
+    X2, Y2 = _data(n + 7, seed=1)
+    fresh = BKBModel(X2, Y2, seed=0, outcome_transform=None)
+    fresh.load_state_dict(model.state_dict())
+    model.set_train_data(X2, Y2.squeeze(-1), strict=False)  # no transforms: the training spaces are the originals
+    assert torch.equal(model.train_inputs[0], X2) and torch.equal(model.train_targets, Y2.squeeze(-1))
+    Xq = torch.rand(5, 1, 2, dtype=F64, generator=torch.Generator().manual_seed(2))
+    assert torch.allclose(model.posterior(Xq).mean, fresh.posterior(Xq).mean, atol=1e-12)
+    assert torch.allclose(model.posterior(Xq).variance, fresh.posterior(Xq).variance, atol=1e-12)
+    model.set_train_data(targets=-Y2.squeeze(-1))  # strict: the same shapes; the inputs kept
+    fresh = BKBModel(X2, -Y2, seed=0, outcome_transform=None)
+    fresh.load_state_dict(model.state_dict())
+    assert torch.allclose(model.posterior(Xq).mean, fresh.posterior(Xq).mean, atol=1e-12)
+
+
+def test_set_train_data_with_bad_data_raises_and_changes_nothing():
+    X, Y = _data(30)
+    model = BKBModel(X, Y, seed=0)
+    Xq = torch.rand(4, 1, 2, dtype=F64)
+    before = model.posterior(Xq).mean
+    nan = X.clone()
+    nan[3, 0] = float("nan")
+    bad = [((X[:20], Y[:20, 0]), {}, "inputs: expected shape"),  # strict: another shape
+           ((X.float(), Y[:, 0].float()), {"strict": False}, "dtype torch.float64"),
+           ((torch.rand(30, 3, dtype=F64), Y[:, 0]), {"strict": False}, r"n >= 1, 2\)"),
+           ((X, Y), {"strict": False}, r"targets: expected shape \(30,\)"),
+           ((nan, Y[:, 0]), {}, "inputs: expected finite values"),
+           (([1.0], Y[:, 0]), {}, "expected a torch.Tensor")]
+    for args, kwargs, match in bad:
+        with pytest.raises(InputDataError, match=match):
+            model.set_train_data(*args, **kwargs)
+        assert torch.equal(model.train_inputs[0], X) and torch.equal(model.posterior(Xq).mean, before)
+    known = BKBModel(X, Y, train_Yvar=torch.full_like(Y, 0.01), seed=0)
+    with pytest.raises(InputDataError, match="expected 30 points"):
+        known.set_train_data(X[:10], Y[:10, 0], strict=False)
+    known.set_train_data(X.flip(0), Y[:, 0].flip(0))  # the same number of points: the known noise stays

@@ -1,5 +1,5 @@
 """What a :class:`~torchbkb.botorch.BKBModel` must survive besides predicting: hyperparameter changes, threads,
-copies, pickles, state dicts, ``.to()``.
+copies, pickles, state dicts, ``.to()``, new training data (``set_train_data``).
 
 * **Never stale.** The posterior (:attr:`ModelLifecycle.engine`) is a snapshot at the hyperparameters' values
   (parameters and floating buffers of the kernel, likelihood and mean): read after any of them changed -- a fit,
@@ -35,7 +35,8 @@ from torch import Tensor, nn
 from torchbkb.botorch.conditioning import shallow_module_copy
 from torchbkb.botorch.defaults import hyperparameter_values, same_values
 from torchbkb.botorch.engine import ModelEngine
-from torchbkb.errors import check_finite
+from torchbkb.botorch.model_data import ModelData
+from torchbkb.errors import InputDataError, check_finite
 from torchbkb.utils.host_copy import read_flags
 from torchbkb.utils.state_loading import load_state_dict_atomically
 
@@ -120,6 +121,41 @@ class ModelLifecycle:
             result = load_state_dict_atomically(self, load, state_dict, strict, assign=assign)
             self._engine = self._snapshot = None
             return result
+
+    def set_train_data(self, inputs=None, targets=None, strict: bool = True) -> None:
+        """GPyTorch's ``ExactGP.set_train_data``: new training data in the spaces of :attr:`train_inputs` and
+        :attr:`train_targets` -- ``inputs`` `(*batch, n, d)` (or a one-tuple of it) transformed, ``targets``
+        `(*batch, n)` outcome-transformed; ``None`` keeps the current ones. With ``strict`` their shapes, dtypes and
+        devices must be the current ones. The hyperparameters stay; the posterior, its dictionary drawn again, is
+        rebuilt when next read. Known noise (``train_Yvar``) stays with its points, whose number may not change then.
+        Bad data raise :class:`~torchbkb.errors.InputDataError` and change nothing."""
+        X_old, y_old = self.train_inputs[0], self.train_targets
+        if isinstance(inputs, (tuple, list)) and len(inputs) == 1:
+            inputs = inputs[0]
+        X, y = X_old if inputs is None else inputs, y_old if targets is None else targets
+        for name, new, old in (("inputs", X, X_old), ("targets", y, y_old)):
+            if not isinstance(new, Tensor):
+                raise InputDataError(f"{name}: expected a torch.Tensor, got {type(new).__name__}")
+            if (strict and new.shape != old.shape) or new.dtype != old.dtype or new.device != old.device:
+                raise InputDataError(f"{name}: expected {'shape ' + str(tuple(old.shape)) + ', ' if strict else ''}"
+                                     f"dtype {old.dtype} on {old.device} (the model's), got shape {tuple(new.shape)}, "
+                                     f"dtype {new.dtype} on {new.device}")
+        d, hyper = X_old.shape[-1], tuple(self._hyper_batch)
+        if X.dim() < 2 or X.shape[-2] < 1 or X.shape[-1] != d or X.dim() - 2 < len(hyper) or \
+                X.shape[X.dim() - 2 - len(hyper):-2] != hyper:
+            raise InputDataError(f"inputs: expected shape (*batch, n >= 1, {d}) with batch ending in {hyper} (one set "
+                                 f"of hyperparameters each), got {tuple(X.shape)}")
+        if y.shape != X.shape[:-1]:
+            raise InputDataError(f"targets: expected shape {tuple(X.shape[:-1])} (one per input), got {tuple(y.shape)}")
+        check_finite(X, "inputs")
+        check_finite(y, "targets")
+        noise = self._data.noise(self._default_noise()) if self._data.has_noise else None
+        if noise is not None and noise.shape[-1] != X.shape[-2]:
+            raise InputDataError(f"inputs: expected {noise.shape[-1]} points (the known noise of train_Yvar stays with "
+                                 f"them), got {X.shape[-2]}")
+        with self._lock:
+            self._data = ModelData(X, y, None if noise is None else noise.expand(*y.shape))
+            self._engine = self._snapshot = None
 
     def _untransform(self, block):
         """``(X, Y, Yvar)`` of a data block in the original spaces (`(*b, k, d)`, `(*b, k, 1)`, `(*b, k, 1)`)."""
