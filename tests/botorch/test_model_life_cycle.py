@@ -11,7 +11,7 @@ import pytest
 import torch
 from botorch.acquisition import UpperConfidenceBound
 from botorch.fit import fit_gpytorch_mll
-from botorch.models import SingleTaskGP
+from botorch.models import ModelListGP, SingleTaskGP
 from botorch.sampling import SobolQMCNormalSampler
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -315,3 +315,20 @@ def test_set_train_data_with_bad_data_raises_and_changes_nothing():
     with pytest.raises(InputDataError, match="expected 30 points"):
         known.set_train_data(X[:10], Y[:10, 0], strict=False)
     known.set_train_data(X.flip(0), Y[:, 0].flip(0))  # the same number of points: the known noise stays
+
+
+def test_model_list_condition_on_observations_through_get_fantasy_model_is_single_task_gps():
+    """``ModelListGP.condition_on_observations`` calls GPyTorch's ``get_fantasy_model`` on each model: with every
+    training point in the dictionary, BKBModels condition as ``SingleTaskGP``s do (outcome transforms included)."""
+    X, Y = _data(20)
+    gps = [SingleTaskGP(X, Y * s) for s in (1.0, -2.0)]
+    for gp in gps:
+        gp.eval()
+        gp.posterior(X[:1])  # ExactGP's fantasy needs its prediction caches
+    bkbs = [BKBModel.from_model(gp, inducing_points=X) for gp in gps]
+    Xn, Yn = torch.rand(3, 2, dtype=F64), torch.randn(3, 2, dtype=F64)
+    Xq = torch.rand(4, 2, dtype=F64)
+    means = [ModelListGP(*models).condition_on_observations([Xn, Xn], Yn).posterior(Xq).mean for models in (gps, bkbs)]
+    assert torch.allclose(means[0], means[1], atol=1e-9)
+    with pytest.raises(InputDataError, match=r"targets: expected a tensor of shape \(\*batch, 3\)"):
+        bkbs[0].get_fantasy_model(Xn, torch.zeros(2, dtype=F64))

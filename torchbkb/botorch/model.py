@@ -362,15 +362,7 @@ class BKBModel(ModelLifecycle, Model, FantasizeMixin, GP):
         Y_tf = Y.to(X_tf)
         if hasattr(self, "outcome_transform"):
             Y_tf, _ = self.outcome_transform(Y_tf, X=X_tf)
-        y_tf = Y_tf.squeeze(-1)  # (*b', n')
-        nz = None if noise is None else noise.to(X_tf).squeeze(-1)
-        with self._lock:
-            engine = self.engine
-            new = self.derived_copy()
-            new._engine = engine.condition(X_tf, y_tf - self.mean_constant.to(y_tf).unsqueeze(-1), nz, batch)
-            new._snapshot = self._snapshot
-        new._data = self._data.append(X_tf, y_tf, nz)
-        return new
+        return self._conditioned(X_tf, Y_tf.squeeze(-1), None if noise is None else noise.to(X_tf).squeeze(-1), batch)
 
     def hallucinate(self, X: Tensor) -> BKBModel:
         """A new model (same dictionary) conditioned on `(n', d)` pending ``X`` with the posterior mean as outcome

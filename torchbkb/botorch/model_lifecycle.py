@@ -10,8 +10,9 @@ copies, pickles, state dicts, ``.to()``, new training data (``set_train_data``).
   observations that carry an autograd graph (a fantasy) is left out too and rebuilt from the model's data.
 * **``load_state_dict``** checks every entry first and copies all of them or none
   (:func:`~torchbkb.utils.state_loading.load_state_dict_atomically`); the posterior follows the new values.
-* **Derived models** (conditioned, hallucinated) own copies of the hyperparameter modules and transforms, as
-  ``SingleTaskGP``'s fantasy models do: fitting one never moves the other.
+* **Derived models** (conditioned, by ``condition_on_observations`` or GPyTorch's ``get_fantasy_model``, and
+  hallucinated) own copies of the hyperparameter modules and transforms, as ``SingleTaskGP``'s fantasy models do:
+  fitting one never moves the other.
 
 Example:
     >>> import pickle, torch
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import copy
 import threading
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -36,6 +38,7 @@ from torchbkb.botorch.conditioning import shallow_module_copy
 from torchbkb.botorch.defaults import hyperparameter_values, same_values
 from torchbkb.botorch.engine import ModelEngine
 from torchbkb.botorch.model_data import ModelData
+from torchbkb.botorch.training_data import check_observations
 from torchbkb.errors import InputDataError, check_finite
 from torchbkb.utils.host_copy import read_flags
 from torchbkb.utils.state_loading import load_state_dict_atomically
@@ -156,6 +159,30 @@ class ModelLifecycle:
         with self._lock:
             self._data = ModelData(X, y, None if noise is None else noise.expand(*y.shape))
             self._engine = self._snapshot = None
+
+    def get_fantasy_model(self, inputs: Tensor, targets: Tensor, noise: Tensor | None = None, **kwargs) -> Any:
+        """GPyTorch's ``ExactGP.get_fantasy_model`` (what ``ModelListGP.condition_on_observations`` calls): a new
+        model conditioned on ``inputs`` `(*batch, n', d)` and ``targets`` `(*batch', n')` in the spaces of
+        :attr:`train_inputs` and :attr:`train_targets`, ``noise`` `(*batch', n')` or ``None`` (``λ``)."""
+        self.check_query(inputs, "inputs")
+        if not isinstance(targets, Tensor) or targets.dim() < 1 or targets.shape[-1] != inputs.shape[-2]:
+            raise InputDataError(f"targets: expected a tensor of shape (*batch, {inputs.shape[-2]}), got "
+                                 f"{tuple(targets.shape) if isinstance(targets, Tensor) else type(targets).__name__}")
+        Y, Yvar = targets.unsqueeze(-1), None if noise is None else noise.unsqueeze(-1)
+        batch = check_observations(inputs, Y, Yvar, self.batch_shape)
+        return self._conditioned(inputs, targets.to(inputs), None if noise is None else noise.to(inputs), batch)
+
+    def _conditioned(self, X_tf: Tensor, y_tf: Tensor, noise: Tensor | None, batch: torch.Size) -> Any:
+        """A derived model (:meth:`derived_copy`) whose posterior adds ``X_tf`` `(*b, n', d)` and ``y_tf``
+        `(*b', n')`, with ``noise`` `(*b', n')` or ``None``, in the training spaces (checked already; ``batch``
+        their broadcast batch shape), without refitting (same dictionary), differentiably."""
+        with self._lock:
+            engine = self.engine
+            new = self.derived_copy()
+            new._engine = engine.condition(X_tf, y_tf - self.mean_constant.to(y_tf).unsqueeze(-1), noise, batch)
+            new._snapshot = self._snapshot
+        new._data = self._data.append(X_tf, y_tf, noise)
+        return new
 
     def _untransform(self, block):
         """``(X, Y, Yvar)`` of a data block in the original spaces (`(*b, k, d)`, `(*b, k, 1)`, `(*b, k, 1)`)."""
