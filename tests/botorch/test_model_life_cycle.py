@@ -332,3 +332,5 @@ def test_model_list_condition_on_observations_through_get_fantasy_model_is_singl
     assert torch.allclose(means[0], means[1], atol=1e-9)
     with pytest.raises(InputDataError, match=r"targets: expected a tensor of shape \(\*batch, 3\)"):
         bkbs[0].get_fantasy_model(Xn, torch.zeros(2, dtype=F64))
+    with pytest.raises(InputDataError, match="expected no keyword besides noise, got"):
+        bkbs[0].get_fantasy_model(Xn, torch.zeros(3, dtype=F64), likelihood_kwargs={})

@@ -164,6 +164,8 @@ class ModelLifecycle:
         """GPyTorch's ``ExactGP.get_fantasy_model`` (what ``ModelListGP.condition_on_observations`` calls): a new
         model conditioned on ``inputs`` `(*batch, n', d)` and ``targets`` `(*batch', n')` in the spaces of
         :attr:`train_inputs` and :attr:`train_targets`, ``noise`` `(*batch', n')` or ``None`` (``λ``)."""
+        if kwargs:
+            raise InputDataError(f"get_fantasy_model: expected no keyword besides noise, got {sorted(kwargs)}")
         self.check_query(inputs, "inputs")
         if not isinstance(targets, Tensor) or targets.dim() < 1 or targets.shape[-1] != inputs.shape[-2]:
             raise InputDataError(f"targets: expected a tensor of shape (*batch, {inputs.shape[-2]}), got "
