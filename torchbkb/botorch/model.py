@@ -229,7 +229,8 @@ class BKBModel(ModelLifecycle, Model, FantasizeMixin, GP):
 
     @property
     def noise(self) -> float:
-        """``λ`` of the posterior: the transformed outcomes' noise variance (with ``train_Yvar``, its mean)."""
+        """``λ`` of the posterior: the noise variance of the transformed outcomes (the mean known noise with
+        ``train_Yvar``)."""
         return self.engine.lam
 
     @property

@@ -128,10 +128,10 @@ class ModelLifecycle:
     def set_train_data(self, inputs=None, targets=None, strict: bool = True) -> None:
         """GPyTorch's ``ExactGP.set_train_data``: new training data in the spaces of :attr:`train_inputs` and
         :attr:`train_targets` -- ``inputs`` `(*batch, n, d)` (or a one-tuple of it) transformed, ``targets``
-        `(*batch, n)` outcome-transformed; ``None`` keeps the current ones. With ``strict`` their shapes, dtypes and
-        devices must be the current ones. The hyperparameters stay; the posterior, its dictionary drawn again, is
-        rebuilt when next read. Known noise (``train_Yvar``) stays with its points, whose number may not change then.
-        Bad data raise :class:`~torchbkb.errors.InputDataError` and change nothing."""
+        `(*batch, n)` outcome-transformed; ``None`` keeps the current ones. With ``strict`` their shapes must be the
+        current ones; their dtype and device are the model's always. The hyperparameters stay; the posterior, its
+        dictionary drawn again, is rebuilt when next read. Known noise (``train_Yvar``) stays with its points, whose
+        number may not change then. Bad data raise :class:`~torchbkb.errors.InputDataError` and change nothing."""
         X_old, y_old = self.train_inputs[0], self.train_targets
         if isinstance(inputs, (tuple, list)) and len(inputs) == 1:
             inputs = inputs[0]
