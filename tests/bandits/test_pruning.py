@@ -236,16 +236,23 @@ def test_survivors_are_the_fixed_shape_mask_of_the_same_bound(seed, A, P, n_excl
         assert torch.equal(ucb_survivors(mean, bonus, exc, keep), ref)
 
 
-@pytest.mark.parametrize("fixed", [False, True])
-@pytest.mark.parametrize(("cls", "seed", "T"), [(BKB, 0, 60), (BBKB, 1, 40)])
-def test_arms_excluded_by_writing_the_mask_after_a_pruned_update_leave_the_exact_argmax(cls, seed, T, fixed):
-    """The last update pruned with the level of an arm that a direct write of ``excluded`` then excludes (an isolated
-    arm of the best reward): the next pick is still the argmax of the exact UCBs of the arms left."""
+def _isolated_best_arm(seed):
+    """500 arms in [0, 0.5] with rewards 0.3 sin 8x, and arm 0 alone at x = 3 with the best reward, 1: once found,
+    its mean sets the pruning level."""
     g = torch.Generator().manual_seed(seed)
     X = torch.rand(500, 1, generator=g, dtype=torch.float64) * 0.5
     X[0] = 3.0
     f = 0.3 * torch.sin(8.0 * X[:, 0])
     f[0] = 1.0
+    return X, f
+
+
+@pytest.mark.parametrize("fixed", [False, True])
+@pytest.mark.parametrize(("cls", "seed", "T"), [(BKB, 0, 60), (BBKB, 1, 40)])
+def test_arms_excluded_by_writing_the_mask_after_a_pruned_update_leave_the_exact_argmax(cls, seed, T, fixed):
+    """The last update pruned with the level of an arm that a direct write of ``excluded`` then excludes (an isolated
+    arm of the best reward): the next pick is still the argmax of the exact UCBs of the arms left."""
+    X, f = _isolated_best_arm(seed)
     kw = {"batch_bound": 2.0, "max_batch_size": 20} if cls is BBKB else {}
     bandit = cls(X, GaussianKernel(0.1), noise=0.5, beta=0.1, seed=seed, **kw)
     bandit.fixed_capacity = fixed
@@ -261,11 +268,7 @@ def test_arms_excluded_by_writing_the_mask_after_a_pruned_update_leave_the_exact
 
 def test_a_checkpoint_after_a_direct_write_of_the_mask_resumes_with_the_same_choices():
     """The checkpoint is taken between the write and the next ``ask``: the resumed bandit picks as the live one."""
-    g = torch.Generator().manual_seed(0)
-    X = torch.rand(500, 1, generator=g, dtype=torch.float64) * 0.5
-    X[0] = 3.0
-    f = 0.3 * torch.sin(8.0 * X[:, 0])
-    f[0] = 1.0
+    X, f = _isolated_best_arm(0)
     make = lambda: BKB(X, GaussianKernel(0.1), noise=0.5, beta=0.1, seed=0)  # noqa: E731
     live = make()
     _run(live, f, 60)
