@@ -41,8 +41,8 @@ def ucb_survivors(mean: torch.Tensor, bonus: torch.Tensor, excluded: torch.Tenso
     plus the arms ``keep`` (always scored). ``mean``, ``bonus``, ``excluded``: `(A,)`; ``keep``: `(P,)` long. The
     arms of :func:`survivor_mask`, with ``keep`` written into the bound's mask (three passes over the arms fewer); on
     the CPU the same operations through NumPy views (a long pass costs torch several times NumPy's: the same arms)."""
-    if all(t.device.type == "cpu" and not t.requires_grad for t in (mean, bonus, excluded, keep)) and \
-            mean.dtype in HOST_DTYPES and bonus.dtype in HOST_DTYPES:
+    on_cpu = all(t.device.type == "cpu" for t in (mean, bonus, excluded, keep))  # host_array detaches a graph
+    if on_cpu and mean.dtype in HOST_DTYPES and bonus.dtype in HOST_DTYPES:
         m, ex = host_array(mean), host_array(excluded)
         passes = np.greater_equal(m + host_array(bonus), m.max(initial=-np.inf, where=~ex) if ex.any() else m.max())
         passes[host_array(keep)] = True
