@@ -21,9 +21,60 @@ ALL_DEVICES = [
 ]
 
 
+def pytest_addoption(parser):
+    parser.addoption("--cuda-defaults", action="store_true", default=False,
+                     help="run only the CPU variants of the device tests, with the settings a CUDA device gets by "
+                          "default (see the cuda_defaults fixture)")
+
+
+def pytest_collection_modifyitems(config, items):
+    """With ``--cuda-defaults`` only the CPU variants of the device tests run (the others are deselected)."""
+    if not config.getoption("--cuda-defaults"):
+        return
+    keep = [item for item in items
+            if getattr(item, "callspec", None) is not None and item.callspec.params.get("device") == "cpu"]
+    config.hook.pytest_deselected(items=[item for item in items if item not in keep])
+    items[:] = keep
+
+
 @pytest.fixture(params=ALL_DEVICES)
 def device(request):
+    if request.param == "cpu" and request.config.getoption("--cuda-defaults"):
+        request.getfixturevalue("cuda_defaults")
     return torch.device(request.param)
+
+
+@pytest.fixture
+def cuda_defaults(monkeypatch):
+    """CPU bandits and models with the settings they get by default on a CUDA device: the fixed-capacity update
+    through the graphs' static buffers (run eagerly), BBKB's device loop with its picks replayed from buffers, and
+    ``BKBModel``'s exact-outright threshold of a full-rate float64 GPU. ``python -m pytest --cuda-defaults tests``
+    runs the device tests so on a machine without a GPU: what a test assumes of the CPU's defaults shows there
+    before a GPU is lent. (Arithmetic is still the CPU's: cuBLAS's rounding is not emulated.)"""
+    from torchbkb.bandits import bbkb, sketched
+    from torchbkb.bandits.pick_graph import PickGraphs
+    from torchbkb.bandits.update_graph import UpdateGraphs
+
+    sketched_init, bbkb_init = sketched.SketchedKernelBandit.__init__, bbkb.BBKB.__init__
+
+    def sketched_on_cuda(self, *args, **kwargs):
+        sketched_init(self, *args, **kwargs)
+        if self.arms.device.type == "cpu":
+            self.fixed_capacity = True
+            self.engine.graphs = UpdateGraphs(devices=("cpu", "cuda"))
+
+    def bbkb_on_cuda(self, *args, **kwargs):
+        bbkb_init(self, *args, **kwargs)
+        if self.arms.device.type == "cpu":
+            self.device_loop, self.pick_graphs = True, PickGraphs(devices=("cpu", "cuda"))
+
+    monkeypatch.setattr(sketched.SketchedKernelBandit, "__init__", sketched_on_cuda)
+    monkeypatch.setattr(bbkb.BBKB, "__init__", bbkb_on_cuda)
+    try:
+        from torchbkb.botorch import defaults
+    except ImportError:  # the core without BoTorch
+        return
+    monkeypatch.setattr(defaults, "EXACT_BELOW", defaults.EXACT_BELOW_ACCELERATOR)
 
 
 @pytest.fixture(params=[torch.float32, torch.float64], ids=["f32", "f64"])

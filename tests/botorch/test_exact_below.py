@@ -65,7 +65,7 @@ def test_between_the_two_thresholds_the_device_decides(device):
     model = BKBModel(X, Y, kernel=_kernel(device), noise=NOISE, seed=0)
     sparse = BKBModel(X, Y, kernel=_kernel(device), noise=NOISE, seed=0, exact_fraction=None)
     assert EXACT_BELOW < n <= EXACT_BELOW_SLOW_FLOAT64
-    assert model.is_exact == (device.type != "cpu")
+    assert model.is_exact == (n <= exact_below(device))  # the CPU: no; an accelerator: yes
     assert not sparse.is_exact and sparse.num_inducing < n // 2
     gp = SingleTaskGP(X, Y, covar_module=_kernel(device))
     gp.likelihood.noise = torch.tensor([NOISE], dtype=torch.float64, device=device)
