@@ -47,12 +47,14 @@ def device(request):
 @pytest.fixture
 def cuda_defaults(monkeypatch):
     """CPU bandits and models with the settings they get by default on a CUDA device: the fixed-capacity update
-    through the graphs' static buffers (run eagerly), BBKB's device loop with its picks replayed from buffers, and
-    ``BKBModel``'s exact-outright threshold of a full-rate float64 GPU. ``python -m pytest --cuda-defaults tests``
+    through the graphs' static buffers (run eagerly), BBKB's device loop with its picks replayed from buffers, the torch
+    paths where the CPU computes on NumPy views, and ``BKBModel``'s exact-outright threshold of a full-rate float64
+    GPU. ``python -m pytest --cuda-defaults tests``
     runs the device tests so on a machine without a GPU: what a test assumes of the CPU's defaults shows there
     before a GPU is lent. (Arithmetic is still the CPU's: cuBLAS's rounding is not emulated.)"""
-    from torchbkb.bandits import bbkb, sketched
+    from torchbkb.bandits import bbkb, host_in_batch, kernel_rows, pruning, sketched
     from torchbkb.bandits.pick_graph import PickGraphs
+    from torchbkb.gp import kernel_row_posterior
     from torchbkb.bandits.update_graph import UpdateGraphs
 
     sketched_init, bbkb_init = sketched.SketchedKernelBandit.__init__, bbkb.BBKB.__init__
@@ -70,6 +72,8 @@ def cuda_defaults(monkeypatch):
 
     monkeypatch.setattr(sketched.SketchedKernelBandit, "__init__", sketched_on_cuda)
     monkeypatch.setattr(bbkb.BBKB, "__init__", bbkb_on_cuda)
+    for module in (host_in_batch, kernel_row_posterior, kernel_rows, pruning):  # no NumPy views: torch's paths
+        monkeypatch.setattr(module, "HOST_DTYPES", ())
     try:
         from torchbkb.botorch import defaults
     except ImportError:  # the core without BoTorch

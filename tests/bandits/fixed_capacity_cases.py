@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 
 from helpers import HostReads
+from torchbkb.bandits import kernel_rows
 from torchbkb.gp.kernels import GaussianKernel
 
 
@@ -59,7 +60,8 @@ def compiled_with(backend):
 def counted_run(b, f, T: int, g: torch.Generator, *, host_rewards: bool):
     """:func:`drive` counting the host reads of every ``ask`` and of every ``tell`` (given ask's own tensor, and the
     rewards as a host list when ``host_rewards``), less the one read a ``tell`` that pulls new arms makes for their
-    rows' finiteness off the CPU (NumPy scans them on the CPU); returns ``(picks, asks, tells)``."""
+    rows' finiteness where torch scans them (NumPy scans float32/float64 rows on the CPU, without a read); returns
+    ``(picks, asks, tells)``."""
     picks, asks, tells = [], [], []
     while b.t < T:
         with HostReads() as r:
@@ -67,7 +69,8 @@ def counted_run(b, f, T: int, g: torch.Generator, *, host_rewards: bool):
         asks.append(len(r.calls))
         y = f[idx] + 0.1 * torch.randn(idx.shape, generator=g, dtype=torch.float64).to(f.device)
         y = y.cpu().tolist() if host_rewards else y
-        new = f.device.type != "cpu" and bool(set(b.pending.tolist()) - set(picks))
+        torch_scan = f.device.type != "cpu" or b.arms.dtype not in kernel_rows.HOST_DTYPES  # not NumPy's
+        new = torch_scan and bool(set(b.pending.tolist()) - set(picks))
         picks += b.pending.tolist()
         with HostReads() as r:
             b.tell(idx, y)
