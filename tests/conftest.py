@@ -46,29 +46,27 @@ def device(request):
 
 @pytest.fixture
 def cuda_defaults(monkeypatch):
-    """CPU bandits and models with the settings they get by default on a CUDA device: the fixed-capacity update
-    through the graphs' static buffers (run eagerly), BBKB's device loop with its picks replayed from buffers, the torch
-    paths where the CPU computes on NumPy views, and ``BKBModel``'s exact-outright threshold of a full-rate float64
-    GPU. ``python -m pytest --cuda-defaults tests``
-    runs the device tests so on a machine without a GPU: what a test assumes of the CPU's defaults shows there
-    before a GPU is lent. (Arithmetic is still the CPU's: cuBLAS's rounding is not emulated.)"""
+    """CPU bandits and models with the settings they get by default on a CUDA device: ``helpers.gpu_defaults`` for
+    every sketched bandit built (the fixed-capacity update through the update graphs' buffers, BBKB's device loop with
+    replayed picks), torch's paths where the CPU computes on NumPy views, and ``BKBModel``'s exact-outright threshold
+    of a full-rate float64 GPU. ``python -m pytest --cuda-defaults tests`` runs the device tests so on a machine
+    without a GPU: what a test assumes of the CPU's defaults shows there before a GPU is lent. (Arithmetic is still
+    the CPU's: cuBLAS's rounding is not emulated.)"""
+    from helpers import gpu_defaults
     from torchbkb.bandits import bbkb, host_in_batch, kernel_rows, pruning, sketched
-    from torchbkb.bandits.pick_graph import PickGraphs
     from torchbkb.gp import kernel_row_posterior
-    from torchbkb.bandits.update_graph import UpdateGraphs
 
     sketched_init, bbkb_init = sketched.SketchedKernelBandit.__init__, bbkb.BBKB.__init__
 
     def sketched_on_cuda(self, *args, **kwargs):
         sketched_init(self, *args, **kwargs)
-        if self.arms.device.type == "cpu":
-            self.fixed_capacity = True
-            self.engine.graphs = UpdateGraphs(devices=("cpu", "cuda"))
+        if self.arms.device.type == "cpu":  # (BBKB sets its loop after this: patched below)
+            gpu_defaults(self)
 
     def bbkb_on_cuda(self, *args, **kwargs):
         bbkb_init(self, *args, **kwargs)
         if self.arms.device.type == "cpu":
-            self.device_loop, self.pick_graphs = True, PickGraphs(devices=("cpu", "cuda"))
+            gpu_defaults(self)
 
     monkeypatch.setattr(sketched.SketchedKernelBandit, "__init__", sketched_on_cuda)
     monkeypatch.setattr(bbkb.BBKB, "__init__", bbkb_on_cuda)

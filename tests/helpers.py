@@ -45,10 +45,16 @@ class ScaledRBF:
 
 
 def gpu_defaults(bandit):
-    """``bandit`` with a GPU's defaults, on any device: the fixed-capacity update and, for BBKB, the device loop."""
+    """``bandit`` with a GPU's defaults, on any device: the fixed-capacity update through the update graphs' static
+    buffers and, for BBKB, the device loop with its picks replayed from buffers (graphs on CUDA, run eagerly on the
+    CPU)."""
+    from torchbkb.bandits.pick_graph import PickGraphs
+    from torchbkb.bandits.update_graph import UpdateGraphs
+
     bandit.fixed_capacity = True
+    bandit.engine.graphs = UpdateGraphs(devices=("cpu", "cuda"))
     if hasattr(bandit, "device_loop"):
-        bandit.device_loop = True
+        bandit.device_loop, bandit.pick_graphs = True, PickGraphs(devices=("cpu", "cuda"))
     return bandit
 
 

@@ -69,6 +69,21 @@ def test_tell_twice_is_rejected_and_discard_resolves(name, make):
     assert len(b.pending) == 0 and b.t == 4
 
 
+@pytest.mark.parametrize("name,make", _bandits())
+def test_a_column_of_rewards_reads_as_a_vector_and_a_matrix_is_refused(name, make):
+    """BoTorch's ``Y`` `(k, 1)` is told as `(k,)`; a `(k, 2)` matrix raises and changes nothing."""
+    a, b = _warm(make), _warm(make)
+    i, j = a.ask(), b.ask()
+    assert torch.equal(i, j)
+    before = b.state_dict()
+    with pytest.raises(InputDataError, match="one per index"):
+        b.tell(j, torch.stack([F[j], F[j]], -1))
+    assert same_state(before, b.state_dict())
+    a.tell(i, F[i])
+    b.tell(j, F[j].unsqueeze(-1))
+    assert same_state(a.state_dict(), b.state_dict()) and torch.equal(a.ask(), b.ask())
+
+
 @pytest.mark.parametrize(
     "arms,msg",
     [

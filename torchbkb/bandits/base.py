@@ -139,7 +139,7 @@ class Bandit(BanditCheckpoint):
         Args:
             indices: `(k,)` integer tensor (or list; a column `(k, 1)` reads as `(k,)`), each an arm that was asked
                 and is still pending (an arm asked twice in a batch may be told twice).
-            y: `(k,)` finite rewards, in the same order.
+            y: `(k,)` finite rewards (or a column `(k, 1)`, as BoTorch's ``Y``), in the same order.
         """
         idx, ids, y, ys, remaining = self._check_tell(indices, y)
         self._pending = remaining
