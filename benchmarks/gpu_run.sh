@@ -12,11 +12,15 @@ finish() { (cd /tmp && tar czf "$OUT/res.tgz" res); }
 nvidia-smi -L
 python -c "import torch, botorch, gpytorch; print(torch.__version__, botorch.__version__, gpytorch.__version__)"
 L="python -m benchmarks.launches --device cuda"
-# at 10⁶ arms m_cap × A passes FIXED_ROWS_MAX, so `_fixed` runs the eager update past it: --fixed-rows-max 1e12
-# measures the fixed-capacity update there as well
 timeout 80 $L --cases bkb_large_fixed bkb_large_eager --arms 1000000 --steps 10 --timed-steps 30 --out $R/l1000000 \
   2>&1 | tee $R/l1000000.log | tail -3
 finish
+# the suite with its CUDA variants early: its failures' names are what a session without a GPU can act on
+timeout 200 python -m pytest -q -n 16 -p no:cacheprovider -o addopts="" --timeout 90 -rfE --tb=short tests \
+  > $R/pytest.txt 2>&1
+tail -4 $R/pytest.txt; grep FAILED $R/pytest.txt | head; finish
+# at 10⁶ arms m_cap × A passes FIXED_ROWS_MAX, so `_fixed` runs the eager update past it: --fixed-rows-max 1e12
+# measures the fixed-capacity update there as well
 timeout 60 $L --cases bkb_large_fixed --fixed-rows-max 1e12 --arms 1000000 --steps 10 --timed-steps 30 \
   --out $R/lfx 2>&1 | tee $R/lfx.log | tail -3
 finish
@@ -34,9 +38,6 @@ finish
 timeout 80 $L --cases bkb_large_fixed bkb_large_eager --arms 10000000 --steps 10 --timed-steps 30 --out $R/l10000000 \
   2>&1 | tee $R/l10000000.log | tail -3
 finish
-timeout 200 python -m pytest -q -n 16 -p no:cacheprovider -o addopts="" --timeout 90 -rfE --tb=short tests \
-  > $R/pytest.txt 2>&1
-tail -4 $R/pytest.txt; grep FAILED $R/pytest.txt | head; finish
 timeout 60 $L --cases bbkb_cadata_fixed bbkb_cadata_eager --warmup 40 --steps 10 --timed-steps 10 --out $R/lc \
   2>&1 | tee $R/lc.log | tail -3
 finish
