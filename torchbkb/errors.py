@@ -100,7 +100,8 @@ def check_finite(t: torch.Tensor, name: str) -> None:
         )
 
 
-def check_matrix(t: object, name: str, *, d: int | None = None, min_rows: int = 0) -> torch.Tensor:
+def check_matrix(t: object, name: str, *, d: int | None = None, min_rows: int = 0,
+                 finite: bool = True) -> torch.Tensor:
     """Check that ``t`` is a floating tensor of shape ``(*batch, n, d)`` with finite values.
 
     Args:
@@ -108,6 +109,7 @@ def check_matrix(t: object, name: str, *, d: int | None = None, min_rows: int = 
         name: its name in error messages.
         d: the expected trailing dimension, if known.
         min_rows: the least number of rows ``n``.
+        finite: check the values too (``False``: the caller checks them, with others in one host read).
 
     Returns:
         ``t`` itself.
@@ -122,7 +124,8 @@ def check_matrix(t: object, name: str, *, d: int | None = None, min_rows: int = 
         raise InputDataError(f"{name}: expected trailing dimension d={d}, got shape {tuple(t.shape)}")
     if t.shape[-2] < min_rows:
         raise InputDataError(f"{name}: expected at least {min_rows} rows, got shape {tuple(t.shape)}")
-    check_finite(t, name)
+    if finite:
+        check_finite(t, name)
     return t
 
 

@@ -12,6 +12,7 @@ import torch
 from helpers import DeviceReads
 from torchbkb import DTCPosterior, NystromEmbedding
 from torchbkb.botorch import BKBModel, sample_dictionary
+from torchbkb.botorch.defaults import exact_below
 from torchbkb.errors import InputDataError
 from torchbkb.gp.kernels import GaussianKernel
 
@@ -102,3 +103,17 @@ def test_dtc_posterior_reads_its_noise_once_and_follows_every_change_of_it():
     assert post.lam == 0.3
     post.noise = torch.tensor(0.4, dtype=F64)  # a new tensor
     assert post.lam == 0.4
+
+
+@pytest.mark.parametrize("n", [100, 2_000])
+def test_conditioning_reads_the_device_four_times(n):
+    """The new points and outcomes (one read each), the hyperparameters' snapshot, and then the exact GP's Cholesky
+    check or the sparse update's features (their values in one read): not once per check."""
+    model = _model(n)
+    g = torch.Generator().manual_seed(3)
+    model.posterior(torch.rand(4, 4, generator=g, dtype=F64))
+    X, Y = torch.rand(3, 4, generator=g, dtype=F64), torch.rand(3, 1, generator=g, dtype=F64)
+    with DeviceReads() as reads:
+        new = model.condition_on_observations(X, Y)
+    assert new.is_exact == model.is_exact == (n <= exact_below(X.device))
+    assert len(reads.names) == 4, reads.names

@@ -31,7 +31,8 @@ def dtc_condition(post: DTCPosterior, X_tf: Tensor, y: Tensor, counts: Tensor | 
     Args:
         X_tf: `(*bx, k, d)`; y: `(*by, k)`; counts: `(*bc, k)` weights or None; batch: the broadcast batch shape.
     """
-    Z = post.embedding(X_tf)  # (*bx, k, r): shared by every fantasy sample
+    Z = post.embedding(X_tf, validate=False)  # (*bx, k, r): shared by every fantasy sample; the model checked X, and
+    # update_features checks Z (a transform's NaN shows there)
     if counts is None:
         counts = torch.ones(X_tf.shape[:-1], dtype=X_tf.dtype, device=X_tf.device)
     post.update_features(Z, y, counts)  # ZtZ/V⁻¹ keep batch (*bx, *old); Zty/weights get the fantasy dims

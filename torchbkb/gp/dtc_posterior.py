@@ -41,6 +41,7 @@ from torchbkb.gp.nystrom import NystromEmbedding
 from torchbkb.gp.observations import check_dtc_state, check_features, check_weighted_data
 from torchbkb.gp.rank_one import RankOneDowndate
 from torchbkb.gp.stable_scoring import AccuracyMonitor
+from torchbkb.utils.host_copy import cached_float
 from torchbkb.utils.state_loading import load_state_dict_atomically
 
 __all__ = ["DTCPosterior", "RankOneDowndate"]
@@ -98,11 +99,7 @@ class DTCPosterior(DTCScoring, nn.Module):
     def lam(self) -> float:
         """``λ`` as a Python float, read from the device once per value of :attr:`noise` (a new tensor or an
         in-place write reads it again)."""
-        noise, cached = self.noise, self.__dict__.get("_lam_cache")  # (tensor, its version, value)
-        if cached is None or cached[0] is not noise or cached[1] != noise._version:
-            cached = (noise, noise._version, float(noise))
-            self.__dict__["_lam_cache"] = cached
-        return cached[2]
+        return cached_float(self, self.noise, "_lam_cache")
 
     @property
     def num_train(self) -> int:
@@ -270,7 +267,7 @@ class DTCPosterior(DTCScoring, nn.Module):
         x, y_chk, counts = check_weighted_data(self.embedding, x, y, counts, "x", "y", allow_none_y=True,
                                                batch=self.train_X.shape[:-2])
         with torch.no_grad():
-            Z = self.embedding(x)  # (*b, k, r)
+            Z = self.embedding(x, validate=False)  # (*b, k, r); x checked just above
         result = self.update_features(Z, y_chk, counts)
         b = x.shape[:-2]
         if y_chk is None:

@@ -35,8 +35,9 @@ from torchbkb.errors import (
 )
 from torchbkb.gp.exact_gp_state import ExactGPState
 from torchbkb.gp.kernels import as_kernel
-from torchbkb.gp.observations import check_targets
+from torchbkb.gp.observations import check_targets, check_values
 from torchbkb.gp.linalg import compute_dtype
+from torchbkb.utils.host_copy import cached_float
 
 __all__ = ["ExactPosterior"]
 
@@ -69,8 +70,9 @@ class ExactPosterior(nn.Module):
     # ------------------------------------------------------------------ properties
     @property
     def lam(self) -> float:
-        """``λ`` as a Python float."""
-        return float(self.noise)
+        """``λ`` as a Python float, read from the device once per value of :attr:`noise` (a new tensor or an
+        in-place write reads it again)."""
+        return cached_float(self, self.noise, "_lam_cache")
 
     @property
     def num_train(self) -> int:
@@ -334,10 +336,12 @@ class ExactPosterior(nn.Module):
             raise InputDataError("ExactPosterior: expected fit(X, y) to have been called, got an unfitted posterior")
 
     def _check(self, X, y, counts, xname, yname, fitting: bool):
-        check_matrix(X, xname, d=None if fitting else self.train_X.shape[-1])
+        check_matrix(X, xname, d=None if fitting else self.train_X.shape[-1], finite=False)
         if X.dim() != 2:
             raise InputDataError(f"{xname}: expected shape (n, d), got {tuple(X.shape)}")
         if not fitting:
             check_same_device_dtype(self.train_X, X, xname, "the training data")
-        y, counts = check_targets(X, y, counts, yname, xname=xname, allow_none_y=not fitting)
+        given = counts is not None
+        y, counts = check_targets(X, y, counts, yname, xname=xname, allow_none_y=not fitting, finite=False)
+        check_values(X, y, counts if given else None, xname, yname)  # one host read
         return X.detach(), y, counts

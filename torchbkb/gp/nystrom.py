@@ -190,10 +190,11 @@ class NystromEmbedding(nn.Module):
         """``k(x, x)`` for `(*b, n, d)` inputs, returned as `(*b, n)`."""
         return self.kernel.diag(X)
 
-    def check_input(self, X: torch.Tensor, name: str = "X") -> None:
+    def check_input(self, X: torch.Tensor, name: str = "X", *, finite: bool = True) -> None:
         """Raise :class:`~torchbkb.errors.InputDataError` unless ``X`` is a finite `(*b, n, d)` tensor
-        with this embedding's ``d``, dtype and device."""
-        check_matrix(X, name, d=self.dim)
+        with this embedding's ``d``, dtype and device (``finite=False``: all but the values, which the caller
+        checks)."""
+        check_matrix(X, name, d=self.dim, finite=finite)
         check_same_device_dtype(self.inducing_points, X, name, "the inducing points")
 
 

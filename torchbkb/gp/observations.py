@@ -20,8 +20,9 @@ import torch
 
 from torchbkb.errors import InputDataError, check_finite
 from torchbkb.gp.functional import DTCState
+from torchbkb.utils.host_copy import read_flags
 
-__all__ = ["check_dtc_state", "check_features", "check_targets", "check_weighted_data"]
+__all__ = ["check_dtc_state", "check_features", "check_targets", "check_values", "check_weighted_data"]
 
 
 def check_weighted_data(emb, X, y, counts, xname: str = "X", yname: str = "y", *, allow_none_y: bool = False,
@@ -29,10 +30,12 @@ def check_weighted_data(emb, X, y, counts, xname: str = "X", yname: str = "y", *
     """Check ``X`` `(*b, n, d)` against the embedding ``emb``, ``y`` `(*b, n)` (finite, same dtype/device; ``None``
     only with ``allow_none_y``) and ``counts`` `(*b, n)` (positive, finite; default ones); with a training batch
     shape ``batch``, new points ``x`` must broadcast against it. Returns detached ``(X, y, counts)``, ``counts``
-    in ``X``'s dtype; raises :class:`~torchbkb.errors.InputDataError` ("expected X, got Y") otherwise.
+    in ``X``'s dtype; raises :class:`~torchbkb.errors.InputDataError` ("expected X, got Y") otherwise. Shapes,
+    dtypes and devices are checked first, then the values in one host read (:func:`check_values`).
     """
-    emb.check_input(X, xname)
-    y, counts = check_targets(X, y, counts, yname, xname=xname, allow_none_y=allow_none_y)
+    emb.check_input(X, xname, finite=False)
+    given = counts is not None
+    y, counts = check_targets(X, y, counts, yname, xname=xname, allow_none_y=allow_none_y, finite=False)
     if tuple(batch) and X.shape[:-2] != batch and xname == "x":
         try:
             torch.broadcast_shapes(X.shape[:-2], batch)
@@ -40,13 +43,44 @@ def check_weighted_data(emb, X, y, counts, xname: str = "X", yname: str = "y", *
             raise InputDataError(
                 f"{xname}: expected batch shape broadcastable with {tuple(batch)}, got {tuple(X.shape[:-2])}"
             ) from None
+    check_values(X, y, counts if given else None, xname, yname)
     return X.detach(), y, counts
 
 
-def check_targets(X, y, counts, yname: str = "y", *, xname: str = "X", allow_none_y: bool = False):
+def check_values(X: torch.Tensor, y: torch.Tensor | None, counts: torch.Tensor | None, xname: str = "X",
+                 yname: str = "y") -> None:
+    """``X``, ``y`` and ``counts`` (each ``None`` to skip) finite and ``counts`` positive, read in one host transfer
+    when they share a device (a GPU waits once, not once a check); raises the
+    :class:`~torchbkb.errors.InputDataError` of the first check that fails, in that order.
+
+    Example:
+        >>> check_values(torch.zeros(2, 1), torch.zeros(2), torch.tensor([1.0, 0.0]))
+        Traceback (most recent call last):
+        ...
+        torchbkb.errors.InputDataError: counts: expected positive weights, got min 0.0
+    """
+    values = [t.detach() for t in (X, y, counts) if t is not None]
+    if all(t.device == values[0].device for t in values):
+        flags = {f"finite {i}": torch.isfinite(t).all() for i, t in enumerate(values)}
+        if counts is not None:
+            flags["positive"] = (values[-1] > 0).all()
+        if all(read_flags(flags).values()):
+            return
+    check_finite(X.detach(), xname)  # one check at a time: the message of the first that fails
+    if y is not None:
+        check_finite(y.detach(), yname)
+    if counts is not None:
+        check_finite(counts.detach(), "counts")
+        if bool((counts.detach() <= 0).any()):
+            raise InputDataError(f"counts: expected positive weights, got min {float(counts.detach().min())}")
+
+
+def check_targets(X, y, counts, yname: str = "y", *, xname: str = "X", allow_none_y: bool = False,
+                  finite: bool = True):
     """Check observations ``y`` `(*b, n)` and weights ``counts`` `(*b, n)` against checked inputs ``X`` `(*b, n, d)`:
-    the same leading shape, ``X``'s device, ``y`` in ``X``'s dtype, all finite, counts positive (default ones).
-    Returns detached ``(y, counts)``, ``counts`` in ``X``'s dtype; raises :class:`~torchbkb.errors.InputDataError`.
+    the same leading shape, ``X``'s device, ``y`` in ``X``'s dtype, all finite, counts positive (default ones;
+    ``finite=False``: all but the values, which the caller checks). Returns detached ``(y, counts)``, ``counts`` in
+    ``X``'s dtype; raises :class:`~torchbkb.errors.InputDataError`.
     """
     shape = X.shape[:-1]
     if y is None and not allow_none_y:
@@ -58,7 +92,8 @@ def check_targets(X, y, counts, yname: str = "y", *, xname: str = "X", allow_non
             raise InputDataError(f"{yname}: expected shape {tuple(shape)} (matching {xname}), got {tuple(y.shape)}")
         if y.dtype != X.dtype or y.device != X.device:
             raise InputDataError(f"{yname}: expected dtype {X.dtype} on {X.device}, got {y.dtype} on {y.device}")
-        check_finite(y, yname)
+        if finite:
+            check_finite(y, yname)
     if counts is None:
         counts = torch.ones(shape, dtype=X.dtype, device=X.device)
     else:
@@ -68,16 +103,18 @@ def check_targets(X, y, counts, yname: str = "y", *, xname: str = "X", allow_non
         if counts.device != X.device:
             raise InputDataError(f"counts: expected device {X.device}, got {counts.device}")
         counts = counts.to(X.dtype)
-        check_finite(counts, "counts")
-        if bool((counts <= 0).any()):
-            raise InputDataError(f"counts: expected positive weights, got min {float(counts.min())}")
+        if finite:
+            check_finite(counts, "counts")
+            if bool((counts <= 0).any()):
+                raise InputDataError(f"counts: expected positive weights, got min {float(counts.min())}")
     return (None if y is None else y.detach()), counts.detach()
 
 
 def check_features(Z, y, counts, rank: int) -> torch.Tensor:
     """Check embedded points before a rank-one update: ``Z`` `(*b, k, r)` (or `(r,)`) floating and finite with
     ``r == rank``; ``y`` ``None`` or finite with ``k`` trailing entries; ``counts`` ``None`` or positive and finite.
-    Returns ``Z`` as `(*b, k, r)`; raises :class:`~torchbkb.errors.InputDataError` ("expected X, got Y").
+    Returns ``Z`` as `(*b, k, r)`; raises :class:`~torchbkb.errors.InputDataError` ("expected X, got Y"). The values
+    are checked in one host read when the tensors share a device (a GPU waits once, not four times).
 
     Example:
         >>> check_features(torch.ones(2, 3), None, None, rank=4)
@@ -91,19 +128,11 @@ def check_features(Z, y, counts, rank: int) -> torch.Tensor:
         Z = Z.unsqueeze(0)  # (1, r)
     if Z.shape[-1] != rank:
         raise InputDataError(f"Z: expected features of shape (*b, k, {rank}), got {tuple(Z.shape)}")
-    check_finite(Z.detach(), "Z")
-    if y is not None:
-        if not isinstance(y, torch.Tensor) or y.dim() < 1 or y.shape[-1] != Z.shape[-2]:
-            got = tuple(y.shape) if isinstance(y, torch.Tensor) else type(y).__name__
-            raise InputDataError(f"y: expected shape (*b, {Z.shape[-2]}) matching Z, got {got}")
-        check_finite(y.detach(), "y")
-    if counts is not None:
-        if not isinstance(counts, torch.Tensor) or counts.dim() < 1 or counts.shape[-1] != Z.shape[-2]:
-            got = tuple(counts.shape) if isinstance(counts, torch.Tensor) else type(counts).__name__
-            raise InputDataError(f"counts: expected shape (*b, {Z.shape[-2]}) matching Z, got {got}")
-        check_finite(counts.detach(), "counts")
-        if bool((counts.detach() <= 0).any()):
-            raise InputDataError(f"counts: expected positive weights, got min {float(counts.detach().min())}")
+    for name, t in (("y", y), ("counts", counts)):
+        if t is not None and (not isinstance(t, torch.Tensor) or t.dim() < 1 or t.shape[-1] != Z.shape[-2]):
+            got = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
+            raise InputDataError(f"{name}: expected shape (*b, {Z.shape[-2]}) matching Z, got {got}")
+    check_values(Z, y, counts, "Z", "y")
     return Z
 
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-__all__ = ["HOST_DTYPES", "host_array", "read_flags", "to_device"]
+__all__ = ["HOST_DTYPES", "cached_float", "host_array", "read_flags", "to_device"]
 
 #: the floating dtypes NumPy computes as torch does (the same IEEE types): host arithmetic on their views.
 HOST_DTYPES = (torch.float32, torch.float64)
@@ -57,3 +57,13 @@ def host_array(t: torch.Tensor) -> np.ndarray:
     if t.dtype == torch.bfloat16:
         t = t.float()
     return (t if t.device.type == "cpu" else t.cpu()).numpy()
+
+
+def cached_float(owner: object, t: torch.Tensor, key: str) -> float:
+    """``float(t)`` for a 0-d tensor, read from its device once per value: kept in ``owner.__dict__[key]`` with the
+    tensor and its version, so a new tensor or an in-place write reads it again."""
+    cached = owner.__dict__.get(key)
+    if cached is None or cached[0] is not t or cached[1] != t._version:
+        cached = (t, t._version, float(t))
+        owner.__dict__[key] = cached
+    return cached[2]
