@@ -49,8 +49,8 @@ def check_weighted_data(emb, X, y, counts, xname: str = "X", yname: str = "y", *
 
 def check_values(X: torch.Tensor, y: torch.Tensor | None, counts: torch.Tensor | None, xname: str = "X",
                  yname: str = "y") -> None:
-    """``X``, ``y`` and ``counts`` (each ``None`` to skip) finite and ``counts`` positive, read in one host transfer
-    when they share a device (a GPU waits once, not once a check); raises the
+    """``X``, ``y`` and ``counts`` (``y`` and ``counts`` may be ``None``: not checked) finite and ``counts`` positive,
+    read in one host transfer when they share a device (a GPU waits once, not once a check); raises the
     :class:`~torchbkb.errors.InputDataError` of the first check that fails, in that order.
 
     Example:
