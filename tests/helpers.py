@@ -184,7 +184,8 @@ class HostReads:
 
 class DeviceReads(TorchDispatchMode):
     """Within ``with DeviceReads() as r:``, ``r.names`` lists every operator that makes the host wait for a GPU
-    (a value read, a data-dependent shape, ``torch.equal``) -- counted on any device, inside operators too."""
+    (a value read, a data-dependent shape such as a boolean mask's, ``torch.equal``) -- counted on any device, inside
+    operators too. ``tolist`` is not an operator: :class:`HostReads` counts it."""
 
     SYNC = ("aten::_local_scalar_dense", "aten::nonzero", "aten::equal", "aten::masked_select", "aten::_unique2",
             "aten::unique_consecutive")
@@ -194,8 +195,12 @@ class DeviceReads(TorchDispatchMode):
         self.names: list[str] = []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func._schema.name in self.SYNC:
-            self.names.append(func._schema.name)
+        name = func._schema.name
+        if name in self.SYNC:
+            self.names.append(name)
+        elif name == "aten::index" and any(isinstance(t, torch.Tensor) and t.dtype == torch.bool
+                                           for t in args[1] or ()):
+            self.names.append("aten::index (a bool mask)")  # its nonzero runs inside the operator
         return func(*args, **(kwargs or {}))
 
 

@@ -117,3 +117,21 @@ def test_conditioning_reads_the_device_four_times(n):
         new = model.condition_on_observations(X, Y)
     assert new.is_exact == model.is_exact == (n <= exact_below(X.device))
     assert len(reads.names) == 4, reads.names
+
+
+def test_a_fixed_q_batch_waits_on_the_device_a_few_times_a_pick():
+    """``optimize_acqf_bbkb(q=...)``'s lazy greedy: per pick one read of the pool's argmax a refresh round, the mask of
+    the stale bounds a round, one read of the pick's variance -- about four a pick (each check was its own read
+    before: about fourteen), none per candidate."""
+    from helpers import HostReads
+    from torchbkb.botorch import optimize_acqf_bbkb
+
+    model = _model(2_000)
+    choices = torch.rand(20_000, 4, generator=torch.Generator().manual_seed(4), dtype=F64)
+    optimize_acqf_bbkb(model, choices, q=5, beta=1.0)  # the scoring operator, derived once
+    q = 50
+    with HostReads() as host, DeviceReads() as device:
+        batch, _ = optimize_acqf_bbkb(model, choices, q=q, beta=1.0)
+    masks = [name for name in device.names if name != "aten::_local_scalar_dense"]  # the rest are host.calls too
+    assert batch.shape == (q, 4)
+    assert len(host.calls) + len(masks) <= 5 * q, (len(host.calls), masks)

@@ -39,6 +39,7 @@ from torch import Tensor
 
 from torchbkb.errors import InputDataError
 from torchbkb.gp.nystrom import DEFAULT_CHUNK
+from torchbkb.utils.host_copy import read_scalars, to_device
 
 __all__ = ["FixedBatch", "FeatureReader", "select_fixed_batch", "check_q"]
 
@@ -129,22 +130,20 @@ def select_fixed_batch(reader: FeatureReader, mean: Tensor, rls: Tensor, V_inv: 
     size = max(POOL, 4 * q)
     pool, tau = _pool(ucb, size)
     reason = "q"
+    picked = torch.empty(0, dtype=torch.long, device=dev)  # the picks on the device (no copy from the host)
     while len(picks) < q:
         j = len(picks)
-        picked = torch.tensor(picks, dtype=torch.long, device=dev)
         block = REFRESH_BLOCK  # doubled after every round that did not settle the pick
         while True:
             sub = ucb[pool]
-            k = int(torch.argmax(sub))
-            best = float(sub[k])
+            k, best, i, fresh = _pool_argmax(sub, pool, version)  # one host read
             if best == -torch.inf and tau == -torch.inf:
                 break
             if best < tau:  # the pool may not hold the winner any more: a larger pool of the best bounds
                 size = min(2 * size, A)
                 pool, tau = _pool(ucb, size)
                 continue
-            i = int(pool[k])
-            if int(version[i]) == j:  # fresh and at least every other (upper) bound: the argmax
+            if fresh == j:  # fresh and at least every other (upper) bound: the argmax
                 break
             top = pool[torch.topk(sub, min(block, sub.numel())).indices]
             block *= 2
@@ -158,26 +157,37 @@ def select_fixed_batch(reader: FeatureReader, mean: Tensor, rls: Tensor, V_inv: 
         if best == -torch.inf:
             reason = "exhausted"
             break
-        i = int(pool[k])
-        idx = torch.tensor([i], device=dev)
+        idx = pool[k : k + 1]  # (1,): the pick, i
         z = reader.features(idx).to(dt)  # (1, r)
         c = reader.cross(idx, picked).to(dt)[0] - (z @ B[:, :j])[0] if j else z.new_zeros(0)  # c₀(p, P)
         l = torch.linalg.solve_triangular(L[:j, :j], c.unsqueeze(-1), upper=False).squeeze(-1) if j else c
-        var_i = float(var0[i]) - float((l * l).sum())  # σ²_j(p): the variance it is picked at
+        prior, explained = read_scalars(var0[i], (l * l).sum())  # one host read
+        var_i = prior - explained  # σ²_j(p): the variance it is picked at (float64, as float() of each)
         in_batch.append(max(var_i, 0.0) / lam)
         L[j, :j], L[j, j] = l, (max(var_i, 0.0) + lam) ** 0.5  # the row of p in the factor of C_PP + λI
         B[:, j] = (z @ proj)[0]
         picks.append(i)
+        picked = torch.cat([picked, idx])
         if unique:
             ucb[i] = -torch.inf
         else:
             version[i] = -1  # stale: its bound is refreshed before it can win again
     return FixedBatch(
-        torch.tensor(picks, dtype=torch.long, device=dev),
-        torch.tensor(in_batch, dtype=rls.dtype, device=dev),
+        picked,
+        to_device(torch.tensor(in_batch, dtype=rls.dtype), dev),
         evaluations,
         reason,
     )
+
+
+def _pool_argmax(sub: Tensor, pool: Tensor, version: Tensor) -> tuple[int, float, int, int]:
+    """``(k, best, i, version of i)`` for the pool's stored bounds ``sub``: the first argmax ``k``, its bound, its
+    candidate ``i = pool[k]`` and how many picks its bound accounts for, read in one host transfer (float64 holds the
+    bound of either dtype and the integers exactly)."""
+    k = torch.argmax(sub).reshape(1)  # (1,): gathers by a tensor index read nothing (a 0-d index would be read)
+    i = pool.index_select(0, k)
+    best, pos, cand, fresh = read_scalars(sub.index_select(0, k), k, i, version.index_select(0, i))
+    return int(pos), best, int(cand), int(fresh)
 
 
 def _pool(ucb: Tensor, size: int) -> tuple[Tensor, float]:

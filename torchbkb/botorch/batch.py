@@ -166,7 +166,8 @@ class CandidateFeatures:
         self.dtype, self.device = choices.dtype, choices.device
 
     def __getitem__(self, idx: Tensor | slice) -> Tensor:
-        return self._embedding(self._model.transform_inputs(self._choices[idx]))  # (M, r)
+        # the candidates' transformed values were checked when they were scored: no read per call
+        return self._embedding(self._model.transform_inputs(self._choices[idx]), validate=False)  # (M, r)
 
     def cross(self, idx: Tensor, other: Tensor) -> Tensor:
         """`(M, j)` kernel values between the candidates ``idx`` and ``other`` (transformed space)."""

@@ -6,7 +6,8 @@ on the stream instead; PyTorch's caching host allocator keeps the pinned block u
 may be dropped at once.
 
 The other way, every value the host reads from a GPU is a wait: :func:`read_flags` reads several yes/no checks made
-on the device in one; :func:`host_array` gives a tensor's values as a NumPy array (a view of a CPU tensor).
+on the device in one, :func:`read_scalars` several values in one; :func:`host_array` gives a tensor's values as a
+NumPy array (a view of a CPU tensor).
 
 Example:
     >>> import torch
@@ -21,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-__all__ = ["HOST_DTYPES", "cached_float", "host_array", "read_flags", "to_device"]
+__all__ = ["HOST_DTYPES", "cached_float", "host_array", "read_flags", "read_scalars", "to_device"]
 
 #: the floating dtypes NumPy computes as torch does (the same IEEE types): host arithmetic on their views.
 HOST_DTYPES = (torch.float32, torch.float64)
@@ -48,6 +49,17 @@ def read_flags(flags: dict[str, torch.Tensor]) -> dict[str, bool]:
         code = code + t * (1 << i)  # two small kernels a flag: cheaper than a read each
     value = int(code)  # the one read
     return {name: bool(value >> i & 1) for i, name in enumerate(flags)}
+
+
+def read_scalars(*values: torch.Tensor) -> list[float]:
+    """One-element tensors ``values`` (on one device) as Python floats, exactly (float64 holds float32, float64 and
+    integers below 2⁵³), in one host transfer: one wait on a GPU, where a read each would be as many.
+
+    Example:
+        >>> read_scalars(torch.tensor([3]), torch.tensor(0.5, dtype=torch.float32))
+        [3.0, 0.5]
+    """
+    return torch.cat([v.reshape(1).to(torch.float64) for v in values]).tolist()
 
 
 def host_array(t: torch.Tensor) -> np.ndarray:
