@@ -34,6 +34,13 @@ def test_gaussian_kernel_formula(dtype, device):
     assert GaussianKernel.from_width(5.0).lengthscale.item() == pytest.approx(5.0**0.5)
 
 
+def test_gaussian_kernel_of_one_input_is_its_gram_matrix():
+    """``k(X)`` is ``k(X, X)``, as GPyTorch's kernels read one argument (``model(X)`` calls ``covar_module(X)``)."""
+    X = torch.rand(7, 3, dtype=torch.float64)
+    k = GaussianKernel(0.3, outputscale=2.0)
+    assert torch.equal(k(X), k(X, X))
+
+
 def test_callable_diag_without_n_by_n():
     calls = []
 

@@ -235,3 +235,17 @@ def test_the_exact_mll_of_model_of_x_is_single_task_gps_exact_evidence():
                           losses[1], rtol=1e-10)
     assert grads[0].keys() == grads[1].keys()
     assert all(torch.allclose(grads[0][k], grads[1][k], rtol=1e-8, atol=1e-12) for k in grads[1])
+
+
+def test_model_of_x_in_training_mode_takes_torchbkbs_own_kernel():
+    """``model(train_X)`` in training mode (a user's own fitting loop) with ``kernel=GaussianKernel(...)``: the prior
+    with covariance ``k(X, X)``, as with a GPyTorch kernel (it called ``k(X)`` with one argument, which torchbkb's
+    kernel refused)."""
+    from torchbkb.gp.kernels import GaussianKernel
+
+    X = torch.rand(40, 2, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    model = BKBModel(X, torch.sin(5 * X).sum(-1, keepdim=True), kernel=GaussianKernel(0.4), noise=0.05)
+    model.train()
+    prior = model(X)
+    assert torch.allclose(prior.covariance_matrix, GaussianKernel(0.4)(X, X), rtol=0, atol=1e-12)
+    assert torch.isfinite(ExactMarginalLogLikelihood(model.likelihood, model)(prior, model.train_targets))

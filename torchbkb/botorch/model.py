@@ -295,8 +295,8 @@ class BKBModel(ModelLifecycle, Model, FantasizeMixin, GP):
         X = as_query(X, self._input_dim)
         check_query(X, self._input_dim, self._data.blocks[0].X, "X", finite=self.training)
         if self.training:
-            X = self.transform_inputs(X)
-            return MultivariateNormal(self.mean_module(X), self.covar_module(X))
+            X = self.transform_inputs(X)  # a dense k(X, X) (torchbkb's kernels) wrapped: factorized when used
+            return MultivariateNormal(self.mean_module(X), to_linear_operator(self.covar_module(X)))
         mean, cov = self.engine_for(X).predict(X)  # X's finiteness read with the hyperparameters' snapshot
         return MultivariateNormal(mean + self.mean_constant.to(mean).unsqueeze(-1), to_linear_operator(cov))
 

@@ -66,11 +66,13 @@ class GaussianKernel(nn.Module):
         """The kernel ``exp(-‖x - x'‖² / (2σ²))`` of the BKB/BBKB papers."""
         return cls(lengthscale=math.sqrt(check_positive(sigma2, "sigma2")), outputscale=outputscale)
 
-    def forward(self, X1: torch.Tensor, X2: torch.Tensor) -> torch.Tensor:
-        """Args: X1 `(*b, n1, d)`, X2 `(*b, n2, d)`. Returns: `(*b, n1, n2)`.
+    def forward(self, X1: torch.Tensor, X2: torch.Tensor | None = None) -> torch.Tensor:
+        """Args: X1 `(*b, n1, d)`, X2 `(*b, n2, d)` (``None``: ``X1``, as a GPyTorch kernel reads ``k(X)``).
+        Returns: `(*b, n1, n2)`.
 
         Both inputs are centred before they are scaled: ``x - c`` is exact for inputs near ``c``, while ``x / ℓ``
         would round away the differences of inputs far from the origin (float32 arms offset by 10⁶)."""
+        X2 = X1 if X2 is None else X2
         return gaussian_cross(X1, X2, self.outputscale.to(X1.dtype), self.lengthscale.to(X1.dtype))
 
     def against(self, X2: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
