@@ -135,3 +135,20 @@ def test_a_fixed_q_batch_waits_on_the_device_a_few_times_a_pick():
     masks = [name for name in device.names if name != "aten::_local_scalar_dense"]  # the rest are host.calls too
     assert batch.shape == (q, 4)
     assert len(host.calls) + len(masks) <= 5 * q, (len(host.calls), masks)
+
+
+def test_an_evaluation_of_the_bound_waits_a_few_times():
+    """One evaluation of ``DTCMarginalLogLikelihood`` in a fit (``model(X)`` in training mode, then the bound): the
+    inputs, the mean and noise, the bound's own inputs (each set of checks in one read) and the dictionary's Cholesky
+    -- not a read per check (about twice as many before)."""
+    from helpers import HostReads
+    from torchbkb.botorch import DTCMarginalLogLikelihood
+
+    model = _model(2_000)
+    mll = DTCMarginalLogLikelihood(model.likelihood, model)
+    model.train()
+    mll(model(*model.train_inputs), model.train_targets)  # the first evaluation replays the dictionary
+    with HostReads() as host, DeviceReads() as device:
+        mll(model(*model.train_inputs), model.train_targets)
+    masks = [name for name in device.names if name != "aten::_local_scalar_dense"]
+    assert len(host.calls) + len(masks) <= 5, (host.calls, masks)

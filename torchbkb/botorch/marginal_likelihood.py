@@ -23,6 +23,7 @@ from torch import Tensor
 
 from torchbkb.errors import InputDataError, NumericsError
 from torchbkb.gp.evidence_bound import dtc_evidence_bound, exact_evidence
+from torchbkb.utils.host_copy import check_at_once
 
 __all__ = ["DTCMarginalLogLikelihood", "training_noise", "BoundNanError", "BoundNotPSDError"]
 
@@ -93,8 +94,9 @@ class DTCMarginalLogLikelihood(Module):
         if indices is not None:
             X, y, noise, n = X[..., indices, :], y[..., indices], noise[..., indices], int(indices.shape[0])
         resid = y - model.mean_module(X)
-        if not (bool(torch.isfinite(resid).all()) and bool(torch.isfinite(noise).all()) and bool((noise > 0).all())):
-            raise BoundNanError("DTCMarginalLogLikelihood: expected a finite mean and positive noise, got NaN/inf/<= 0")
+        flags = {"mean": torch.isfinite(resid).all(), "noise": torch.isfinite(noise).all(),
+                 "positive": (noise > 0).all()}
+        check_at_once(flags, _bad_mean_or_noise)  # one read an evaluation
         try:
             if inducing_points is not None and X.dim() == 2:
                 bound = dtc_evidence_bound(model.covar_module, X, resid, noise, inducing_points)
@@ -116,3 +118,8 @@ class DTCMarginalLogLikelihood(Module):
     def compute_custom_loss(self, **kwargs) -> Tensor:
         """BoTorch's loss closure hook (``get_loss_closure``): the negated bound."""
         return -self(**kwargs)
+
+
+def _bad_mean_or_noise() -> None:
+    """The error of an evaluation whose mean or noise failed the checks (the fit backs off from it)."""
+    raise BoundNanError("DTCMarginalLogLikelihood: expected a finite mean and positive noise, got NaN/inf/<= 0")

@@ -164,7 +164,7 @@ class TrustRegionBKB:
             values.append(v_r)
             owners += [r] * X_r.shape[0]
         order = torch.cat(values).argsort(descending=True)[: self.batch_size]
-        self._pending = [owners[int(i)] for i in order]
+        self._pending = [owners[i] for i in order.tolist()]  # one read, not one a point
         return self._from_unit(torch.cat(picks)[order])
 
     def tell(self, X: Tensor, Y: Tensor) -> None:

@@ -31,6 +31,7 @@ from torch.utils.checkpoint import checkpoint
 from torchbkb.errors import InputDataError, check_finite
 from torchbkb.gp.kernels import as_kernel
 from torchbkb.gp.linalg import safe_cholesky
+from torchbkb.utils.host_copy import check_at_once
 
 __all__ = ["dtc_evidence_bound", "exact_evidence", "FIT_CHUNK"]
 
@@ -135,7 +136,13 @@ def _check(X, y, noise, S, batched: bool = False) -> None:
     if not isinstance(S, Tensor) or S.dim() < 2 or S.shape[-2] < 1 or S.shape[-1] != d:
         raise InputDataError(f"dictionary: expected shape (m >= 1, {d}), got "
                              f"{tuple(S.shape) if isinstance(S, Tensor) else type(S).__name__}")
-    for name, t in (("X", X), ("y", y), ("noise", noise), ("dictionary", S)):
-        check_finite(t.detach(), name)
-    if bool((noise.detach() <= 0).any()):
-        raise InputDataError(f"noise: expected positive variances, got min {float(noise.detach().min()):.3e}")
+    values = {"X": X.detach(), "y": y.detach(), "noise": noise.detach(), "dictionary": S.detach()}
+
+    def one_at_a_time() -> None:  # the message of the first check that fails
+        for name, t in values.items():
+            check_finite(t, name)
+        if bool((values["noise"] <= 0).any()):
+            raise InputDataError(f"noise: expected positive variances, got min {float(values['noise'].min()):.3e}")
+
+    flags = {name: torch.isfinite(t).all() for name, t in values.items()}
+    check_at_once(flags | {"positive": (values["noise"] > 0).all()}, one_at_a_time)  # one read an evaluation

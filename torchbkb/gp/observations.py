@@ -20,7 +20,7 @@ import torch
 
 from torchbkb.errors import InputDataError, check_finite
 from torchbkb.gp.functional import DTCState
-from torchbkb.utils.host_copy import read_flags
+from torchbkb.utils.host_copy import check_at_once
 
 __all__ = ["check_dtc_state", "check_features", "check_targets", "check_values", "check_weighted_data"]
 
@@ -60,19 +60,20 @@ def check_values(X: torch.Tensor, y: torch.Tensor | None, counts: torch.Tensor |
         torchbkb.errors.InputDataError: counts: expected positive weights, got min 0.0
     """
     values = [t.detach() for t in (X, y, counts) if t is not None]
-    if all(t.device == values[0].device for t in values):
-        flags = {f"finite {i}": torch.isfinite(t).all() for i, t in enumerate(values)}
-        if counts is not None:
-            flags["positive"] = (values[-1] > 0).all()
-        if all(read_flags(flags).values()):
-            return
-    check_finite(X.detach(), xname)  # one check at a time: the message of the first that fails
-    if y is not None:
-        check_finite(y.detach(), yname)
+    flags = {f"finite {i}": torch.isfinite(t).all() for i, t in enumerate(values)}
     if counts is not None:
-        check_finite(counts.detach(), "counts")
-        if bool((counts.detach() <= 0).any()):
-            raise InputDataError(f"counts: expected positive weights, got min {float(counts.detach().min())}")
+        flags["positive"] = (values[-1] > 0).all()
+
+    def one_at_a_time() -> None:  # the message of the first check that fails
+        check_finite(X.detach(), xname)
+        if y is not None:
+            check_finite(y.detach(), yname)
+        if counts is not None:
+            check_finite(counts.detach(), "counts")
+            if bool((counts.detach() <= 0).any()):
+                raise InputDataError(f"counts: expected positive weights, got min {float(counts.detach().min())}")
+
+    check_at_once(flags, one_at_a_time)
 
 
 def check_targets(X, y, counts, yname: str = "y", *, xname: str = "X", allow_none_y: bool = False,

@@ -19,10 +19,12 @@ Example:
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import torch
 
-__all__ = ["HOST_DTYPES", "cached_float", "host_array", "read_flags", "read_scalars", "to_device"]
+__all__ = ["HOST_DTYPES", "cached_float", "check_at_once", "host_array", "read_flags", "read_scalars", "to_device"]
 
 #: the floating dtypes NumPy computes as torch does (the same IEEE types): host arithmetic on their views.
 HOST_DTYPES = (torch.float32, torch.float64)
@@ -49,6 +51,25 @@ def read_flags(flags: dict[str, torch.Tensor]) -> dict[str, bool]:
         code = code + t * (1 << i)  # two small kernels a flag: cheaper than a read each
     value = int(code)  # the one read
     return {name: bool(value >> i & 1) for i, name in enumerate(flags)}
+
+
+def check_at_once(flags: dict[str, torch.Tensor], checks: Callable[[], None]) -> None:
+    """Validation in one wait: ``flags`` are 0-d booleans, each true when a condition holds, read in one transfer
+    (:func:`read_flags`); ``checks`` -- the same conditions checked one by one, raising on the first that fails --
+    runs only when a flag is false, or when the flags live on several devices. The errors are those of ``checks``.
+
+    Example:
+        >>> x = torch.tensor([1.0, float("nan")])
+        >>> def checks():
+        ...     raise ValueError("x: expected finite values")
+        >>> check_at_once({"finite": torch.isfinite(x).all()}, checks)
+        Traceback (most recent call last):
+        ...
+        ValueError: x: expected finite values
+    """
+    if flags and len({t.device for t in flags.values()}) == 1 and all(read_flags(flags).values()):
+        return
+    checks()
 
 
 def read_scalars(*values: torch.Tensor) -> list[float]:

@@ -28,6 +28,7 @@ import torch
 from torch import nn
 
 from torchbkb.errors import InputDataError
+from torchbkb.utils.host_copy import check_at_once
 
 __all__ = ["check_state_dict", "load_state_dict_atomically"]
 
@@ -47,6 +48,7 @@ def check_state_dict(module: nn.Module, state_dict, strict: bool = True) -> None
                 f"state_dict: expected the keys of this {type(module).__name__}, got {len(missing)} missing "
                 f"{missing[:5]} and {len(unexpected)} unexpected {unexpected[:5]}"
             )
+    floating = {}
     for key, value in state_dict.items():
         if key not in own or not isinstance(own[key], torch.Tensor):
             continue
@@ -58,9 +60,17 @@ def check_state_dict(module: nn.Module, state_dict, strict: bool = True) -> None
         if target.is_floating_point():
             if not value.is_floating_point():
                 raise InputDataError(f"state_dict[{key!r}]: expected a floating tensor, got {value.dtype}")
-            v = value.detach()  # parameters are finite; buffers may hold ±inf (a constraint's open bound), never NaN
-            if bool(torch.isnan(v).any()) or (key in params and not bool(torch.isfinite(v).all())):
+            floating[key] = value.detach()
+
+    def usable(key: str, v: torch.Tensor) -> torch.Tensor:  # parameters finite; buffers may hold ±inf, never NaN
+        return torch.isfinite(v).all() if key in params else ~torch.isnan(v).any()
+
+    def one_at_a_time() -> None:
+        for key, v in floating.items():
+            if not bool(usable(key, v)):
                 raise InputDataError(f"state_dict[{key!r}]: expected finite values, got NaN/inf")
+
+    check_at_once({key: usable(key, v) for key, v in floating.items()}, one_at_a_time)  # one read for every value
 
 
 def load_state_dict_atomically(module: nn.Module, loader: Callable, state_dict, strict: bool = True, **kwargs):
