@@ -115,3 +115,16 @@ def test_an_exact_update_reads_its_noise_once_and_follows_every_change_of_it():
     assert post.lam == 0.2
     post.noise = torch.tensor(0.3, dtype=F64)  # a new tensor
     assert post.lam == 0.3
+
+
+def test_check_at_once_reads_any_number_of_flags_once_and_defers_to_the_checks():
+    from torchbkb.utils.host_copy import check_at_once
+
+    flags = {f"f{i}": torch.tensor(True) for i in range(100)}  # more than the bits of one integer
+    ran = []
+    with DeviceReads() as reads:
+        check_at_once(flags, lambda: ran.append(1))
+    assert ran == [] and len(reads.names) == 1
+    flags["f73"] = torch.tensor(False)
+    check_at_once(flags, lambda: ran.append(1))
+    assert ran == [1]  # a false flag: the one-by-one checks run (and raise, in real use)

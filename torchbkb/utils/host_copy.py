@@ -54,9 +54,10 @@ def read_flags(flags: dict[str, torch.Tensor]) -> dict[str, bool]:
 
 
 def check_at_once(flags: dict[str, torch.Tensor], checks: Callable[[], None]) -> None:
-    """Validation in one wait: ``flags`` are 0-d booleans, each true when a condition holds, read in one transfer
-    (:func:`read_flags`); ``checks`` -- the same conditions checked one by one, raising on the first that fails --
-    runs only when a flag is false, or when the flags live on several devices. The errors are those of ``checks``.
+    """Validation in one wait: ``flags`` are 0-d booleans (any number), each true when a condition holds, read in one
+    transfer as their conjunction; ``checks`` -- the same conditions checked one by one, raising on the first that
+    fails -- runs only when a flag is false, or when the flags live on several devices. The errors are those of
+    ``checks``.
 
     Example:
         >>> x = torch.tensor([1.0, float("nan")])
@@ -67,7 +68,7 @@ def check_at_once(flags: dict[str, torch.Tensor], checks: Callable[[], None]) ->
         ...
         ValueError: x: expected finite values
     """
-    if flags and len({t.device for t in flags.values()}) == 1 and all(read_flags(flags).values()):
+    if flags and len({t.device for t in flags.values()}) == 1 and bool(torch.stack(list(flags.values())).all()):
         return
     checks()
 
