@@ -63,13 +63,13 @@ def counted_run(b, f, T: int, g: torch.Generator, *, host_rewards: bool):
     rows' finiteness where torch scans them (NumPy scans float32/float64 rows on the CPU, without a read); returns
     ``(picks, asks, tells)``."""
     picks, asks, tells = [], [], []
+    torch_scan = f.device.type != "cpu" or b.arms.dtype not in kernel_rows.HOST_DTYPES  # not NumPy's
     while b.t < T:
         with HostReads() as r:
             idx = b.ask()
         asks.append(len(r.calls))
         y = f[idx] + 0.1 * torch.randn(idx.shape, generator=g, dtype=torch.float64).to(f.device)
         y = y.cpu().tolist() if host_rewards else y
-        torch_scan = f.device.type != "cpu" or b.arms.dtype not in kernel_rows.HOST_DTYPES  # not NumPy's
         new = torch_scan and bool(set(b.pending.tolist()) - set(picks))
         picks += b.pending.tolist()
         with HostReads() as r:

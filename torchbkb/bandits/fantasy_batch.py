@@ -124,15 +124,14 @@ def select_fixed_batch(reader: FeatureReader, mean: Tensor, rls: Tensor, V_inv: 
     proj = torch.eye(V_inv.shape[-1], dtype=dt, device=dev) - lam * V_inv  # c₀ = k - z (I - λV⁻¹) zᵀ
     B = torch.empty((V_inv.shape[-1], q), dtype=dt, device=dev)  # columns (I - λV⁻¹) z(p_i)
     L = torch.zeros((q, q), dtype=dt, device=dev)  # Cholesky factor of C_PP + λI
-    picks: list[int] = []
     in_batch: list[float] = []
     evaluations = 0
     size = max(POOL, 4 * q)
     pool, tau = _pool(ucb, size)
     reason = "q"
-    picked = torch.empty(0, dtype=torch.long, device=dev)  # the picks on the device (no copy from the host)
-    while len(picks) < q:
-        j = len(picks)
+    picked = torch.empty(0, dtype=torch.long, device=dev)  # the picks, in order, on the device (no host copy)
+    while picked.numel() < q:
+        j = picked.numel()
         block = REFRESH_BLOCK  # doubled after every round that did not settle the pick
         while True:
             sub = ucb[pool]
@@ -166,7 +165,6 @@ def select_fixed_batch(reader: FeatureReader, mean: Tensor, rls: Tensor, V_inv: 
         in_batch.append(max(var_i, 0.0) / lam)
         L[j, :j], L[j, j] = l, (max(var_i, 0.0) + lam) ** 0.5  # the row of p in the factor of C_PP + λI
         B[:, j] = (z @ proj)[0]
-        picks.append(i)
         picked = torch.cat([picked, idx])
         if unique:
             ucb[i] = -torch.inf

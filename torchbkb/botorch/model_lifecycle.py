@@ -40,6 +40,7 @@ from torchbkb.botorch.engine import ModelEngine
 from torchbkb.botorch.model_data import ModelData
 from torchbkb.botorch.training_data import check_observations
 from torchbkb.errors import InputDataError, check_finite
+from torchbkb.gp.observations import check_values
 from torchbkb.utils.host_copy import read_flags
 from torchbkb.utils.state_loading import load_state_dict_atomically
 
@@ -150,8 +151,7 @@ class ModelLifecycle:
                                  f"of hyperparameters each), got {tuple(X.shape)}")
         if y.shape != X.shape[:-1]:
             raise InputDataError(f"targets: expected shape {tuple(X.shape[:-1])} (one per input), got {tuple(y.shape)}")
-        check_finite(X, "inputs")
-        check_finite(y, "targets")
+        check_values(X, y, None, "inputs", "targets")  # both in one read, the same errors
         noise = self._data.noise(self._default_noise()) if self._data.has_noise else None
         if noise is not None and noise.shape[-1] != X.shape[-2]:
             raise InputDataError(f"inputs: expected {noise.shape[-1]} points (the known noise of train_Yvar stays with "
