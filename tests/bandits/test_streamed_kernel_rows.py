@@ -99,3 +99,28 @@ def test_finite_rows_names_every_row_with_a_non_finite_value(dtype, bad, device)
         finite_rows(rows, [10, 11, 12, 13, 14])
     with pytest.raises(NumericsError, match=r"rows of arms \[0, 3\]"):
         finite_rows(rows.T, None)  # (7, 5): its rows 0 and 3 hold them
+
+
+@pytest.mark.parametrize("scan", ["numpy", "torch"])
+def test_a_streamed_product_reads_its_chunks_finiteness_once(scan, monkeypatch):
+    """``a @ rows`` over many chunks: where torch scans the chunks (a GPU), their finiteness is read once after the
+    last chunk, not once a chunk; the product is the dense one, and a NaN in any chunk raises the row check's error
+    (a NaN arm spoils its whole chunk through the kernel's centring: it names the chunk's 64 places)."""
+    from helpers import DeviceReads, HostReads
+    from torchbkb.bandits import kernel_rows
+    from torchbkb.errors import NumericsError
+
+    if scan == "torch":
+        monkeypatch.setattr(kernel_rows, "HOST_DTYPES", ())
+    arms, _ = _problem(A=1000, seed=5)
+    k = GaussianKernel(0.3)
+    S, a = arms[:6], torch.rand(6, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    rows = kernel_rows.StreamedKernelRows(k, S, arms, chunk_size=64)  # 16 chunks
+    with HostReads() as host, DeviceReads() as device:
+        out = a @ rows
+    assert torch.allclose(out, a @ k(S, arms), rtol=1e-12, atol=1e-12)
+    assert len(host.calls) + len(device.names) == (2 if scan == "torch" else 0)  # the bool and its scalar
+    holey = arms.clone()
+    holey[700, 0] = float("nan")  # chunk 10
+    with pytest.raises(NumericsError, match=r"rows of arms \[0, 1, 2, .*, 63\]"):
+        a @ kernel_rows.StreamedKernelRows(k, S, holey, chunk_size=64)

@@ -35,6 +35,7 @@ import torch
 from torchbkb.bandits.kernel_rows import StreamedKernelRows, finite_rows
 from torchbkb.errors import TorchBKBError
 from torchbkb.gp.nystrom import DEFAULT_CHUNK
+from torchbkb.gp.scoring_chunk import check_chunk_size, scoring_chunk
 from torchbkb.utils.host_copy import to_device
 
 __all__ = ["AGAINST_BYTES", "KERNEL_CACHE_BYTES", "REFILL_BYTES", "ROW_CACHE_BYTES", "KernelRowCache"]
@@ -55,7 +56,8 @@ class KernelRowCache:
     Args:
         kernel: callable ``(X1, X2) -> Tensor`` (a :class:`~torchbkb.gp.kernels.KernelAdapter`).
         arms: `(A, d)` the arm set.
-        chunk_size: arms per kernel call when the dictionary's rows are streamed.
+        chunk_size: arms per kernel call when the dictionary's rows are streamed; ``None`` sizes it for the device
+            (:func:`~torchbkb.gp.scoring_chunk.scoring_chunk`: a GPU takes far larger chunks than the CPU's).
         row_cache_bytes: memory for the pulled arms' rows (see the module docstring).
         kernel_cache_bytes: memory for the dictionary's rows; default ``max(KERNEL_CACHE_BYTES, 10 × arms' bytes)``.
 
@@ -64,9 +66,9 @@ class KernelRowCache:
         order_index: ``order`` as a `(m,)` long tensor.
     """
 
-    def __init__(self, kernel: Callable, arms: torch.Tensor, *, chunk_size: int = DEFAULT_CHUNK,
+    def __init__(self, kernel: Callable, arms: torch.Tensor, *, chunk_size: int | None = DEFAULT_CHUNK,
                  row_cache_bytes: int = ROW_CACHE_BYTES, kernel_cache_bytes: int | None = None):
-        self.kernel, self.arms, self.chunk_size = kernel, arms, int(chunk_size)
+        self.kernel, self.arms, self.chunk_size = kernel, arms, check_chunk_size(chunk_size)
         self.row_cache_bytes = int(row_cache_bytes)
         self.kernel_cache_bytes = (max(KERNEL_CACHE_BYTES, 10 * arms.numel() * arms.element_size())
                                    if kernel_cache_bytes is None else int(kernel_cache_bytes))
@@ -130,7 +132,8 @@ class KernelRowCache:
         """The `(m, A)` kernel rows of the dictionary in slot order: a view of the cache, or streamed."""
         if self._K_buf is not None:
             return self._K_buf[: len(self.order)]
-        return StreamedKernelRows(self.kernel, self.arms[self.order_index], self.arms, chunk_size=self.chunk_size)
+        chunk = scoring_chunk(self.chunk_size, len(self.order), self.arms.device, self.arms.dtype)
+        return StreamedKernelRows(self.kernel, self.arms[self.order_index], self.arms, chunk_size=chunk)
 
     def blocks(self) -> list[list[int]]:
         """The arms whose rows were evaluated together, one list per kernel call (rows computed alone: one each)."""

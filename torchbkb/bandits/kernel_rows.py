@@ -31,7 +31,7 @@ import torch
 from torchbkb.errors import NumericsError
 from torchbkb.utils.host_copy import HOST_DTYPES, host_array
 
-__all__ = ["FeatureRows", "StreamedKernelRows", "finite_rows"]
+__all__ = ["FeatureRows", "StreamedKernelRows", "finite_rows", "on_host"]
 
 
 class FeatureRows:
@@ -128,8 +128,21 @@ class StreamedKernelRows:
         return _RowsOfArms(self)
 
     def __rmatmul__(self, a: torch.Tensor) -> torch.Tensor:
+        """``a @ K`` `(..., A)`, chunk by chunk; every chunk's finiteness is read once, after the last (a GPU waits
+        once a pass, not once a chunk), and a non-finite one raises before the product is returned."""
         n, c = self.shape[1], self._chunk
-        return torch.cat([a @ self[:, i : i + c] for i in range(0, max(n, 1), c)], dim=-1)  # (..., A)
+        parts, flags = [], []
+        for i in range(0, max(n, 1), c):
+            K = self._kernel(self._S, self._arm_rows(slice(i, i + c)))  # (m, c)
+            if on_host(K):
+                finite_rows(K.T, None)
+            else:
+                flags.append(torch.isfinite(K).all())
+            parts.append(a @ K)
+        if flags and not bool(torch.stack(flags).all()):
+            for i in range(0, max(n, 1), c):  # find the chunk and raise its error
+                finite_rows(self._kernel(self._S, self._arm_rows(slice(i, i + c))).T, None)
+        return torch.cat(parts, dim=-1)
 
 
 class _RowsOfArms:
@@ -142,11 +155,16 @@ class _RowsOfArms:
         return finite_rows(r._kernel(X, r._S), None)  # (k, m)
 
 
+def on_host(rows: torch.Tensor) -> bool:
+    """Whether :func:`finite_rows` scans ``rows`` on the host (a CPU tensor in a NumPy dtype): no device read."""
+    return rows.device.type == "cpu" and rows.dtype in HOST_DTYPES
+
+
 def finite_rows(rows: torch.Tensor, arms: list[int] | None) -> torch.Tensor:
     """``rows`` `(e, A)` of kernel values ``k(arms, ·)``, or a :class:`~torchbkb.errors.NumericsError` before a NaN/inf
     value can enter the bandit's state (``arms`` names the rows, or None). On the CPU NumPy scans them in place: a
     few microseconds against three tensor operations and a read."""
-    if rows.device.type == "cpu" and rows.dtype in HOST_DTYPES:
+    if on_host(rows):
         finite = bool(np.isfinite(host_array(rows)).all())
     else:
         finite = bool(torch.isfinite(rows).all())
