@@ -211,7 +211,19 @@ def test_a_float32_dtc_posterior_warns_when_its_kernel_values_cannot_carry_the_v
     assert warned[0].filename == __file__  # the user's line (the check runs at the first read after the fit)
 
 
-def test_a_kernel_that_returns_nan_never_puts_nan_into_a_bandit():
+@pytest.mark.parametrize("cls", [BKB, BBKB])
+@pytest.mark.parametrize("fixed", [False, True])
+@pytest.mark.parametrize("scan", ["numpy", "torch"])
+def test_a_kernel_that_returns_nan_never_puts_nan_into_a_bandit(cls, fixed, scan, monkeypatch):
+    """A newly pulled arm's NaN kernel row raises a NumericsError: checked on arrival (NumPy's scan) or with the
+    update's own read (torch's, as on a GPU), the eager update or the fixed-capacity one. Either way the row and its
+    arm are dropped, no NaN is scored, and the bandit goes on once the arm is excluded: later steps succeed or raise
+    the same error."""
+    from torchbkb.bandits import kernel_rows
+
+    if scan == "torch":
+        monkeypatch.setattr(kernel_rows, "HOST_DTYPES", ())
+
     class Holey:
         def __call__(self, X1, X2):
             K = torch.exp(-torch.cdist(X1, X2) ** 2 / 0.08)
@@ -222,10 +234,18 @@ def test_a_kernel_that_returns_nan_never_puts_nan_into_a_bandit():
 
     from torchbkb.gp.kernels import as_kernel
 
-    bandit = BKB(ARMS, as_kernel(Holey(), diag=Holey().diag), noise=0.01, beta=0.3, seed=0)
-    with pytest.raises(NumericsError, match="NaN/inf in the rows of arms"):
-        for _ in range(200):
-            i = bandit.ask()
+    bandit = cls(ARMS, as_kernel(Holey(), diag=Holey().diag), noise=0.01, beta=0.3, seed=0)
+    bandit.fixed_capacity = fixed
+    errors = 0
+    for _ in range(60):
+        i = bandit.ask()
+        try:
             bandit.tell(i, F[i])
-    mean, rls = bandit.scores()
-    assert bool(torch.isfinite(mean).all() and torch.isfinite(rls).all())
+        except NumericsError as err:
+            assert "NaN/inf in the rows of arms" in str(err)
+            errors += 1
+            bandit.excluded[i] = True  # the user's way on: never that arm again
+        mean, rls = bandit.scores()
+        assert bool(torch.isfinite(mean).all() and torch.isfinite(rls).all())
+    assert errors >= 1 and bandit.t > 20 + errors
+    assert all(float(ARMS[a, 0]) <= 0.9 for a in bandit.dictionary.tolist())

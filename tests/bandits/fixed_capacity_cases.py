@@ -6,7 +6,6 @@ from __future__ import annotations
 import torch
 
 from helpers import HostReads
-from torchbkb.bandits import kernel_rows
 from torchbkb.gp.kernels import GaussianKernel
 
 
@@ -59,20 +58,17 @@ def compiled_with(backend):
 
 def counted_run(b, f, T: int, g: torch.Generator, *, host_rewards: bool):
     """:func:`drive` counting the host reads of every ``ask`` and of every ``tell`` (given ask's own tensor, and the
-    rewards as a host list when ``host_rewards``), less the one read a ``tell`` that pulls new arms makes for their
-    rows' finiteness where torch scans them (NumPy scans float32/float64 rows on the CPU, without a read); returns
-    ``(picks, asks, tells)``."""
+    rewards as a host list when ``host_rewards``); returns ``(picks, asks, tells)``. A new pulled arm's kernel row is
+    checked in the update's own read where torch scans it: no read of its own."""
     picks, asks, tells = [], [], []
-    torch_scan = f.device.type != "cpu" or b.arms.dtype not in kernel_rows.HOST_DTYPES  # not NumPy's
     while b.t < T:
         with HostReads() as r:
             idx = b.ask()
         asks.append(len(r.calls))
         y = f[idx] + 0.1 * torch.randn(idx.shape, generator=g, dtype=torch.float64).to(f.device)
         y = y.cpu().tolist() if host_rewards else y
-        new = torch_scan and bool(set(b.pending.tolist()) - set(picks))
         picks += b.pending.tolist()
         with HostReads() as r:
             b.tell(idx, y)
-        tells.append(len(r.calls) - new)
+        tells.append(len(r.calls))
     return picks, asks, tells

@@ -111,8 +111,8 @@ def test_a_resumed_fixed_capacity_run_continues_exactly(device):
 
 def test_a_bkb_step_reads_the_device_once(device):
     """With a constant width the fixed-capacity update makes the next UCB argmax too: ``ask`` reads nothing, and
-    ``tell`` with the tensor ask returned reads the rewards and the update's flags (and, for an arm pulled the first
-    time, its kernel row's finiteness) -- beside the accuracy check when the dictionary has grown by a quarter."""
+    ``tell`` with the tensor ask returned reads the rewards and the update's flags (with them, for an arm pulled the
+    first time, its kernel row's finiteness) -- beside the accuracy check when the dictionary has grown by a quarter."""
     arms, f = problem(6, device)
     eager, _ = run_picks(BKB, arms, f, fixed=False, T=120, seed=6)
     b = BKB(arms, GaussianKernel(0.2), noise=0.01, q_bar=2.0, beta=0.5, seed=6)
@@ -163,9 +163,9 @@ def test_a_bbkb_batch_reads_the_device_once_to_select_and_once_to_update(width, 
     so no deferred update: ``tests/bandits/test_deferred_update.py`` counts that one): ``ask`` reads its batch once
     when it ends within the first check (a little over the last batch's length), once more per 32 picks past it, and
     the theory width once more (its sum); ``tell`` with ask's own tensor reads the rewards (nothing on a GPU when
-    they come from the host), the new arms' kernel rows' finiteness (when there are new arms) and the update's
-    flags, once each -- beside the float64 accuracy check of the variances, which runs when the dictionary has grown
-    by a quarter (a few times a run); the same batches as the CPU's loops."""
+    they come from the host) and the update's flags with the new arms' kernel rows' finiteness, once each -- beside
+    the float64 accuracy check of the variances, which runs when the dictionary has grown by a quarter (a few times a
+    run); the same batches as the CPU's loops."""
     arms, f = problem(8, device)
     lazy, _ = run_picks(BBKB, arms, f, fixed=False, T=200, seed=8, batch_bound=3.0, beta=width)
     b = BBKB(arms, GaussianKernel(0.2), noise=0.01, q_bar=2.0, beta=width, seed=8, batch_bound=3.0)

@@ -1,11 +1,12 @@
 """How often a sketched bandit's eager update makes the host wait for a GPU: CUDA only, where a read is a
 synchronization (``torch.cuda.set_sync_debug_mode``); a CPU tensor is the host's own.
 
-The eager update is what a GPU runs past the fixed-capacity update's row limit: 10⁶ arms and more, where the pulled
-arms' rows outgrow ``row_cache_bytes`` too (here ``row_cache_bytes=0``; a newly pulled arm's cached row is checked,
-one more read). A step whose dictionary stays the same reads the device four times at most: the picks (``ask``), the
-kept arms of the resample, ``V``'s Cholesky check and, when the update prunes, the arms that pass the UCB bound. The
-draws reach the device queued, and the new dictionary is compared with the last one on the host."""
+The eager update is what a GPU runs past the fixed-capacity update's row limit: 10⁶ arms and more. A step reads the
+device three times: the picks (``ask``); the kept arms of the resample, with a newly pulled arm's cached kernel row's
+finiteness; and the Cholesky flags of ``V`` -- or, when the dictionary changed, of ``K_S`` and ``V`` together. When
+the update prunes, the arms that pass the UCB bound are a fourth. The draws reach the device queued, and the new
+dictionary is compared with the last one on the host. The float64 accuracy check, when the dictionary has grown by
+a quarter, reads more (a step or two of a run)."""
 
 import warnings
 
@@ -38,14 +39,16 @@ def _steps_reads(b: BKB, values: torch.Tensor, steps: int) -> list[tuple[int, bo
 
 
 @pytest.mark.parametrize("prune", [False, True])
-def test_an_eager_update_reads_the_device_at_most_four_times_a_step(prune):
+@pytest.mark.parametrize("row_cache_bytes", [0, 256 * 2**20])
+def test_an_eager_step_reads_the_device_three_times_and_once_more_to_prune(prune, row_cache_bytes):
     g = torch.Generator().manual_seed(0)
     arms = torch.rand(20_000, 8, generator=g, dtype=torch.float64)
     values = torch.sin(6 * arms).sum(-1)  # on the host
-    b = BKB(arms.cuda(), GaussianKernel(0.5), noise=0.01, beta=0.5, seed=0, prune=prune, row_cache_bytes=0)
+    b = BKB(arms.cuda(), GaussianKernel(0.5), noise=0.01, beta=0.5, seed=0, prune=prune,
+            row_cache_bytes=row_cache_bytes)
     b.fixed_capacity = False  # the eager update, as past the row limit
-    _steps_reads(b, values, 80)  # warm-up: the dictionary settles (on the CPU it changes in 1 of the next 30)
+    _steps_reads(b, values, 80)  # warm-up
     reads = _steps_reads(b, values, 30)
-    same = [s for s, changed in reads if not changed]
-    assert same, reads
-    assert max(same) <= (4 if prune else 3), reads
+    base = 4 if prune else 3
+    assert min(s for s, _ in reads) >= 2, reads  # counted at all
+    assert sum(s > base for s, _ in reads) <= 2, reads  # the accuracy check

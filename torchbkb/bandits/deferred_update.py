@@ -110,7 +110,7 @@ class DeferredBatchUpdate:
                                                extra=(flags, host))
         t2 = time.perf_counter()
         if added is not None and not host[-1]:
-            self.rows.reject_pulled(added[0])  # raises, the rows dropped
+            self._reject_rows(added[0])  # raises, the rows and their arms dropped
         adopted = self._complete_fixed(launched, host[: out.flags.numel()])
         self.num_resparsifications += 1
         update_s = (t1 - t0) + (time.perf_counter() - t2)  # the host's share; the device's overlaps the batch

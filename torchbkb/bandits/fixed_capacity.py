@@ -306,14 +306,14 @@ class FixedCapacityUpdates:
     draws. It prunes as the eager one does (:class:`~torchbkb.bandits.pruning.PruningSchedule`), in ``k_cap`` slots."""
 
     def _fixed_applies(self) -> bool:  # the row limit, measured for an update that prunes: not for replayed picks
-        m_cap = self.engine.m_cap
-        small = m_cap * self.num_arms <= capacity.FIXED_ROWS_MAX or not self._prunes_fixed()
-        return self.fixed_capacity and self.t > 0 and self.rows.caches(m_cap) and small
+        m_cap, small = self.engine.m_cap, self.engine.m_cap * self.num_arms <= capacity.FIXED_ROWS_MAX
+        return self.fixed_capacity and self.t > 0 and self.rows.caches(m_cap) and (small or not self._prunes_fixed())
 
-    def _update_fixed(self, pulled: torch.Tensor, n: torch.Tensor, forced: torch.Tensor | None) -> None:
-        """Resample (or take the arms ``forced`` `(k,)`: the first update, a checkpoint), refit and rescore."""
+    def _update_fixed(self, pulled: torch.Tensor, n: torch.Tensor, forced: torch.Tensor | None, added=None) -> None:
+        """Resample (or take ``forced`` `(k,)`: the first update, a checkpoint), refit, rescore; ``added``: new rows
+        (``_add_pulled``) whose finiteness is read with the update's flags."""
         launched = self._launch_fixed(pulled, n, forced)
-        self._complete_fixed(launched, launched.out.flags.tolist())  # the one host read of an update
+        self._complete_fixed(launched, self._read_with_rows(launched.out.flags, added))  # the one host read
 
     def _launch_fixed(self, pulled: torch.Tensor, n: torch.Tensor, forced: torch.Tensor | None) -> LaunchedUpdate:
         """:meth:`_update_fixed` up to its host read: the update queued on the device, nothing adopted."""

@@ -46,6 +46,7 @@ from torchbkb.bandits.sketched_checkpoint import SketchedCheckpoint
 from torchbkb.bandits.kernel_row_cache import ROW_CACHE_BYTES, KernelRowCache
 from torchbkb.bandits.kernel_rows import FeatureRows
 from torchbkb.bandits.pruning import PruningSchedule, ucb_survivors
+from torchbkb.bandits.pulled_arms import PulledArms
 from torchbkb.gp.dtc_posterior import DTCPosterior
 from torchbkb.errors import TorchBKBError, check_int, check_positive
 from torchbkb.gp.functional import rls_kernel_columns
@@ -54,13 +55,13 @@ from torchbkb.gp.nystrom import DEFAULT_CHUNK, NystromEmbedding
 from torchbkb.gp.scoring_chunk import check_chunk_size, scoring_chunk
 from torchbkb.sampling.rls_dictionary import DEFAULT_INCLUSION, RLSDictionary, check_inclusion
 from torchbkb.gp.stable_scoring import AccuracyMonitor
-from torchbkb.gp.linalg import inv_sqrt_factor
+from torchbkb.gp.linalg import accepts_cholesky, cholesky_whitening_ex, default_rtol, whitening
 from torchbkb.utils.host_copy import to_device
 
 __all__ = ["SketchedKernelBandit"]
 
 
-class SketchedKernelBandit(SettlingReadouts, FixedCapacityUpdates, SketchedCheckpoint, KernelBandit):
+class SketchedKernelBandit(SettlingReadouts, FixedCapacityUpdates, SketchedCheckpoint, PulledArms, KernelBandit):
     """A kernel bandit on the DTC posterior of an adaptively resampled dictionary (subclasses: ``_select``).
 
     Args:
@@ -123,7 +124,7 @@ class SketchedKernelBandit(SettlingReadouts, FixedCapacityUpdates, SketchedCheck
         self.q_bar = check_positive(q_bar, "q_bar")
         self.score_chunk_size = check_chunk_size(chunk_size)  # None: sized for the device at every scoring
         self.chunk_size = self.score_chunk_size or DEFAULT_CHUNK  # kernel rows computed at once
-        self.rows = KernelRowCache(self.kernel, self.arms, chunk_size=self.chunk_size,
+        self.rows = KernelRowCache(self.kernel, self.arms, chunk_size=self.score_chunk_size,
                                    row_cache_bytes=check_int(row_cache_bytes, "row_cache_bytes", minimum=0),
                                    kernel_cache_bytes=kernel_cache_bytes)
         self.pruning = PruningSchedule()
@@ -281,31 +282,20 @@ class SketchedKernelBandit(SettlingReadouts, FixedCapacityUpdates, SketchedCheck
     # ------------------------------------------------------------------ resparsification
     def _update(self) -> None:
         told = self.last_told_ids
-        self.rows.add_pulled(told)
+        added = self._add_pulled(told)  # on a device: checked with the update's read
         pulled = self._pulled_arms(told)
         n = self.counts[pulled].to(torch.float64)  # (p,) their pull counts
         first = self.dictionary.numel() == 0 and self.t <= len(told)
         if self._fixed_applies():
-            return self._update_fixed(pulled, n, self.last_told[0][:1] if first else None)
+            return self._update_fixed(pulled, n, self.last_told[0][:1] if first else None, added)
         if first:
+            self._read_mask_with_rows(torch.zeros(0, dtype=torch.bool, device=self.arms.device), added)
             new_dict, host = self.last_told[0][:1], None  # S_1 = {x_1}
         else:
             keep = self.sampler.resample(self.row_posterior.rls[pulled].to(torch.float64), n, validate=False)
-            host = self._pulled_host[keep.cpu()]  # ascending, like pulled: the update's one read of its dictionary
+            host = self._pulled_host[self._read_mask_with_rows(keep, added)]  # ascending, like pulled
             new_dict = to_device(host, self.arms.device)  # (the same tensor on the CPU)
         self._rebuild(new_dict, pulled=pulled, counts=n, host=host)
-
-    def _pulled_arms(self, told: list[int]) -> torch.Tensor:
-        """`(p,)` long, the arms pulled so far, ascending; updated on the host after a first pull (in ``told``)."""
-        if self._pulled is None:
-            self._pulled_host = (self.counts > 0).cpu().nonzero().squeeze(1)  # one read
-            self._pulled = to_device(self._pulled_host, self.arms.device)
-            self._pulled_set = set(self._pulled_host.tolist())
-        elif any(a not in self._pulled_set for a in told):
-            self._pulled_set.update(told)
-            self._pulled_host = torch.tensor(sorted(self._pulled_set), dtype=torch.long)
-            self._pulled = to_device(self._pulled_host, self.arms.device)
-        return self._pulled
 
     def _rebuild(self, new_dict: torch.Tensor, order=None, blocks=None, *, pulled: torch.Tensor | None = None,
                  counts: torch.Tensor | None = None, host: torch.Tensor | None = None) -> None:
@@ -325,20 +315,32 @@ class SketchedKernelBandit(SettlingReadouts, FixedCapacityUpdates, SketchedCheck
                 self._clear_posterior()
             else:
                 changed = not self.row_posterior.fitted or not self._same_dictionary(new_dict, host)
-                W = self.row_posterior.W
+                K_SA, sums = None, self.reward_sums[pulled]
                 if changed:
                     self.rows.set_dictionary(new_dict, order, blocks, ids=None if host is None else host.tolist())
-                    K_SS = self.rows.rows().T[self.rows.order_index]  # (m, m): a row gather of the transposed view
-                    W = inv_sqrt_factor(K_SS, name="K_S")  # (r, m): one m×m factorization
+                    K_SA = self.rows.rows()  # (m, A), cached or streamed
+                    Ma = self._refactor(K_SA, pulled, n, sums)
                     self.embeddings_computed += 1
-                K_SA = self.rows.rows()  # (m, A), cached or streamed
-                Ma = self.row_posterior.refit(K_SA, W, pulled, n, self.reward_sums[pulled])
+                else:
+                    K_SA = self.rows.rows()
+                    Ma = self.row_posterior.refit(K_SA, self.row_posterior.W, pulled, n, sums)
                 if changed:
-                    self._check_accuracy(K_SA, Ma[:-1].to(K_SA.dtype), pulled, n, W)
+                    self._check_accuracy(K_SA, Ma[:-1].to(K_SA.dtype), pulled, n, self.row_posterior.W)
                 self._score(K_SA, Ma.to(K_SA.dtype), pulled)
                 self._posterior = None
         self.dictionary, self._dictionary_host = new_dict, (new_dict, host)
         self._deff, self._deff_inputs = None, (pulled, n, self.row_posterior.rls)  # read by the widths that need it
+
+    def _refactor(self, K_SA, pulled: torch.Tensor, n: torch.Tensor, sums: torch.Tensor) -> torch.Tensor:
+        """A new dictionary's ``W`` (one `m × m` factorization of ``K_S``) and the refit on it, their Cholesky flags
+        read together (one read of the device); either flag off: the checked ``inv_sqrt_factor`` and refit."""
+        K_SS = K_SA.T[self.rows.order_index]  # (m, m): a row gather of the transposed view
+        W, flags = cholesky_whitening_ex(K_SS)  # (m, m) L⁻¹, taken when the flags say so
+        fit, info = self.row_posterior.fit_unchecked(K_SA, W, pulled, n, sums)
+        host = torch.cat([flags, info.to(flags.dtype).reshape(1)]).tolist()
+        if host[3] == 0 and accepts_cholesky(host[:3], default_rtol(K_SS.shape[-1], K_SS.dtype)):
+            return self.row_posterior.take_fit(fit)
+        return self.row_posterior.refit(K_SA, whitening(K_SS, W, host[:3], name="K_S"), pulled, n, sums)
 
     def _exclusions_added(self) -> None:
         """Arms excluded by a direct write of :attr:`excluded`: the UCB bound the last update pruned with may have

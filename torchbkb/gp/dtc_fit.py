@@ -37,7 +37,7 @@ from collections.abc import Callable, Hashable
 import torch
 
 from torchbkb.gp.functional import (
-    DTCState, add_diagonal, chunked, fit_features, fit_kernel_rows, kernel_row_operator, observation_sums,
+    DTCState, KernelRowFit, add_diagonal, chunked, fit_features, fit_kernel_rows, kernel_row_operator, observation_sums,
     score_features, score_kernel_rows, scoring_operator,
 )
 from torchbkb.gp.linalg import spd_inverse
@@ -82,7 +82,11 @@ class DTCFit:
                          lam: float) -> DTCFit:
         """Fit observations given as feature columns ``Zt`` `(r, p)` with ``counts`` and ``reward_sums`` `(p,)` (no
         batch): a bandit's refit. The stacked operator (:meth:`stacked_operator`) comes with it."""
-        fit = fit_kernel_rows(W, Zt, counts, reward_sums, lam)
+        return cls.from_kernel_row_fit(W, fit_kernel_rows(W, Zt, counts, reward_sums, lam), lam)
+
+    @classmethod
+    def from_kernel_row_fit(cls, W: torch.Tensor, fit: KernelRowFit, lam: float) -> DTCFit:
+        """The fit of a :class:`~torchbkb.gp.functional.KernelRowFit` made with ``λ = lam``, its operator kept."""
         out = cls(W, fit.V_inv, fit.weights, fit.ZtZ, fit.Zty)
         out._derived["stacked"] = (lam, fit.operator)
         return out

@@ -35,26 +35,10 @@ from torchbkb.gp.linalg import compute_dtype, spd_inverse
 from torchbkb.gp.rank_one import RankOneDowndate, downdate, sherman_morrison
 
 __all__ = [
-    "RankOneDowndate",
-    "add_diagonal",
-    "downdate",
-    "chunked",
-    "feature_sums",
-    "fit_features",
-    "fit_kernel_row_operator",
-    "fit_kernel_row_operator_ex",
-    "fit_kernel_rows",
-    "KernelRowFit",
-    "DTCState",
-    "kernel_row_operator",
-    "observation_sums",
-    "ridge_solve",
-    "rls_kernel_columns",
-    "score_features",
-    "score_kernel_columns",
-    "score_kernel_rows",
-    "scoring_operator",
-    "sherman_morrison",
+    "RankOneDowndate", "add_diagonal", "downdate", "chunked", "feature_sums", "fit_features",
+    "fit_kernel_row_operator", "fit_kernel_row_operator_ex", "fit_kernel_rows_ex", "fit_kernel_rows", "KernelRowFit",
+    "DTCState", "kernel_row_operator", "observation_sums", "ridge_solve", "rls_kernel_columns", "score_features",
+    "score_kernel_columns", "score_kernel_rows", "scoring_operator", "sherman_morrison",
 ]
 
 
@@ -279,15 +263,21 @@ def fit_kernel_row_operator(
 def fit_kernel_row_operator_ex(
     W: torch.Tensor, Zt: torch.Tensor, counts: torch.Tensor, reward_sums: torch.Tensor, lam: float
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """:func:`fit_kernel_row_operator` with no host read (it compiles with ``fullgraph=True``): ``V``'s Cholesky
-    failure is returned, not handled -- ``(Ma, V_inv, info)``, ``info`` a 0-d int tensor, non-zero when ``V`` was not
-    factored and ``Ma``, ``V_inv`` are not to be used. Bit for bit :func:`fit_kernel_row_operator` when it is zero."""
+    """:func:`fit_kernel_rows_ex`'s ``(Ma, V_inv, info)`` (it compiles with ``fullgraph=True``)."""
+    fit, info = fit_kernel_rows_ex(W, Zt, counts, reward_sums, lam)
+    return fit.operator, fit.V_inv, info
+
+
+def fit_kernel_rows_ex(W: torch.Tensor, Zt: torch.Tensor, counts: torch.Tensor, reward_sums: torch.Tensor,
+                       lam: float) -> tuple[KernelRowFit, torch.Tensor]:
+    """:func:`fit_kernel_rows` with no host read: ``V``'s Cholesky failure is returned, not handled --
+    ``(fit, info)``, ``info`` a 0-d int tensor, non-zero when ``V`` was not factored and ``fit`` is not to be used.
+    Bit for bit :func:`fit_kernel_rows` when it is zero."""
     ZtZ, Zty = observation_sums(Zt, counts, reward_sums)
-    V = add_diagonal(ZtZ, lam).to(compute_dtype(ZtZ.dtype, ZtZ.shape[-1]))
-    L, info = torch.linalg.cholesky_ex(V)
+    L, info = torch.linalg.cholesky_ex(add_diagonal(ZtZ, lam).to(compute_dtype(ZtZ.dtype, ZtZ.shape[-1])))
     V_inv = torch.cholesky_inverse(L)
     weights = (V_inv @ Zty.to(V_inv.dtype).unsqueeze(-1)).squeeze(-1)
-    return kernel_row_operator(W, V_inv, weights, lam), V_inv, info
+    return KernelRowFit(kernel_row_operator(W, V_inv, weights, lam), V_inv, weights, ZtZ, Zty), info
 
 
 def score_kernel_rows(

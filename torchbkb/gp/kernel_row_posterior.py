@@ -36,7 +36,7 @@ import torch
 
 from torchbkb.errors import TorchBKBError
 from torchbkb.gp.dtc_fit import DTCFit
-from torchbkb.gp.functional import DTCState, rls_kernel_columns, score_kernel_columns
+from torchbkb.gp.functional import DTCState, fit_kernel_rows_ex, rls_kernel_columns, score_kernel_columns
 from torchbkb.utils.host_copy import HOST_DTYPES
 
 __all__ = ["KernelRowPosterior"]
@@ -101,10 +101,23 @@ class KernelRowPosterior:
         """Set ``W`` `(r, m)` and refit ``V⁻¹`` from the pulled arms `(p,)` (float64 ``counts`` and ``reward_sums``
         `(p,)`) with rows ``K_SA`` `(m, A)` (a tensor or streamed rows); returns ``[M; aᵀ]`` `(m + 1, m)` float64
         for :meth:`score`. The features formed from an older ``W`` are dropped."""
-        if W is not self.W:
+        return self.take_fit(DTCFit.from_kernel_rows(W, _pulled_features(W, K_SA, pulled), counts, reward_sums,
+                                                     self.lam))
+
+    def fit_unchecked(self, K_SA, W: torch.Tensor, pulled: torch.Tensor, counts: torch.Tensor,
+                      reward_sums: torch.Tensor) -> tuple[DTCFit, torch.Tensor]:
+        """:meth:`refit`'s fit with no host read and nothing set: ``(fit, info)``, ``info`` the 0-d Cholesky flag of
+        ``V`` (zero: :meth:`take_fit` it; else the fit is not to be used)."""
+        fit, info = fit_kernel_rows_ex(W, _pulled_features(W, K_SA, pulled), counts, reward_sums, self.lam)
+        return DTCFit.from_kernel_row_fit(W, fit, self.lam), info
+
+    def take_fit(self, fit: DTCFit) -> torch.Tensor:
+        """Make ``fit`` (fitted with this ``λ``) the state; returns its ``[M; aᵀ]`` `(m + 1, m)` for :meth:`score`.
+        The features formed from an older ``W`` are dropped."""
+        if fit.W is not self.W:
             self._Z = None
-        self.fit = DTCFit.from_kernel_rows(W, _pulled_features(W, K_SA, pulled), counts, reward_sums, self.lam)
-        return self.fit.stacked_operator(self.lam)
+        self.fit = fit
+        return fit.stacked_operator(self.lam)
 
     def score(self, K_SA, Ma: torch.Tensor, chunk: int, survivors: torch.Tensor | None = None,
               mean: torch.Tensor | None = None) -> None:

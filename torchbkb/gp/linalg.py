@@ -38,6 +38,9 @@ __all__ = [
     "spd_inverse",
     "psd_inv_sqrt",
     "inv_sqrt_factor",
+    "cholesky_whitening_ex",
+    "whitening",
+    "accepts_cholesky",
     "default_rtol",
     "keep_dtype_on_apply",
     "check_units",
@@ -181,18 +184,34 @@ def inv_sqrt_factor(K: torch.Tensor, rtol: float | None = None, *, name: str = "
         >>> tuple(inv_sqrt_factor(torch.ones(2, 2, dtype=torch.float64)).shape)   # rank one: eigh branch
         (1, 2)
     """
+    W, flags = cholesky_whitening_ex(K)
+    return whitening(K, W, flags.tolist(), rtol, name=name)  # one read of the device
+
+
+def cholesky_whitening_ex(K: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`inv_sqrt_factor`'s Cholesky branch with no host read: ``(L⁻¹, flags)`` for `(m, m)` ``K``, ``flags``
+    `(3,)` ``[info, min L_ii, max L_ii]`` for :func:`whitening` to read (with whatever else the caller reads)."""
     m = K.shape[-1]
-    if rtol is None:
-        rtol = default_rtol(m, K.dtype)
     dtype = compute_dtype(K.dtype, m)
     L, info = torch.linalg.cholesky_ex(K.to(dtype))  # reads the lower triangle only
     lo, hi = torch.aminmax(L.diagonal())  # pivots L_ii² > 0: compared through L_ii
-    failed, lo, hi = torch.stack((info.to(dtype), lo, hi)).tolist()  # one read of the device
-    if failed == 0:
-        if lo * lo > 100.0 * rtol * hi * hi:
-            eye = torch.eye(m, dtype=dtype, device=K.device)
-            return torch.linalg.solve_triangular(L, eye, upper=False)  # (m, m), L⁻¹
-    return psd_inv_sqrt(K, rtol, name=name)
+    eye = torch.eye(m, dtype=dtype, device=K.device)
+    return torch.linalg.solve_triangular(L, eye, upper=False), torch.stack((info.to(dtype), lo, hi))  # (m, m), L⁻¹
+
+
+def whitening(K: torch.Tensor, W: torch.Tensor, flags: list[float], rtol: float | None = None, *,
+              name: str = "K_S") -> torch.Tensor:
+    """:func:`inv_sqrt_factor` of ``K`` from :func:`cholesky_whitening_ex`'s ``W`` and its ``flags`` read on the
+    host: ``W`` when the factorization succeeded with every pivot well above rounding, else :func:`psd_inv_sqrt`."""
+    rtol = default_rtol(K.shape[-1], K.dtype) if rtol is None else rtol
+    return W if accepts_cholesky(flags, rtol) else psd_inv_sqrt(K, rtol, name=name)
+
+
+def accepts_cholesky(flags: list[float], rtol: float) -> bool:
+    """Whether :func:`cholesky_whitening_ex`'s ``flags`` (on the host) take its ``L⁻¹``: no failure, and the smallest
+    pivot ``L_ii²`` above ``100 · rtol`` times the largest."""
+    failed, lo, hi = flags
+    return failed == 0 and lo * lo > 100.0 * rtol * hi * hi
 
 
 def keep_dtype_on_apply(module, names: tuple[str, ...], fn, recurse: bool, super_apply):

@@ -1,0 +1,72 @@
+"""The arms a sketched bandit has pulled, and the kernel rows they bring: kept on the device and the host.
+
+Every update reads the pulled arms `(p,)` ascending (their counts and sums weigh the refit), and the host keeps them
+too (a set and a long tensor), so that an update finds a new pull without reading the device. A newly pulled arm's
+kernel row ``k(a, arms)`` is checked for NaN/inf before anything is built on it: on the CPU NumPy scans it as it
+arrives (no read); on a device its finiteness is read together with the update's own read (the dictionary drawn, or
+the fixed-capacity update's flags), and a non-finite row drops the row and its arm before the error is raised -- the
+state of a check on arrival.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from torchbkb.bandits.kernel_rows import on_host
+from torchbkb.utils.host_copy import to_device
+
+__all__ = ["PulledArms"]
+
+
+class PulledArms:
+    """The pulled arms of a :class:`~torchbkb.bandits.sketched.SketchedKernelBandit` (mixed into it): ``_pulled``
+    `(p,)` on the arms' device, ``_pulled_host`` on the CPU and ``_pulled_set``; ``None``, ``None`` and an empty set
+    until found from the counts."""
+
+    def _pulled_arms(self, told: list[int]) -> torch.Tensor:
+        """`(p,)` long, the arms pulled so far, ascending; updated on the host after a first pull (in ``told``)."""
+        if self._pulled is None:
+            self._pulled_host = (self.counts > 0).cpu().nonzero().squeeze(1)  # one read
+            self._pulled = to_device(self._pulled_host, self.arms.device)
+            self._pulled_set = set(self._pulled_host.tolist())
+        elif any(a not in self._pulled_set for a in told):
+            self._pulled_set.update(told)
+            self._set_pulled_host(torch.tensor(sorted(self._pulled_set), dtype=torch.long))
+        return self._pulled
+
+    def _set_pulled_host(self, host: torch.Tensor) -> None:
+        self._pulled_host, self._pulled = host, to_device(host, self.arms.device)
+
+    def _add_pulled(self, told: list[int]) -> tuple[list[int], torch.Tensor] | None:
+        """Cache the kernel rows of the arms in ``told`` pulled the first time: checked now where NumPy scans them
+        (``None``), else ``(new arms, finite)`` for :meth:`_read_with_rows` (``None`` when no row was added)."""
+        return self.rows.add_pulled(told, check=on_host(self.arms))
+
+    def _read_with_rows(self, flags: torch.Tensor, added: tuple[list[int], torch.Tensor] | None) -> list:
+        """``flags`` `(k,)` as a host list, read together with the finiteness of the rows ``added``
+        (:meth:`_add_pulled`): one read. Non-finite rows raise (:meth:`_reject_rows`)."""
+        if added is None:
+            return flags.tolist()
+        host = torch.cat([flags, added[1].to(flags.dtype).reshape(1)]).tolist()
+        if not host.pop():
+            self._reject_rows(added[0])
+        return host
+
+    def _read_mask_with_rows(self, mask: torch.Tensor, added: tuple[list[int], torch.Tensor] | None) -> torch.Tensor:
+        """:meth:`_read_with_rows` for a bool ``mask`` `(k,)`, returned as a CPU tensor."""
+        if added is None:
+            return mask.cpu()
+        both = torch.cat([mask, added[1].reshape(1)]).cpu()
+        if not both.numpy()[-1]:
+            self._reject_rows(added[0])
+        return both[:-1]
+
+    def _reject_rows(self, arms: list[int]) -> None:
+        """Raise the :class:`~torchbkb.errors.NumericsError` of the non-finite kernel rows of the newly pulled
+        ``arms``, after dropping the rows and the arms from the pulled set: what a check on arrival leaves (the
+        arms' counts stay; their rows were never taken)."""
+        if self._pulled is not None and any(a in self._pulled_set for a in arms):
+            self._pulled_set.difference_update(arms)
+            self._set_pulled_host(torch.tensor(sorted(self._pulled_set), dtype=torch.long))
+            self._fixed_pulled = None  # the fixed-capacity engine's padded copy of the old set
+        self.rows.reject_pulled(arms)
