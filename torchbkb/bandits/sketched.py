@@ -44,7 +44,7 @@ from torchbkb.bandits.deferred_update import SettlingReadouts
 from torchbkb.bandits.fixed_capacity import FixedCapacityEngine, FixedCapacityUpdates
 from torchbkb.bandits.sketched_checkpoint import SketchedCheckpoint
 from torchbkb.bandits.kernel_row_cache import ROW_CACHE_BYTES, KernelRowCache
-from torchbkb.bandits.kernel_rows import FeatureRows
+from torchbkb.bandits.kernel_rows import FeatureRows, on_host
 from torchbkb.bandits.pruning import PruningSchedule, ucb_survivors
 from torchbkb.bandits.pulled_arms import PulledArms
 from torchbkb.gp.dtc_posterior import DTCPosterior
@@ -55,7 +55,7 @@ from torchbkb.gp.nystrom import DEFAULT_CHUNK, NystromEmbedding
 from torchbkb.gp.scoring_chunk import check_chunk_size, scoring_chunk
 from torchbkb.sampling.rls_dictionary import DEFAULT_INCLUSION, RLSDictionary, check_inclusion
 from torchbkb.gp.stable_scoring import AccuracyMonitor
-from torchbkb.gp.linalg import accepts_cholesky, cholesky_whitening_ex, default_rtol, whitening
+from torchbkb.gp.linalg import accepts_cholesky, cholesky_whitening_ex, default_rtol, inv_sqrt_factor, whitening
 from torchbkb.utils.host_copy import to_device
 
 __all__ = ["SketchedKernelBandit"]
@@ -335,6 +335,8 @@ class SketchedKernelBandit(SettlingReadouts, FixedCapacityUpdates, SketchedCheck
         """A new dictionary's ``W`` (one `m × m` factorization of ``K_S``) and the refit on it, their Cholesky flags
         read together (one read of the device); either flag off: the checked ``inv_sqrt_factor`` and refit."""
         K_SS = K_SA.T[self.rows.order_index]  # (m, m): a row gather of the transposed view
+        if on_host(self.arms):  # reads cost the CPU nothing: the checked steps, the fewest operations
+            return self.row_posterior.refit(K_SA, inv_sqrt_factor(K_SS, name="K_S"), pulled, n, sums)
         W, flags = cholesky_whitening_ex(K_SS)  # (m, m) L⁻¹, taken when the flags say so
         fit, info = self.row_posterior.fit_unchecked(K_SA, W, pulled, n, sums)
         host = torch.cat([flags, info.to(flags.dtype).reshape(1)]).tolist()
