@@ -24,6 +24,7 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import contextmanager
 
 import numpy as np
 import torch
@@ -85,6 +86,9 @@ class FeatureRows:
 class StreamedKernelRows:
     """The `(m, A)` kernel rows ``k(S, arms)`` computed on demand, ``chunk_size`` arms at a time.
 
+    Every chunk computed is checked for NaN/inf before it is returned (:func:`finite_rows`); within
+    :meth:`checked_once` the checks where torch scans (a GPU) are read together at its end instead of one read a chunk.
+
     Args:
         kernel: callable ``(X1, X2) -> Tensor`` (a :class:`~torchbkb.gp.kernels.KernelAdapter`).
         S: `(m, d)` the dictionary points (rows in the bandit's slot order).
@@ -94,10 +98,11 @@ class StreamedKernelRows:
     """
 
     def __init__(self, kernel: Callable, S: torch.Tensor, arms: torch.Tensor, columns: torch.Tensor | None = None,
-                 chunk_size: int = 4096):
+                 chunk_size: int = 4096, *, checks: _Checks | None = None):
         self._kernel, self._S, self._arms, self._columns, self._chunk = kernel, S, arms, columns, int(chunk_size)
         self.shape = torch.Size((S.shape[0], arms.shape[0] if columns is None else columns.numel()))
         self.dtype, self.device = arms.dtype, arms.device
+        self._checks = _Checks() if checks is None else checks  # shared with the rows derived from these
 
     def _arm_rows(self, key) -> torch.Tensor:
         return self._arms[key] if self._columns is None else self._arms[self._columns[key]]
@@ -113,8 +118,9 @@ class StreamedKernelRows:
         cols = key[1]
         if isinstance(cols, slice):  # a chunk: computed now
             X = self._arm_rows(cols)
-            return finite_rows(self._kernel(self._S, X).T, None).T  # (m, c)
-        return StreamedKernelRows(self._kernel, self._S, self._arms, self._resolve(cols), self._chunk)
+            return self._finite(self._kernel(self._S, X).T, lambda: self._kernel(self._S, X).T).T  # (m, c)
+        return StreamedKernelRows(self._kernel, self._S, self._arms, self._resolve(cols), self._chunk,
+                                  checks=self._checks)
 
     def index_select(self, dim: int, index: torch.Tensor) -> StreamedKernelRows:
         """The columns ``index`` (``dim`` must be 1), still lazy."""
@@ -128,21 +134,47 @@ class StreamedKernelRows:
         return _RowsOfArms(self)
 
     def __rmatmul__(self, a: torch.Tensor) -> torch.Tensor:
-        """``a @ K`` `(..., A)`, chunk by chunk; every chunk's finiteness is read once, after the last (a GPU waits
-        once a pass, not once a chunk), and a non-finite one raises before the product is returned."""
+        """``a @ K`` `(..., A)`, chunk by chunk, their finiteness read once (:meth:`checked_once`)."""
         n, c = self.shape[1], self._chunk
-        parts, flags = [], []
-        for i in range(0, max(n, 1), c):
-            K = self._kernel(self._S, self._arm_rows(slice(i, i + c)))  # (m, c)
-            if on_host(K):
-                finite_rows(K.T, None)
-            else:
-                flags.append(torch.isfinite(K).all())
-            parts.append(a @ K)
-        if flags and not bool(torch.stack(flags).all()):
-            for i in range(0, max(n, 1), c):  # find the chunk and raise its error
-                finite_rows(self._kernel(self._S, self._arm_rows(slice(i, i + c))).T, None)
-        return torch.cat(parts, dim=-1)
+        with self.checked_once():
+            return torch.cat([a @ self[:, i : i + c] for i in range(0, max(n, 1), c)], dim=-1)
+
+    @contextmanager
+    def checked_once(self):
+        """Within it, the finiteness of every chunk these rows and the rows derived from them compute where torch
+        scans it is collected and read once, at its end: a non-finite chunk raises :func:`finite_rows`'s error
+        there, before the caller's next statement (keep what the chunks computed unused until then). Nested: the
+        outermost reads."""
+        checks = self._checks
+        if checks.pending is not None:
+            yield
+            return
+        checks.pending = []
+        try:
+            yield
+            pending = checks.pending
+        finally:
+            checks.pending = None
+        if pending and not bool(torch.stack([flag for flag, _ in pending]).all()):  # the one read
+            for flag, again in pending:
+                if not bool(flag):
+                    finite_rows(again(), None)
+
+    def _finite(self, rows: torch.Tensor, again: Callable[[], torch.Tensor]) -> torch.Tensor:
+        """``rows`` `(e, m)` checked now, or, within :meth:`checked_once` where torch scans them, their flag kept
+        (``again()`` computes them anew to name the bad ones)."""
+        if self._checks.pending is None or on_host(rows):
+            return finite_rows(rows, None)
+        self._checks.pending.append((torch.isfinite(rows).all(), again))
+        return rows
+
+
+class _Checks:
+    """The finiteness flags of the chunks computed within a :meth:`StreamedKernelRows.checked_once` (``None``
+    outside one)."""
+
+    def __init__(self):
+        self.pending: list | None = None
 
 
 class _RowsOfArms:
@@ -152,7 +184,7 @@ class _RowsOfArms:
     def __getitem__(self, key) -> torch.Tensor:
         r = self._rows
         X = r._arm_rows(key)
-        return finite_rows(r._kernel(X, r._S), None)  # (k, m)
+        return r._finite(r._kernel(X, r._S), lambda: r._kernel(X, r._S))  # (k, m)
 
 
 def on_host(rows: torch.Tensor) -> bool:

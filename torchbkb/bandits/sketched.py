@@ -50,7 +50,7 @@ from torchbkb.bandits.pulled_arms import PulledArms
 from torchbkb.gp.dtc_posterior import DTCPosterior
 from torchbkb.errors import TorchBKBError, check_int, check_positive
 from torchbkb.gp.functional import rls_kernel_columns
-from torchbkb.gp.kernel_row_posterior import KernelRowPosterior
+from torchbkb.gp.kernel_row_posterior import KernelRowPosterior, checked_once
 from torchbkb.gp.nystrom import DEFAULT_CHUNK, NystromEmbedding
 from torchbkb.gp.scoring_chunk import check_chunk_size, scoring_chunk
 from torchbkb.sampling.rls_dictionary import DEFAULT_INCLUSION, RLSDictionary, check_inclusion
@@ -332,13 +332,16 @@ class SketchedKernelBandit(SettlingReadouts, FixedCapacityUpdates, SketchedCheck
         self._deff, self._deff_inputs = None, (pulled, n, self.row_posterior.rls)  # read by the widths that need it
 
     def _refactor(self, K_SA, pulled: torch.Tensor, n: torch.Tensor, sums: torch.Tensor) -> torch.Tensor:
-        """A new dictionary's ``W`` (one `m × m` factorization of ``K_S``) and the refit on it, their Cholesky flags
-        read together (one read of the device); either flag off: the checked ``inv_sqrt_factor`` and refit."""
-        K_SS = K_SA.T[self.rows.order_index]  # (m, m): a row gather of the transposed view
-        if on_host(self.arms):  # reads cost the CPU nothing: the checked steps, the fewest operations
-            return self.row_posterior.refit(K_SA, inv_sqrt_factor(K_SS, name="K_S"), pulled, n, sums)
-        W, flags = cholesky_whitening_ex(K_SS)  # (m, m) L⁻¹, taken when the flags say so
-        fit, info = self.row_posterior.fit_unchecked(K_SA, W, pulled, n, sums)
+        """A new dictionary's ``W`` (one `m × m` factorization of ``K_S``) and the refit on it. On a device both
+        Cholesky flags are read at once (streamed rows' finiteness one more read); either one off runs the checked
+        ``inv_sqrt_factor`` and refit, which the CPU runs outright (fewer operations; its reads are free)."""
+        S = self.rows.order_index  # K_S: a row gather of the rows' transposed view
+        if on_host(self.arms):
+            return self.row_posterior.refit(K_SA, inv_sqrt_factor(K_SA.T[S], name="K_S"), pulled, n, sums)
+        with checked_once(K_SA):
+            K_SS = K_SA.T[S]  # (m, m)
+            W, flags = cholesky_whitening_ex(K_SS)  # (m, m) L⁻¹, taken when the flags say so
+            fit, info = self.row_posterior.fit_unchecked(K_SA, W, pulled, n, sums)
         host = torch.cat([flags, info.to(flags.dtype).reshape(1)]).tolist()
         if host[3] == 0 and accepts_cholesky(host[:3], default_rtol(K_SS.shape[-1], K_SS.dtype)):
             return self.row_posterior.take_fit(fit)

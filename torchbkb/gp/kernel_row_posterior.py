@@ -32,6 +32,8 @@ Example:
 
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 import torch
 
 from torchbkb.errors import TorchBKBError
@@ -39,7 +41,7 @@ from torchbkb.gp.dtc_fit import DTCFit
 from torchbkb.gp.functional import DTCState, fit_kernel_rows_ex, rls_kernel_columns, score_kernel_columns
 from torchbkb.utils.host_copy import HOST_DTYPES
 
-__all__ = ["KernelRowPosterior"]
+__all__ = ["KernelRowPosterior", "checked_once"]
 
 
 class KernelRowPosterior:
@@ -126,14 +128,15 @@ class KernelRowPosterior:
         those arms only."""
         M = Ma[:-1]
         K_scored = None
-        if survivors is not None:
-            rls = self.prior_rls.clone()  # σ̃² <= k/λ for the arms not scored
-            K_scored = _columns(K_SA, survivors)  # (m, k): kept for the scored arms' features
-            rls[survivors] = rls_kernel_columns(K_scored, self.kdiag[survivors], M, self.lam, chunk)
-        elif mean is not None:
-            rls = rls_kernel_columns(K_SA, self.kdiag, M, self.lam, chunk)
-        else:
-            mean, rls = score_kernel_columns(K_SA, self.kdiag, Ma, self.lam, chunk)
+        with checked_once(K_SA):
+            if survivors is not None:
+                rls = self.prior_rls.clone()  # σ̃² <= k/λ for the arms not scored
+                K_scored = _columns(K_SA, survivors)  # (m, k): kept for the scored arms' features
+                rls[survivors] = rls_kernel_columns(K_scored, self.kdiag[survivors], M, self.lam, chunk)
+            elif mean is not None:
+                rls = rls_kernel_columns(K_SA, self.kdiag, M, self.lam, chunk)
+            else:
+                mean, rls = score_kernel_columns(K_SA, self.kdiag, Ma, self.lam, chunk)
         self.mean, self.rls, self.scored, self._K_scored = mean, rls, survivors, K_scored
         self.M, self._rls_full = M, None
         self.arms_scored = self.kdiag.numel() if survivors is None else int(survivors.numel())
@@ -172,7 +175,8 @@ class KernelRowPosterior:
                 rest[self.scored] = False
                 rest = rest.nonzero().squeeze(1)  # (A - k,)
                 rls = self.rls.clone()
-                rls[rest] = rls_kernel_columns(K_SA[:, rest], self.kdiag[rest], self.M, self.lam, chunk)
+                with checked_once(K_SA):
+                    rls[rest] = rls_kernel_columns(K_SA[:, rest], self.kdiag[rest], self.M, self.lam, chunk)
                 self._rls_full = rls
         return self.mean, self._rls_full
 
@@ -190,6 +194,12 @@ class KernelRowPosterior:
         if not isinstance(self._K_scored, torch.Tensor):
             return streamed_rows_of(self._K_scored, self.W)
         return self._K_scored.T @ self.W.T.to(self._K_scored.dtype)  # (k, m)·(m, r)
+
+
+def checked_once(K):
+    """``K.checked_once()`` for rows computed on demand that read their chunks' finiteness once
+    (:class:`~torchbkb.bandits.kernel_rows.StreamedKernelRows`); nothing for a tensor."""
+    return K.checked_once() if hasattr(K, "checked_once") else nullcontext()
 
 
 def _columns(K, idx: torch.Tensor):
