@@ -1,5 +1,5 @@
 #!/bin/bash
-# The measurements of one lent GPU run (docs/gpu.md), from the repository root: each piece time-guarded (about 1115 s
+# The measurements of one lent GPU run (docs/gpu.md), from the repository root: each piece time-guarded (about 1175 s
 # if each ran to its limit; run it with timeout_s ~590), in the order of what matters most, its results tarred into
 # $OUT after each piece so that a run stopped at its limit still returns them. `_fixed` cases run the GPU's defaults
 # (the fixed-capacity update, BBKB's device loop with its picks replayed from CUDA graphs and its batch-end update
@@ -23,6 +23,10 @@ tail -4 $R/pytest.txt; grep FAILED $R/pytest.txt | head; finish
 # measures the fixed-capacity update there as well
 timeout 60 $L --cases bkb_large_fixed --fixed-rows-max 1e12 --arms 1000000 --steps 10 --timed-steps 30 \
   --out $R/lfx 2>&1 | tee $R/lfx.log | tail -3
+finish
+# the dictionary's rows streamed at 10⁶ arms (every update recomputes them; their finiteness read once a pass)
+timeout 60 $L --cases bkb_large_eager --kernel-cache-bytes 0 --arms 1000000 --steps 10 --timed-steps 30 \
+  --out $R/lst 2>&1 | tee $R/lst.log | tail -3
 finish
 # where the host's time goes in the eager step at 10⁶ arms and the anchor's fixed update (phase timers, CUDA events)
 timeout 60 python -m benchmarks.step_phases --device cuda --cases bkb_large_eager bkb_anchor_fixed --arms 1000000 \

@@ -71,13 +71,14 @@ RUN_BUDGET = {"bbkb_anchor": 1000}  # cases counted over a whole run of this man
 
 
 def bandit(case: str, device, dtype, arms_large: int, chunk_size: int | None = None, compiled: bool = False,
-           update_graphs: bool = True, compiled_picks: bool = False):
+           update_graphs: bool = True, compiled_picks: bool = False, kernel_cache_bytes: int | None = None):
     """The case's bandit; a ``_fixed`` case runs as on a GPU (the fixed-capacity update, BBKB's device loop), an
     ``_eager`` one as on the CPU (the eager update, the lazy loop), whatever the device; ``compiled`` compiles the
     fixed-capacity update and BBKB's replayed picks, ``compiled_picks`` the picks alone; without ``update_graphs``
-    the update is never replayed from a CUDA graph."""
+    the update is never replayed from a CUDA graph; ``kernel_cache_bytes``: the ``bkb_large`` bandit's (its
+    dictionary's rows streamed past it)."""
     base = case.removesuffix("_fixed").removesuffix("_eager")
-    b, values, noise_std = plain_bandit(base, device, dtype, arms_large, chunk_size)
+    b, values, noise_std = plain_bandit(base, device, dtype, arms_large, chunk_size, kernel_cache_bytes)
     if base != case:
         b.fixed_capacity = case.endswith("_fixed")
         if hasattr(b, "device_loop"):
@@ -94,7 +95,8 @@ def bandit(case: str, device, dtype, arms_large: int, chunk_size: int | None = N
     return b, values, noise_std
 
 
-def plain_bandit(case: str, device, dtype, arms_large: int, chunk_size: int | None = None):
+def plain_bandit(case: str, device, dtype, arms_large: int, chunk_size: int | None = None,
+                 kernel_cache_bytes: int | None = None):
     from torchbkb import BBKB, BKB
     from torchbkb.datasets import ANCHOR_SETTINGS, anchor_problem
     from torchbkb.gp.kernels import GaussianKernel
@@ -110,7 +112,7 @@ def plain_bandit(case: str, device, dtype, arms_large: int, chunk_size: int | No
         arms = torch.rand(arms_large, 8, generator=g, dtype=torch.float64).to(device=device, dtype=dtype)
         values = torch.sin(6 * arms).sum(-1)
         return BKB(arms, GaussianKernel(0.5), noise=0.01, beta=0.5, seed=0, prune=case == "bkb_large",
-                   chunk_size=chunk_size), values, 0.1
+                   chunk_size=chunk_size, kernel_cache_bytes=kernel_cache_bytes), values, 0.1
     arms, values, noise_std, _ = anchor_problem(dtype=dtype, device=device)
     kernel = GaussianKernel(ANCHOR_SETTINGS["lengthscale"])
     if case == "bkb_anchor":
@@ -124,7 +126,8 @@ def stepper(case: str, args, device, dtype, budget: int | None = None):
     """A fresh bandit of the case and its ``step()`` (one ``ask`` and ``tell``, returning the picks told): with a
     ``budget``, the picks past that many evaluations are not told, as ``torchbkb.run`` does."""
     b, values, noise_std = bandit(case, device, dtype, args.arms, args.chunk_size, args.compiled,
-                                  not args.no_update_graphs, args.compiled_picks)
+                                  not args.no_update_graphs, args.compiled_picks,
+                                  getattr(args, "kernel_cache_bytes", None))
     g = torch.Generator(device=values.device).manual_seed(1)
     on_host = values.detach().cpu() if args.host_rewards else None  # a black box on the host: no device read
     g_host = torch.Generator().manual_seed(1)
@@ -174,6 +177,7 @@ def row(case: str, b, device, step_s: float, floor_s: float, ops: float, kernels
             "kernels_per_pick_update_replayed": replayed, "syncs_per_pick": syncs,
             "sync_kind": "measured (set_sync_debug_mode)" if device.type == "cuda" else "forecast (data-dependent ops)",
             "picks_per_step": picks, "sync_sites": dict(sites.most_common(20)), "dictionary_size": b.dictionary_size,
+            "streams_kernel_rows": b.streams_kernel_rows,
             "update_graphs_built": None if b.engine.graphs is None else b.engine.graphs.built,
             "top_ops_last_step": dict(last.most_common(12))}
 
@@ -324,6 +328,9 @@ def main(argv=None):
                         "box's: the device is read only by the bandit (default: on the device, read by tell)")
     p.add_argument("--chunk-size", type=int, default=None,
                    help="arms scored at once (default: the library's, sized for the device)")
+    p.add_argument("--kernel-cache-bytes", type=int, default=None,
+                   help="the bkb_large bandit's kernel_cache_bytes: past it its dictionary's rows are streamed "
+                        "(0: always; default: the library's)")
     args = p.parse_args(argv)
     device, dtype = setup(args, default_threads=1)
     if args.fixed_rows_max is not None:
@@ -340,7 +347,8 @@ def main(argv=None):
     print_table(rows,
                 ["case", "device", "num_arms", "whole_run", "ops_per_pick", "kernels_per_pick",
                  "kernels_per_pick_update_replayed", "syncs_per_pick", "sync_kind",
-                 "picks_per_step", "dictionary_size", "update_graphs_built", "step_ms", "floor_ms", "step_over_floor"],
+                 "picks_per_step", "dictionary_size", "streams_kernel_rows", "update_graphs_built", "step_ms",
+                 "floor_ms", "step_over_floor"],
                 f"launches ({torch.get_num_threads()} threads)")
     print(write_json(args.out, "launches", {"settings": vars(args), "rows": rows}))
     fig, axes = new_figure(ncols=2, width=4.2)
