@@ -289,7 +289,8 @@ class SketchedKernelBandit(SettlingReadouts, FixedCapacityUpdates, SketchedCheck
         if self._fixed_applies():
             return self._update_fixed(pulled, n, self.last_told[0][:1] if first else None, added)
         if first:
-            self._read_mask_with_rows(torch.zeros(0, dtype=torch.bool, device=self.arms.device), added)
+            if added is not None:  # the first row's finiteness, read alone
+                self._read_mask_with_rows(torch.zeros(0, dtype=torch.bool, device=self.arms.device), added)
             new_dict, host = self.last_told[0][:1], None  # S_1 = {x_1}
         else:
             keep = self.sampler.resample(self.row_posterior.rls[pulled].to(torch.float64), n, validate=False)
@@ -315,17 +316,15 @@ class SketchedKernelBandit(SettlingReadouts, FixedCapacityUpdates, SketchedCheck
                 self._clear_posterior()
             else:
                 changed = not self.row_posterior.fitted or not self._same_dictionary(new_dict, host)
-                K_SA, sums = None, self.reward_sums[pulled]
                 if changed:
                     self.rows.set_dictionary(new_dict, order, blocks, ids=None if host is None else host.tolist())
-                    K_SA = self.rows.rows()  # (m, A), cached or streamed
+                K_SA, sums = self.rows.rows(), self.reward_sums[pulled]  # (m, A), cached or streamed
+                if changed:
                     Ma = self._refactor(K_SA, pulled, n, sums)
                     self.embeddings_computed += 1
-                else:
-                    K_SA = self.rows.rows()
-                    Ma = self.row_posterior.refit(K_SA, self.row_posterior.W, pulled, n, sums)
-                if changed:
                     self._check_accuracy(K_SA, Ma[:-1].to(K_SA.dtype), pulled, n, self.row_posterior.W)
+                else:
+                    Ma = self.row_posterior.refit(K_SA, self.row_posterior.W, pulled, n, sums)
                 self._score(K_SA, Ma.to(K_SA.dtype), pulled)
                 self._posterior = None
         self.dictionary, self._dictionary_host = new_dict, (new_dict, host)
