@@ -41,7 +41,7 @@ from torchbkb.errors import InputDataError, TorchBKBError, check_finite, check_g
 from torchbkb.bandits.confidence import check_beta
 from torchbkb.gp.kernels import KernelAdapter, as_kernel
 from torchbkb.gp.linalg import check_units
-from torchbkb.utils.host_copy import to_device
+from torchbkb.utils.host_copy import to_device, to_dtype
 
 __all__ = ["Bandit", "KernelBandit", "check_beta"]
 
@@ -127,7 +127,7 @@ class Bandit(BanditCheckpoint):
             ids, self._selected_ids = self._selected_ids, None
             self._pending = idx.tolist() if ids is None else list(ids)  # the step's one read of the device
             self.batch_id += 1
-            out = idx.to(device=self.arms.device, dtype=torch.long)
+            out = to_device(to_dtype(idx, torch.long), self.arms.device)
             out = out.clone() if out is idx else out  # the caller's own tensor, as `pending` gives
             self._asked = (out, out._version, list(self._pending))
             return out

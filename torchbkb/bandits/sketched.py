@@ -56,7 +56,7 @@ from torchbkb.gp.scoring_chunk import check_chunk_size, scoring_chunk
 from torchbkb.sampling.rls_dictionary import DEFAULT_INCLUSION, RLSDictionary, check_inclusion
 from torchbkb.gp.stable_scoring import AccuracyMonitor
 from torchbkb.gp.linalg import accepts_cholesky, cholesky_whitening_ex, default_rtol, inv_sqrt_factor, whitening
-from torchbkb.utils.host_copy import to_device
+from torchbkb.utils.host_copy import to_device, to_dtype
 
 __all__ = ["SketchedKernelBandit"]
 
@@ -293,7 +293,7 @@ class SketchedKernelBandit(SettlingReadouts, FixedCapacityUpdates, SketchedCheck
                 self._read_mask_with_rows(torch.zeros(0, dtype=torch.bool, device=self.arms.device), added)
             new_dict, host = self.last_told[0][:1], None  # S_1 = {x_1}
         else:
-            keep = self.sampler.resample(self.row_posterior.rls[pulled].to(torch.float64), n, validate=False)
+            keep = self.sampler.resample(to_dtype(self.row_posterior.rls[pulled], torch.float64), n, validate=False)
             host = self._pulled_host[self._read_mask_with_rows(keep, added)]  # ascending, like pulled
             new_dict = to_device(host, self.arms.device)  # (the same tensor on the CPU)
         self._rebuild(new_dict, pulled=pulled, counts=n, host=host)
@@ -322,10 +322,10 @@ class SketchedKernelBandit(SettlingReadouts, FixedCapacityUpdates, SketchedCheck
                 if changed:
                     Ma = self._refactor(K_SA, pulled, n, sums)
                     self.embeddings_computed += 1
-                    self._check_accuracy(K_SA, Ma[:-1].to(K_SA.dtype), pulled, n, self.row_posterior.W)
+                    self._check_accuracy(K_SA, to_dtype(Ma[:-1], K_SA.dtype), pulled, n, self.row_posterior.W)
                 else:
                     Ma = self.row_posterior.refit(K_SA, self.row_posterior.W, pulled, n, sums)
-                self._score(K_SA, Ma.to(K_SA.dtype), pulled)
+                self._score(K_SA, to_dtype(Ma, K_SA.dtype), pulled)
                 self._posterior = None
         self.dictionary, self._dictionary_host = new_dict, (new_dict, host)
         self._deff, self._deff_inputs = None, (pulled, n, self.row_posterior.rls)  # read by the widths that need it

@@ -33,6 +33,7 @@ import torch
 
 from torchbkb.gp.linalg import compute_dtype, spd_inverse
 from torchbkb.gp.rank_one import RankOneDowndate, downdate, sherman_morrison
+from torchbkb.utils.host_copy import to_dtype
 
 __all__ = [
     "RankOneDowndate", "add_diagonal", "downdate", "chunked", "feature_sums", "fit_features",
@@ -132,7 +133,7 @@ def ridge_solve(ZtZ: torch.Tensor, Zty: torch.Tensor, lam: float) -> tuple[torch
         ``(V_inv, weights)``, `(*b, r, r)` and `(*b, r)`, in the compute dtype of ``ZtZ``.
     """
     V_inv = spd_inverse(add_diagonal(ZtZ, lam), name="V")
-    return V_inv, (V_inv @ Zty.to(V_inv.dtype).unsqueeze(-1)).squeeze(-1)
+    return V_inv, (V_inv @ to_dtype(Zty, V_inv.dtype).unsqueeze(-1)).squeeze(-1)
 
 
 def scoring_operator(W: torch.Tensor, V_inv: torch.Tensor, weights: torch.Tensor, lam: float) -> tuple[torch.Tensor,
@@ -213,7 +214,7 @@ class KernelRowFit(NamedTuple):
 def observation_sums(Zt: torch.Tensor, counts: torch.Tensor, reward_sums: torch.Tensor) -> tuple:
     """``(ZᵀNZ, ZᵀNy)``, `(r, r)` and `(r,)` in ``Zt``'s dtype, of observations given as feature columns ``Zt``
     `(r, p)` with ``counts`` ``N`` and ``reward_sums`` ``N y`` `(p,)`."""
-    return (Zt * counts.to(Zt.dtype)) @ Zt.T, Zt @ reward_sums.to(Zt.dtype)
+    return (Zt * to_dtype(counts, Zt.dtype)) @ Zt.T, Zt @ to_dtype(reward_sums, Zt.dtype)
 
 
 def fit_kernel_rows(W: torch.Tensor, Zt: torch.Tensor, counts: torch.Tensor, reward_sums: torch.Tensor,
@@ -276,7 +277,7 @@ def fit_kernel_rows_ex(W: torch.Tensor, Zt: torch.Tensor, counts: torch.Tensor, 
     ZtZ, Zty = observation_sums(Zt, counts, reward_sums)
     L, info = torch.linalg.cholesky_ex(add_diagonal(ZtZ, lam).to(compute_dtype(ZtZ.dtype, ZtZ.shape[-1])))
     V_inv = torch.cholesky_inverse(L)
-    weights = (V_inv @ Zty.to(V_inv.dtype).unsqueeze(-1)).squeeze(-1)
+    weights = (V_inv @ to_dtype(Zty, V_inv.dtype).unsqueeze(-1)).squeeze(-1)
     return KernelRowFit(kernel_row_operator(W, V_inv, weights, lam), V_inv, weights, ZtZ, Zty), info
 
 

@@ -39,7 +39,7 @@ import torch
 from torchbkb.errors import TorchBKBError
 from torchbkb.gp.dtc_fit import DTCFit
 from torchbkb.gp.functional import DTCState, fit_kernel_rows_ex, rls_kernel_columns, score_kernel_columns
-from torchbkb.utils.host_copy import HOST_DTYPES
+from torchbkb.utils.host_copy import HOST_DTYPES, to_dtype
 
 __all__ = ["KernelRowPosterior", "checked_once"]
 
@@ -214,4 +214,4 @@ def _columns(K, idx: torch.Tensor):
 def _pulled_features(W: torch.Tensor, K_SA, pulled: torch.Tensor) -> torch.Tensor:
     """`(r, p)` the features ``W k_S(a)`` of the pulled arms `(p,)`, from the rows ``K_SA`` `(m, A)` (a tensor or
     streamed rows), in ``W``'s dtype."""
-    return W @ K_SA.T[pulled].to(W.dtype).T
+    return W @ to_dtype(K_SA.T[pulled], W.dtype).T

@@ -32,7 +32,7 @@ import torch
 from torch import nn
 
 from torchbkb.errors import InputDataError, check_finite, check_generator, check_positive
-from torchbkb.utils.host_copy import to_device
+from torchbkb.utils.host_copy import to_device, to_dtype
 
 __all__ = ["RLSDictionary", "INCLUSION_RULES", "DEFAULT_INCLUSION", "check_inclusion", "inclusion_probability"]
 
@@ -56,11 +56,11 @@ def inclusion_probability(rls: torch.Tensor, counts: torch.Tensor | None, q_bar:
     (``"per_pull"``); with ``counts=None``, ``min(1, q̄·σ̃²)``. ``q_bar`` is a 0-d tensor; no checks, no host
     read."""
     if counts is not None and inclusion == "count_scaled":
-        return (q_bar.to(rls.dtype) * counts.to(rls.dtype) * rls).clamp(0.0, 1.0)
-    p = (q_bar.to(rls.dtype) * rls).clamp(0.0, 1.0)
+        return (to_dtype(q_bar, rls.dtype) * to_dtype(counts, rls.dtype) * rls).clamp(0.0, 1.0)
+    p = (to_dtype(q_bar, rls.dtype) * rls).clamp(0.0, 1.0)
     if counts is None:
         return p
-    return 1.0 - torch.pow(1.0 - p, counts.to(rls.dtype))
+    return 1.0 - torch.pow(1.0 - p, to_dtype(counts, rls.dtype))
 
 
 class RLSDictionary(nn.Module):
@@ -117,7 +117,7 @@ class RLSDictionary(nn.Module):
             `(n,)` bool mask of the candidates kept.
         """
         p = self.inclusion_probability(rls, counts, validate=validate)
-        return to_device(self.draw(p.numel()), p.device) < p.to(torch.float64)  # queued: no host wait on a GPU
+        return to_device(self.draw(p.numel()), p.device) < to_dtype(p, torch.float64)  # queued: no host wait on a GPU
 
     def draw(self, n: int) -> torch.Tensor:
         """`(n,)` float64 uniforms on the generator's device: the draws :meth:`resample` compares with the
