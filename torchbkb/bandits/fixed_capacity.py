@@ -313,7 +313,7 @@ class FixedCapacityUpdates:
         """Resample (or take ``forced`` `(k,)`: the first update, a checkpoint), refit, rescore; ``added``: new rows
         (``_add_pulled``) whose finiteness is read with the update's flags."""
         launched = self._launch_fixed(pulled, n, forced)
-        self._complete_fixed(launched, self._read_with_rows(launched.out.flags, added))  # the one host read
+        self._complete_fixed(launched, self._read_with_rows(launched.out.flags, added).tolist())  # the one read
 
     def _launch_fixed(self, pulled: torch.Tensor, n: torch.Tensor, forced: torch.Tensor | None) -> LaunchedUpdate:
         """:meth:`_update_fixed` up to its host read: the update queued on the device, nothing adopted."""

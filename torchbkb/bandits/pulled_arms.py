@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from torchbkb.bandits.kernel_rows import on_host
-from torchbkb.utils.host_copy import to_device
+from torchbkb.utils.host_copy import to_device, to_dtype
 
 __all__ = ["PulledArms"]
 
@@ -26,8 +26,7 @@ class PulledArms:
     def _pulled_arms(self, told: list[int]) -> torch.Tensor:
         """`(p,)` long, the arms pulled so far, ascending; updated on the host after a first pull (in ``told``)."""
         if self._pulled is None:
-            self._pulled_host = (self.counts > 0).cpu().nonzero().squeeze(1)  # one read
-            self._pulled = to_device(self._pulled_host, self.arms.device)
+            self._set_pulled_host((self.counts > 0).cpu().nonzero().squeeze(1))  # one read
             self._pulled_set = set(self._pulled_host.tolist())
         elif any(a not in self._pulled_set for a in told):
             self._pulled_set.update(told)
@@ -42,21 +41,13 @@ class PulledArms:
         (``None``), else ``(new arms, finite)`` for :meth:`_read_with_rows` (``None`` when no row was added)."""
         return self.rows.add_pulled(told, check=on_host(self.arms))
 
-    def _read_with_rows(self, flags: torch.Tensor, added: tuple[list[int], torch.Tensor] | None) -> list:
-        """``flags`` `(k,)` as a host list, read together with the finiteness of the rows ``added``
-        (:meth:`_add_pulled`): one read. Non-finite rows raise (:meth:`_reject_rows`)."""
+    def _read_with_rows(self, values: torch.Tensor, added: tuple[list[int], torch.Tensor] | None) -> torch.Tensor:
+        """``values`` `(k,)` (the dictionary's mask, an update's flags) as a CPU tensor, read together with the
+        finiteness of the rows ``added`` (:meth:`_add_pulled`): one read. Non-finite rows raise
+        (:meth:`_reject_rows`)."""
         if added is None:
-            return flags.tolist()
-        host = torch.cat([flags, added[1].to(flags.dtype).reshape(1)]).tolist()
-        if not host.pop():
-            self._reject_rows(added[0])
-        return host
-
-    def _read_mask_with_rows(self, mask: torch.Tensor, added: tuple[list[int], torch.Tensor] | None) -> torch.Tensor:
-        """:meth:`_read_with_rows` for a bool ``mask`` `(k,)`, returned as a CPU tensor."""
-        if added is None:
-            return mask.cpu()
-        both = torch.cat([mask, added[1].reshape(1)]).cpu()
+            return values.cpu()
+        both = torch.cat([values, to_dtype(added[1], values.dtype).reshape(1)]).cpu()
         if not both.numpy()[-1]:
             self._reject_rows(added[0])
         return both[:-1]

@@ -55,7 +55,7 @@ from torchbkb.gp.nystrom import DEFAULT_CHUNK, NystromEmbedding
 from torchbkb.gp.scoring_chunk import check_chunk_size, scoring_chunk
 from torchbkb.sampling.rls_dictionary import DEFAULT_INCLUSION, RLSDictionary, check_inclusion
 from torchbkb.gp.stable_scoring import AccuracyMonitor
-from torchbkb.gp.linalg import accepts_cholesky, cholesky_whitening_ex, default_rtol, inv_sqrt_factor, whitening
+from torchbkb.gp.linalg import cholesky_whitening_ex, inv_sqrt_factor, whitening
 from torchbkb.utils.host_copy import to_device, to_dtype
 
 __all__ = ["SketchedKernelBandit"]
@@ -289,12 +289,12 @@ class SketchedKernelBandit(SettlingReadouts, FixedCapacityUpdates, SketchedCheck
         if self._fixed_applies():
             return self._update_fixed(pulled, n, self.last_told[0][:1] if first else None, added)
         if first:
-            if added is not None:  # the first row's finiteness, read alone
-                self._read_mask_with_rows(torch.zeros(0, dtype=torch.bool, device=self.arms.device), added)
+            if added is not None and not bool(added[1]):  # the first row's finiteness, read alone
+                self._reject_rows(added[0])
             new_dict, host = self.last_told[0][:1], None  # S_1 = {x_1}
         else:
             keep = self.sampler.resample(to_dtype(self.row_posterior.rls[pulled], torch.float64), n, validate=False)
-            host = self._pulled_host[self._read_mask_with_rows(keep, added)]  # ascending, like pulled
+            host = self._pulled_host[self._read_with_rows(keep, added)]  # ascending, like pulled
             new_dict = to_device(host, self.arms.device)  # (the same tensor on the CPU)
         self._rebuild(new_dict, pulled=pulled, counts=n, host=host)
 
@@ -342,9 +342,10 @@ class SketchedKernelBandit(SettlingReadouts, FixedCapacityUpdates, SketchedCheck
             W, flags = cholesky_whitening_ex(K_SS)  # (m, m) L⁻¹, taken when the flags say so
             fit, info = self.row_posterior.fit_unchecked(K_SA, W, pulled, n, sums)
         host = torch.cat([flags, info.to(flags.dtype).reshape(1)]).tolist()
-        if host[3] == 0 and accepts_cholesky(host[:3], default_rtol(K_SS.shape[-1], K_SS.dtype)):
+        W_S = whitening(K_SS, W, host[:3], name="K_S")  # W itself when its flags hold, else eigh's
+        if W_S is W and host[3] == 0:
             return self.row_posterior.take_fit(fit)
-        return self.row_posterior.refit(K_SA, whitening(K_SS, W, host[:3], name="K_S"), pulled, n, sums)
+        return self.row_posterior.refit(K_SA, W_S, pulled, n, sums)
 
     def _exclusions_added(self) -> None:
         """Arms excluded by a direct write of :attr:`excluded`: the UCB bound the last update pruned with may have
