@@ -5,8 +5,9 @@ The eager update is what a GPU runs past the fixed-capacity update's row limit: 
 device three times: the picks (``ask``); the kept arms of the resample, with a newly pulled arm's cached kernel row's
 finiteness; and the Cholesky flags of ``V`` -- or, when the dictionary changed, of ``K_S`` and ``V`` together. When
 the update prunes, the arms that pass the UCB bound are a fourth. The draws reach the device queued, and the new
-dictionary is compared with the last one on the host. The float64 accuracy check, when the dictionary has grown by
-a quarter, reads more (a step or two of a run)."""
+dictionary is compared with the last one on the host. Two kinds of step read more (a step or two of 30): the
+float64 accuracy check, when the dictionary has grown by a quarter, and, without the pulled-row cache, a point
+entering the dictionary, whose row the row cache computes and checks on its own."""
 
 import warnings
 
