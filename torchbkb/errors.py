@@ -47,10 +47,12 @@ class InputDataError(TorchBKBError, ValueError):
 
 
 class NumericsError(TorchBKBError, RuntimeError):
-    """A factorization failed even after escalating the jitter; ``nonfinite`` is true when the matrix itself held
-    NaN/inf entries (e.g. a hyperparameter an optimizer pushed out of range)."""
+    """A factorization failed even after escalating the jitter, or a kernel returned NaN/inf; ``nonfinite`` is true
+    when the matrix itself held NaN/inf entries (e.g. a hyperparameter an optimizer pushed out of range), ``arms``
+    names the arms whose kernel rows ``k(a, ·)`` held them, when known."""
 
     nonfinite: bool = False
+    arms: tuple[int, ...] = ()
 
 
 class NumericsWarning(UserWarning):

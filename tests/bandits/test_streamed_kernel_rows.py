@@ -95,17 +95,22 @@ def test_finite_rows_names_every_row_with_a_non_finite_value(dtype, bad, device)
     assert finite_rows(grad, None) is grad
     rows[1, 3] = bad
     rows[4, 0] = bad
-    with pytest.raises(NumericsError, match=r"rows of arms \[11, 14\]"):
+    with pytest.raises(NumericsError, match=r"rows of arms \[11, 14\]") as named:
         finite_rows(rows, [10, 11, 12, 13, 14])
-    with pytest.raises(NumericsError, match=r"rows of arms \[0, 3\]"):
+    assert named.value.arms == (11, 14)
+    with pytest.raises(NumericsError, match=r"rows of arms \[11, 14\]") as named:
+        finite_rows(rows, lambda: [10, 11, 12, 13, 14])  # names given on failure only
+    assert named.value.arms == (11, 14)
+    with pytest.raises(NumericsError, match=r"rows of positions \[0, 3\]") as unnamed:
         finite_rows(rows.T, None)  # (7, 5): its rows 0 and 3 hold them
+    assert unnamed.value.arms == ()
 
 
 @pytest.mark.parametrize("scan", ["numpy", "torch"])
 def test_a_streamed_product_reads_its_chunks_finiteness_once(scan, monkeypatch):
     """``a @ rows`` over many chunks: where torch scans the chunks (a GPU), their finiteness is read once after the
     last chunk, not once a chunk; the product is the dense one, and a NaN in any chunk raises the row check's error
-    (a NaN arm spoils its whole chunk through the kernel's centring: it names the chunk's 64 places)."""
+    (a NaN arm spoils its whole chunk through the kernel's centring: every row of S)."""
     from helpers import DeviceReads, HostReads
     from torchbkb.bandits import kernel_rows
     from torchbkb.errors import NumericsError
@@ -122,5 +127,12 @@ def test_a_streamed_product_reads_its_chunks_finiteness_once(scan, monkeypatch):
     assert len(host.calls) + len(device.names) == (2 if scan == "torch" else 0)  # the bool and its scalar
     holey = arms.clone()
     holey[700, 0] = float("nan")  # chunk 10
-    with pytest.raises(NumericsError, match=r"rows of arms \[0, 1, 2, .*, 63\]"):
+    with pytest.raises(NumericsError, match=r"rows of positions \[0, 1, 2, 3, 4, 5\]"):  # S's rows, unnamed
         a @ kernel_rows.StreamedKernelRows(k, S, holey, chunk_size=64)
+    named = kernel_rows.StreamedKernelRows(k, S, holey, chunk_size=64, ids=[10, 11, 12, 13, 14, 15])
+    with pytest.raises(NumericsError, match=r"rows of arms \[10, 11, 12, 13, 14, 15\]") as err:
+        a @ named  # the dictionary's arms, whose rows k(s, ·) hold the NaN
+    assert err.value.arms == (10, 11, 12, 13, 14, 15)
+    with pytest.raises(NumericsError, match=r"rows of arms \[700\]") as err:
+        named.T[torch.tensor([5, 700])]  # the arms' rows k(a, S), named by the arms
+    assert err.value.arms == (700,)

@@ -22,6 +22,7 @@ import torch
 from torchbkb.bandits import device_batch
 from torchbkb.bandits.batch_selection import BatchSelection
 from torchbkb.bandits.fixed_capacity import padded_features
+from torchbkb.bandits.update_rollback import rolled_back
 
 __all__ = ["SettledAttribute", "SettlingReadouts", "DeferredBatchUpdate"]
 
@@ -92,6 +93,10 @@ class DeferredBatchUpdate:
         eager update: settled now) or the batch passed the device loop's length: select on the settled
         posterior then."""
         self._owed_update = False
+        return self._run_deferred_update()
+
+    @rolled_back  # a NumericsError leaves the state as before it (read after the update stopped being owed)
+    def _run_deferred_update(self) -> BatchSelection | None:
         t0 = time.perf_counter()
         self._add_told_to_sums()
         told = self.last_told_ids

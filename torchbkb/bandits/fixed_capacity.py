@@ -38,7 +38,6 @@ import torch
 from torchbkb.bandits import capacity
 from torchbkb.bandits.capacity import MIN_CAPACITY, capacity_for, compact_slots
 from torchbkb.bandits.update_graph import UpdateGraphs
-from torchbkb.errors import NumericsError
 from torchbkb.bandits.pruning import PRUNE_MAX_FRACTION, survivor_mask
 from torchbkb.gp.functional import fit_kernel_row_operator_ex, rls_kernel_columns, score_kernel_columns
 from torchbkb.gp.linalg import compute_dtype
@@ -102,8 +101,9 @@ def fixed_update(K_P: torch.Tensor | None, asc_row: torch.Tensor, asc_arm: torch
     keep = u < inclusion_probability(rls_prev.index_select(0, asc_arm).to(torch.float64), n, q_bar, inclusion)
     keep = keep & valid_p
     positions, valid, m = compact_slots(keep, m_cap)
-    slots = torch.where(valid, asc_arm.index_select(0, positions), 0)
-    # (m_cap, A): the unused slots hold some arm's row, never read -- every small matrix is masked below instead
+    slots = asc_arm.index_select(0, positions)
+    slots = torch.where(valid, slots, slots[:1])  # the unused slots repeat the first: no other arm's row computed
+    # (m_cap, A): the unused slots' rows are never read -- every small matrix is masked below instead
     if K_P is None:
         K_SA = kernel(arms.index_select(0, slots), arms)
     else:
@@ -137,7 +137,7 @@ def fixed_update(K_P: torch.Tensor | None, asc_row: torch.Tensor, asc_arm: torch
         part = rls_kernel_columns(K_SA.index_select(1, scored), kdiag.index_select(0, scored), Mad[:-1], lam, chunk)
         target = torch.where(valid_k, scored, kdiag.shape[0])  # the padding's to one slot past the arms
         rls = torch.cat([prior, prior[:1]]).index_copy(0, target, part)[:-1]
-    changed = (m != prev_m) | (slots != prev_slots).any()
+    changed = (m != prev_m) | ((slots != prev_slots) & valid).any()
     pick = torch.full_like(m, -1)
     if width is not None:  # the selection's own expression, so the same pick
         pick = torch.argmax((mean + width * rls.sqrt()).masked_fill(excluded, -torch.inf))
@@ -349,7 +349,7 @@ class FixedCapacityUpdates:
             out, flags = self.engine.update(*launched.inputs, **launched.extra)
         post = self.row_posterior
         if not flags[5]:
-            raise NumericsError("kernel: expected finite values k(a, ·), got NaN/inf scores from the dictionary rows")
+            self._raise_nonfinite_scores([int(a) for a in flags[HEAD : HEAD + int(flags[0])]])
         m = int(flags[0])
         if m == 0 or not (flags[1] and flags[2]) or not self.rows.caches(m):
             self.engine.remember(out.slots[:m])

@@ -133,12 +133,36 @@ class KernelRowCache:
         if self._K_buf is not None:
             return self._K_buf[: len(self.order)]
         chunk = scoring_chunk(self.chunk_size, len(self.order), self.arms.device, self.arms.dtype)
-        return StreamedKernelRows(self.kernel, self.arms[self.order_index], self.arms, chunk_size=chunk)
+        return StreamedKernelRows(self.kernel, self.arms[self.order_index], self.arms, chunk_size=chunk, ids=self.order)
 
     def blocks(self) -> list[list[int]]:
         """The arms whose rows were evaluated together, one list per kernel call (rows computed alone: one each)."""
         together = [self._blocks[b] for b in sorted(set(self._slot_block) - {-1})]
         return together + [[a] for a, b in zip(self.order, self._slot_block) if b == -1]
+
+    def nonfinite_rows(self, arms: list[int]) -> list[int]:
+        """Those of ``arms`` whose kernel rows ``k(a, arms)`` hold NaN/inf, computed again a few rows at a time (to
+        name the arms behind an error found in rows computed together)."""
+        step = max(1, REFILL_BYTES // (self.arms.shape[0] * self.arms.element_size()))
+        bad = []
+        for i in range(0, len(arms), step):
+            part = arms[i : i + step]
+            rows = self._kernel_rows(self.arms[self._long(part)])
+            bad += [a for a, ok in zip(part, torch.isfinite(rows).all(1).tolist()) if not ok]
+        return bad
+
+    def snapshot(self) -> tuple:
+        """The dictionary's rows as they are now, for :meth:`restore` (references: nothing is copied)."""
+        buf = self._K_buf
+        return buf, None if buf is None else buf._version, self.order, self.order_index, self._slot_block, self._blocks
+
+    def restore(self, snapshot: tuple) -> None:
+        """The dictionary's rows as at :meth:`snapshot` (the pulled rows stay as they are): its references put back,
+        or, when its cache was written over since, its rows computed again, each in the block it was computed in."""
+        buf, version, self.order, self.order_index, self._slot_block, self._blocks = snapshot
+        self._K_buf, order, index = buf, self.order, self.order_index
+        if buf is not None and buf._version != version:
+            self.set_dictionary(index, order=order, blocks=self.blocks())
 
     # ------------------------------------------------------------------ writing
     def add_pulled(self, arms: list[int], check: bool = True) -> tuple[list[int], torch.Tensor] | None:
@@ -242,6 +266,10 @@ class KernelRowCache:
         order, slot_block = list(self.order), list(self._slot_block)  # state changes only at the end
         have = set(order)
         entering = [a for a in new_dict if a not in have]  # ascending (new_dict is sorted or a saved order)
+        copied = blocks is None and self._P_pos is not None and all(a in self._P_pos for a in entering)
+        # rows to compute, one kernel call a block, checked before anything is written: an error changes nothing
+        computed = [] if copied else [(members, finite_rows(self._kernel_rows(self.arms[self._long(members)]), members))
+                                      for members in ([entering] if blocks is None else blocks) if members]
         holes = [p for p, a in enumerate(order) if a not in want]
         n_fill = min(len(holes), len(entering))
         compute = holes[:n_fill]  # slots to (re)fill
@@ -266,39 +294,29 @@ class KernelRowCache:
                 keep = min(buf.shape[0], m)
                 grown[:keep] = buf[:keep]
             buf = grown
-        if compute and blocks is None and self._P_pos is not None and all(order[p] in self._P_pos for p in compute):
-            # every entering point is a pulled arm with a cached row (computed alone): copy the rows
+        if compute and copied:  # every entering point is a pulled arm with a cached row (computed alone): copy
             buf.index_copy_(0, self._long(compute), self._P_buf[self._long([self._P_pos[order[p]] for p in compute])])
             for p in compute:
                 slot_block[p] = -1  # a block of one: the row as computed alone
-            compute = []
-        if compute:
-            if blocks is None:  # one block: the points entering now
-                block_list = [[order[p] for p in compute]]
-                slot_of = {order[p]: p for p in compute}
-            else:  # resuming: each row from the block it was first computed in
-                block_list = blocks
-                slot_of = {a: p for p, a in enumerate(order)}
-            for members in block_list:
-                if len(members) == 1:
-                    bid = -1
-                else:
-                    bid = self._next_block
-                    self._next_block += 1
-                    self._blocks[bid] = list(members)
-                # (e, A): one call per block
-                rows = finite_rows(self._kernel_rows(self.arms[self._long(members)]), members)
-                js = [j for j, a in enumerate(members) if a in slot_of]
-                slots = [slot_of[members[j]] for j in js]
-                if len(js) < len(members):
-                    rows = rows[self._long(js)]
-                buf.index_copy_(0, self._long(slots), rows)  # one scatter for the whole block
-                for p in slots:
-                    slot_block[p] = bid
-        if self._blocks:
+        block_of = dict(self._blocks)
+        slot_of = {a: p for p, a in enumerate(order)}
+        for members, rows in computed:  # (e, A): one call per block
+            bid = -1
+            if len(members) > 1:
+                bid, self._next_block = self._next_block, self._next_block + 1
+                block_of[bid] = list(members)
+            js = [j for j, a in enumerate(members) if a in slot_of]
+            slots = [slot_of[members[j]] for j in js]
+            if len(js) < len(members):
+                rows = rows[self._long(js)]
+            buf.index_copy_(0, self._long(slots), rows)  # one scatter for the whole block
+            for p in slots:
+                slot_block[p] = bid
+        if block_of:
             live = set(slot_block)
-            self._blocks = {b: mem for b, mem in self._blocks.items() if b in live}
+            block_of = {b: mem for b, mem in block_of.items() if b in live}
         self._K_buf, self.order, self.order_index, self._slot_block = buf, order, self._long(order), slot_block
+        self._blocks = block_of
 
     def _kernel_rows(self, X1: torch.Tensor) -> torch.Tensor:
         """`(e, A)` ``k(X1, arms)``, the values of ``kernel(X1, arms)``: with the arms' side of the kernel computed

@@ -95,17 +95,24 @@ class StreamedKernelRows:
         arms: `(A, d)` the arm set.
         columns: optional `(k,)` long, a subset of the arms (column ``j`` is arm ``columns[j]``).
         chunk_size: arms evaluated at once by whole-set reductions (``a @ K``).
+        ids: the arm indices of ``S`` (the dictionary, in slot order), which a NaN/inf error names.
     """
 
     def __init__(self, kernel: Callable, S: torch.Tensor, arms: torch.Tensor, columns: torch.Tensor | None = None,
-                 chunk_size: int = 4096, *, checks: _Checks | None = None):
+                 chunk_size: int = 4096, *, ids: list[int] | None = None, checks: _Checks | None = None):
         self._kernel, self._S, self._arms, self._columns, self._chunk = kernel, S, arms, columns, int(chunk_size)
+        self._ids = ids
         self.shape = torch.Size((S.shape[0], arms.shape[0] if columns is None else columns.numel()))
         self.dtype, self.device = arms.dtype, arms.device
         self._checks = _Checks() if checks is None else checks  # shared with the rows derived from these
 
     def _arm_rows(self, key) -> torch.Tensor:
         return self._arms[key] if self._columns is None else self._arms[self._columns[key]]
+
+    def _arm_ids(self, key) -> list[int]:
+        """The arm indices of the columns ``key`` (read on the host: only to name bad rows)."""
+        cols = torch.arange(self.shape[1], device=self.device)[key] if isinstance(key, slice) else key
+        return torch.as_tensor(self._resolve(cols)).reshape(-1).tolist()
 
     def _resolve(self, key: torch.Tensor) -> torch.Tensor:
         if self._columns is None:
@@ -118,9 +125,9 @@ class StreamedKernelRows:
         cols = key[1]
         if isinstance(cols, slice):  # a chunk: computed now
             X = self._arm_rows(cols)
-            return self._finite(self._kernel(self._S, X).T, lambda: self._kernel(self._S, X).T).T  # (m, c)
+            return self._finite(self._kernel(self._S, X), lambda: self._kernel(self._S, X), self._ids)  # (m, c)
         return StreamedKernelRows(self._kernel, self._S, self._arms, self._resolve(cols), self._chunk,
-                                  checks=self._checks)
+                                  ids=self._ids, checks=self._checks)
 
     def index_select(self, dim: int, index: torch.Tensor) -> StreamedKernelRows:
         """The columns ``index`` (``dim`` must be 1), still lazy."""
@@ -158,14 +165,15 @@ class StreamedKernelRows:
         if pending and not bool(torch.stack([flag for flag, _ in pending]).all()):  # the one read
             for flag, again in pending:
                 if not bool(flag):
-                    finite_rows(again(), None)
+                    finite_rows(*again())
 
-    def _finite(self, rows: torch.Tensor, again: Callable[[], torch.Tensor]) -> torch.Tensor:
-        """``rows`` `(e, m)` checked now, or, within :meth:`checked_once` where torch scans them, their flag kept
-        (``again()`` computes them anew to name the bad ones)."""
+    def _finite(self, rows: torch.Tensor, again: Callable[[], torch.Tensor], names) -> torch.Tensor:
+        """``rows`` `(e, ·)` of kernel values ``k(names, ·)`` (:func:`finite_rows`' ``arms``) checked now, or, within
+        :meth:`checked_once` where torch scans them, their flag kept (``again()`` computes them anew to name the bad
+        ones)."""
         if self._checks.pending is None or on_host(rows):
-            return finite_rows(rows, None)
-        self._checks.pending.append((torch.isfinite(rows).all(), again))
+            return finite_rows(rows, names)
+        self._checks.pending.append((torch.isfinite(rows).all(), lambda: (again(), names)))
         return rows
 
 
@@ -184,7 +192,7 @@ class _RowsOfArms:
     def __getitem__(self, key) -> torch.Tensor:
         r = self._rows
         X = r._arm_rows(key)
-        return r._finite(r._kernel(X, r._S), lambda: r._kernel(X, r._S))  # (k, m)
+        return r._finite(r._kernel(X, r._S), lambda: r._kernel(X, r._S), lambda: r._arm_ids(key))  # (k, m)
 
 
 def on_host(rows: torch.Tensor) -> bool:
@@ -192,16 +200,21 @@ def on_host(rows: torch.Tensor) -> bool:
     return rows.device.type == "cpu" and rows.dtype in HOST_DTYPES
 
 
-def finite_rows(rows: torch.Tensor, arms: list[int] | None) -> torch.Tensor:
+def finite_rows(rows: torch.Tensor, arms: list[int] | Callable[[], list[int]] | None) -> torch.Tensor:
     """``rows`` `(e, A)` of kernel values ``k(arms, ·)``, or a :class:`~torchbkb.errors.NumericsError` before a NaN/inf
-    value can enter the bandit's state (``arms`` names the rows, or None). On the CPU NumPy scans them in place: a
-    few microseconds against three tensor operations and a read."""
+    value can enter the bandit's state. ``arms`` names the rows (a callable giving them is called only on failure;
+    the error's ``arms`` are then the bad ones), ``None`` for unnamed rows (the error names their positions). On the
+    CPU NumPy scans them in place: a few microseconds against three tensor operations and a read."""
     if on_host(rows):
         finite = bool(np.isfinite(host_array(rows)).all())
     else:
         finite = bool(torch.isfinite(rows).all())
     if not finite:
         bad = (~torch.isfinite(rows)).any(1).nonzero().squeeze(1).tolist()
-        named = bad if arms is None else [arms[i] for i in bad]
-        raise NumericsError(f"kernel: expected finite values k(a, ·), got NaN/inf in the rows of arms {named}")
+        names = arms() if callable(arms) else arms
+        named = bad if names is None else [names[i] for i in bad]
+        err = NumericsError(f"kernel: expected finite values k(a, ·), got NaN/inf in the rows of "
+                            f"{'arms' if names is not None else 'positions'} {named}")
+        err.arms = () if names is None else tuple(named)
+        raise err
     return rows

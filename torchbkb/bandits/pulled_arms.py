@@ -56,8 +56,13 @@ class PulledArms:
         """Raise the :class:`~torchbkb.errors.NumericsError` of the non-finite kernel rows of the newly pulled
         ``arms``, after dropping the rows and the arms from the pulled set: what a check on arrival leaves (the
         arms' counts stay; their rows were never taken)."""
+        self._drop_pulled(arms)
+        self.rows.reject_pulled(arms)
+
+    def _drop_pulled(self, arms) -> None:
+        """Take ``arms`` out of the pulled set (their kernel rows hold NaN/inf): no update fits them until they are
+        pulled again."""
         if self._pulled is not None and any(a in self._pulled_set for a in arms):
             self._pulled_set.difference_update(arms)
             self._set_pulled_host(torch.tensor(sorted(self._pulled_set), dtype=torch.long))
             self._fixed_pulled = None  # the fixed-capacity engine's padded copy of the old set
-        self.rows.reject_pulled(arms)

@@ -46,7 +46,7 @@ from torchbkb.bandits.sketched_checkpoint import SketchedCheckpoint
 from torchbkb.bandits.kernel_row_cache import ROW_CACHE_BYTES, KernelRowCache
 from torchbkb.bandits.kernel_rows import FeatureRows, on_host
 from torchbkb.bandits.pruning import PruningSchedule, ucb_survivors
-from torchbkb.bandits.pulled_arms import PulledArms
+from torchbkb.bandits.update_rollback import UpdateRollback, rolled_back
 from torchbkb.gp.dtc_posterior import DTCPosterior
 from torchbkb.errors import TorchBKBError, check_int, check_positive
 from torchbkb.gp.functional import rls_kernel_columns
@@ -61,7 +61,7 @@ from torchbkb.utils.host_copy import to_device, to_dtype
 __all__ = ["SketchedKernelBandit"]
 
 
-class SketchedKernelBandit(SettlingReadouts, FixedCapacityUpdates, SketchedCheckpoint, PulledArms, KernelBandit):
+class SketchedKernelBandit(SettlingReadouts, FixedCapacityUpdates, SketchedCheckpoint, UpdateRollback, KernelBandit):
     """A kernel bandit on the DTC posterior of an adaptively resampled dictionary (subclasses: ``_select``).
 
     Args:
@@ -249,7 +249,7 @@ class SketchedKernelBandit(SettlingReadouts, FixedCapacityUpdates, SketchedCheck
     def feature_rows(self, index: torch.Tensor | None = None) -> FeatureRows:
         """The arms' features as :class:`~torchbkb.bandits.kernel_rows.FeatureRows`: ``rows[idx]`` is ``z(arms[idx])``
         `(M, r)`, computed on demand (`M·m·r`); with ``index`` `(k,)`, row ``i`` is ``z(arms[index[i]])``."""
-        self._check_dictionary()
+        self.row_posterior.require_fit(type(self).__name__)
         return FeatureRows(self.rows.rows(), self.row_posterior.W, index)
 
     def scored_features(self) -> torch.Tensor:
@@ -273,13 +273,11 @@ class SketchedKernelBandit(SettlingReadouts, FixedCapacityUpdates, SketchedCheck
 
     def V_inverse(self) -> torch.Tensor:
         """`(r, r)` ``V⁻¹`` of the current posterior (``V = Zᵀ N Z + λ I`` on the pulled arms' features)."""
-        self._check_dictionary()
+        self.row_posterior.require_fit(type(self).__name__)
         return self.row_posterior.V_inv
 
-    def _check_dictionary(self) -> None:
-        self.row_posterior.require_fit(type(self).__name__)
-
     # ------------------------------------------------------------------ resparsification
+    @rolled_back  # a NumericsError leaves the state as before it
     def _update(self) -> None:
         told = self.last_told_ids
         added = self._add_pulled(told)  # on a device: checked with the update's read

@@ -106,6 +106,15 @@ class KernelRowPosterior:
         return self.take_fit(DTCFit.from_kernel_rows(W, _pulled_features(W, K_SA, pulled), counts, reward_sums,
                                                      self.lam))
 
+    def snapshot(self) -> dict:
+        """The state as it is now, for :meth:`restore` (its tensors are replaced, never written in place: nothing is
+        copied)."""
+        return dict(self.__dict__)
+
+    def restore(self, snapshot: dict) -> None:
+        """The state as at :meth:`snapshot`."""
+        self.__dict__.update(snapshot)
+
     def fit_unchecked(self, K_SA, W: torch.Tensor, pulled: torch.Tensor, counts: torch.Tensor,
                       reward_sums: torch.Tensor) -> tuple[DTCFit, torch.Tensor]:
         """:meth:`refit`'s fit with no host read and nothing set: ``(fit, info)``, ``info`` the 0-d Cholesky flag of
