@@ -68,7 +68,7 @@ def _run(bandit, steps: int = 45, before_tell=None):
 def test_every_row_cache_makes_the_same_run_with_a_nan_kernel(cls, fixed, scan, monkeypatch):
     """Rows checked as an arm is pulled (the pulled-row cache), as it enters the dictionary (past that cache), in
     streamed chunks or in the fixed-capacity update's rows: the same picks, the same errors naming the same arms
-    (each with a non-finite row), the same dictionary -- the failed updates' draws undone. Past the pulled-row
+    (each with a non-finite row), the same dictionary -- every failed update spends its draws. Past the pulled-row
     cache, an arm with a NaN row used to stay pulled and fail almost every later update (67 errors in 80 steps)."""
     if scan == "torch":
         monkeypatch.setattr(kernel_rows, "HOST_DTYPES", ())
@@ -91,7 +91,6 @@ def _same_state(saved, bandit) -> None:
     for name in ("mean", "rls", "W", "V_inv", "M", "scored"):
         a, b = getattr(post, name), getattr(was, name)
         assert (a is None and b is None) or torch.equal(a, b), name
-    assert torch.equal(bandit.generator.get_state(), saved.generator.get_state())
     assert bandit.pruning.state() == saved.pruning.state()
     assert (bandit.embeddings_computed, bandit.arms_scored_total) == (saved.embeddings_computed,
                                                                       saved.arms_scored_total)

@@ -105,7 +105,8 @@ class DeferredBatchUpdate:
         launched = self._launch_fixed(pulled, self.counts[pulled].to(torch.float64), None)
         out = launched.out
         Z, V_inv = padded_features(out, self.arms.dtype)
-        flags = out.flags if added is None else torch.cat([out.flags, added[1].to(torch.float64).reshape(1)])
+        flags = out.flags if added is None else torch.cat([out.flags, torch.as_tensor(
+            added[1], dtype=torch.float64, device=out.flags.device).reshape(1)])
         host: list[float] = []
         cap, last = device_batch.DEVICE_PICKS_MAX, self.batch_sizes[-1] if self.batch_sizes else 0
         t1 = time.perf_counter()

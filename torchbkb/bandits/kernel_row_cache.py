@@ -30,13 +30,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import numpy as np
 import torch
 
-from torchbkb.bandits.kernel_rows import StreamedKernelRows, finite_rows
+from torchbkb.bandits.kernel_rows import StreamedKernelRows, finite_rows, on_host
 from torchbkb.errors import TorchBKBError
 from torchbkb.gp.nystrom import DEFAULT_CHUNK
 from torchbkb.gp.scoring_chunk import check_chunk_size, scoring_chunk
-from torchbkb.utils.host_copy import to_device
+from torchbkb.utils.host_copy import host_array, to_device
 
 __all__ = ["AGAINST_BYTES", "KERNEL_CACHE_BYTES", "REFILL_BYTES", "ROW_CACHE_BYTES", "KernelRowCache"]
 
@@ -165,14 +166,14 @@ class KernelRowCache:
             self.set_dictionary(index, order=order, blocks=self.blocks())
 
     # ------------------------------------------------------------------ writing
-    def add_pulled(self, arms: list[int], check: bool = True) -> tuple[list[int], torch.Tensor] | None:
+    def add_pulled(self, arms: list[int], check: bool = True) -> tuple[list[int], torch.Tensor | bool] | None:
         """Add ``k(x, arms)`` of newly pulled arms, each row computed alone (a resumed run recomputes it
         bitwise); drop the pulled-row cache for good when it would outgrow ``row_cache_bytes``.
 
         With ``check`` (default) a non-finite row raises before it is recorded (one host read). Without, the rows
         are recorded at once and ``(new arms, finite)`` returned -- ``finite`` a 0-d bool on the device for the
-        caller to read with something else, and to :meth:`reject_pulled` the arms when it is false; ``None`` when
-        no row was added."""
+        caller to read with something else (a Python bool where NumPy scans the rows), and to
+        :meth:`reject_pulled` the arms when it is false; ``None`` when no row was added."""
         if self._P_pos is None:
             return None
         new = [a for a in dict.fromkeys(arms) if a not in self._P_pos]
@@ -203,7 +204,10 @@ class KernelRowCache:
                 self._P_row[new[0]] = first
             else:
                 self._P_row[self._long(new)] = torch.arange(first, first + len(new), device=self.arms.device)
-        return None if check else (new, torch.isfinite(buf[first : first + len(new)]).all())
+        if check:
+            return None
+        rows = buf[first : first + len(new)]
+        return new, (bool(np.isfinite(host_array(rows)).all()) if on_host(rows) else torch.isfinite(rows).all())
 
     def reject_pulled(self, arms: list[int]) -> None:
         """Drop the rows of ``arms``, the last ones :meth:`add_pulled` added (``check=False``), found not finite --

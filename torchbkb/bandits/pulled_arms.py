@@ -4,15 +4,14 @@ Every update reads the pulled arms `(p,)` ascending (their counts and sums weigh
 too (a set and a long tensor), so that an update finds a new pull without reading the device. A newly pulled arm's
 kernel row ``k(a, arms)`` is checked for NaN/inf before anything is built on it: on the CPU NumPy scans it as it
 arrives (no read); on a device its finiteness is read together with the update's own read (the dictionary drawn, or
-the fixed-capacity update's flags), and a non-finite row drops the row and its arm before the error is raised -- the
-state of a check on arrival.
+the fixed-capacity update's flags). A non-finite row drops the row and its arm before the error is raised, after the
+dictionary is drawn either way (the draws are spent alike, on every device and wherever rows are checked).
 """
 
 from __future__ import annotations
 
 import torch
 
-from torchbkb.bandits.kernel_rows import on_host
 from torchbkb.utils.host_copy import to_device, to_dtype
 
 __all__ = ["PulledArms"]
@@ -36,16 +35,19 @@ class PulledArms:
     def _set_pulled_host(self, host: torch.Tensor) -> None:
         self._pulled_host, self._pulled = host, to_device(host, self.arms.device)
 
-    def _add_pulled(self, told: list[int]) -> tuple[list[int], torch.Tensor] | None:
-        """Cache the kernel rows of the arms in ``told`` pulled the first time: checked now where NumPy scans them
-        (``None``), else ``(new arms, finite)`` for :meth:`_read_with_rows` (``None`` when no row was added)."""
-        return self.rows.add_pulled(told, check=on_host(self.arms))
+    def _add_pulled(self, told: list[int]) -> tuple[list[int], torch.Tensor | bool] | None:
+        """Cache the kernel rows of the arms in ``told`` pulled the first time: ``(new arms, finite)`` for
+        :meth:`_read_with_rows` (``None`` when no row was added)."""
+        return self.rows.add_pulled(told, check=False)
 
-    def _read_with_rows(self, values: torch.Tensor, added: tuple[list[int], torch.Tensor] | None) -> torch.Tensor:
+    def _read_with_rows(self, values: torch.Tensor, added: tuple[list[int], torch.Tensor | bool] | None
+                        ) -> torch.Tensor:
         """``values`` `(k,)` (the dictionary's mask, an update's flags) as a CPU tensor, read together with the
         finiteness of the rows ``added`` (:meth:`_add_pulled`): one read. Non-finite rows raise
         (:meth:`_reject_rows`)."""
-        if added is None:
+        if added is None or isinstance(added[1], bool):
+            if added is not None and not added[1]:  # scanned on the host already
+                self._reject_rows(added[0])
             return values.cpu()
         both = torch.cat([values, to_dtype(added[1], values.dtype).reshape(1)]).cpu()
         if not both.numpy()[-1]:

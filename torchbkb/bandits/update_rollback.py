@@ -3,10 +3,11 @@
 An update that raises a :class:`~torchbkb.errors.NumericsError` -- a kernel row with NaN/inf, found as the rows are
 computed, cached or streamed, or a factorization that fails -- first puts back what it wrote: the dictionary's kernel
 rows, the DTC state (:class:`~torchbkb.gp.kernel_row_posterior.KernelRowPosterior`), the pruning schedule, the
-accuracy check's count, the counters and the generator's state (so the next draws are the ones a successful check
-would have left). The arms whose kernel rows the error names are then dropped from the pulled set, as a check of
-their rows on arrival drops them, so that a run goes on: the next update fits every pull but theirs, this batch's
-included (``tell`` recorded its rewards before the update ran).
+accuracy check's count and the counters. The arms whose kernel rows the error names are then dropped from the pulled
+set, as a check of their rows on arrival drops them, so that a run goes on: the next update fits every pull but
+theirs, this batch's included (``tell`` recorded its rewards before the update ran). The dictionary's draws are spent,
+as every update that raises spends them (a pulled arm's row is checked after the draw too): every device and every
+cache mode goes on with the same draws.
 
 Example:
     >>> import torch
@@ -35,7 +36,6 @@ Example:
 from __future__ import annotations
 
 import functools
-from contextlib import contextmanager
 
 from torchbkb.bandits.pulled_arms import PulledArms
 from torchbkb.errors import NumericsError
@@ -44,37 +44,38 @@ __all__ = ["UpdateRollback", "rolled_back"]
 
 
 def rolled_back(update):
-    """A bandit's method run within its :meth:`~UpdateRollback._rolled_back`."""
+    """A bandit's update method that, raising a :class:`~torchbkb.errors.NumericsError`, first restores the state
+    it started from (:class:`UpdateRollback`)."""
     @functools.wraps(update)
     def run(self, *args, **kwargs):
-        with self._rolled_back():
+        saved = self._update_state()
+        try:
             return update(self, *args, **kwargs)
+        except NumericsError as err:
+            self._roll_back(saved, err.arms)
+            raise
     return run
 
 
 class UpdateRollback(PulledArms):
-    """Mixed into :class:`~torchbkb.bandits.sketched.SketchedKernelBandit` (with its pulled arms):
-    :meth:`_rolled_back` around an update."""
+    """Mixed into :class:`~torchbkb.bandits.sketched.SketchedKernelBandit` (with its pulled arms): what
+    :func:`rolled_back` saves and restores."""
 
-    @contextmanager
-    def _rolled_back(self):
-        """Within it, a :class:`~torchbkb.errors.NumericsError` restores the state its start saw (the module
-        docstring), drops the arms it names from the pulled set and is raised again."""
-        saved = (self.rows.snapshot(), self.row_posterior.snapshot(), self.pruning.state(), self._accuracy.checked,
-                 self.generator.get_state(), self.embeddings_computed, self.arms_scored_total, self._fused_pick)
-        try:
-            yield
-        except NumericsError as err:
-            rows, post, pruning, self._accuracy.checked, generator, *counters, self._fused_pick = saved
-            self.rows.restore(rows)
-            self.row_posterior.restore(post)
-            self.pruning.load(pruning)
-            self.generator.set_state(generator)
-            self.embeddings_computed, self.arms_scored_total = counters
-            self.engine.remember(self.dictionary)  # the next fixed-capacity update compares with the kept one
-            self._posterior = None
-            self._drop_pulled(err.arms)
-            raise
+    def _update_state(self) -> tuple:
+        """What an update writes, as it is now (references: nothing is copied)."""
+        return (self.rows.snapshot(), self.row_posterior.snapshot(), self.pruning.state(), self._accuracy.checked,
+                self.embeddings_computed, self.arms_scored_total, self._fused_pick)
+
+    def _roll_back(self, saved: tuple, arms: tuple[int, ...]) -> None:
+        """Restore :meth:`_update_state`'s ``saved`` and drop ``arms`` (whose rows hold NaN/inf) from the pulled set."""
+        rows, post, pruning, self._accuracy.checked, *counters, self._fused_pick = saved
+        self.rows.restore(rows)
+        self.row_posterior.restore(post)
+        self.pruning.load(pruning)
+        self.embeddings_computed, self.arms_scored_total = counters
+        self.engine.remember(self.dictionary)  # the next fixed-capacity update compares with the kept one
+        self._posterior = None
+        self._drop_pulled(arms)
 
     def _raise_nonfinite_scores(self, dictionary: list[int]) -> None:
         """The :class:`~torchbkb.errors.NumericsError` of NaN/inf scores from the rows of the arms ``dictionary``,
