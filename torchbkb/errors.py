@@ -35,6 +35,7 @@ __all__ = [
     "check_matrix",
     "check_same_device_dtype",
     "check_positive",
+    "nonfinite_rows_error",
 ]
 
 
@@ -53,6 +54,13 @@ class NumericsError(TorchBKBError, RuntimeError):
 
     nonfinite: bool = False
     arms: tuple[int, ...] = ()
+
+
+def nonfinite_rows_error(arms: list[int]) -> NumericsError:
+    """The :class:`NumericsError` of kernel rows ``k(a, ·)`` holding NaN/inf, naming ``arms`` (its ``arms``)."""
+    err = NumericsError(f"kernel: expected finite values k(a, ·), got NaN/inf in the rows of arms {list(arms)}")
+    err.nonfinite, err.arms = True, tuple(arms)
+    return err
 
 
 class NumericsWarning(UserWarning):

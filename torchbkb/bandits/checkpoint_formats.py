@@ -36,6 +36,7 @@ ALGORITHM_DEFAULTS: dict[str, Callable[[dict[str, Any]], Any]] = {
     "arms_scored_total": lambda saved: 0,
     "order": lambda saved: None,  # the sketched bandits: before row blocks (rows recomputed in one block)
     "blocks": lambda saved: None,
+    "nonfinite_arms": lambda saved: [],  # the kernel bandits: before arms with NaN/inf kernel rows were left out
 }
 
 

@@ -100,7 +100,7 @@ class DeferredBatchUpdate:
         t0 = time.perf_counter()
         self._add_told_to_sums()
         told = self.last_told_ids
-        added = self.rows.add_pulled(told, check=False)
+        added = self._add_pulled(told)
         pulled = self._pulled_arms(told)
         launched = self._launch_fixed(pulled, self.counts[pulled].to(torch.float64), None)
         out = launched.out

@@ -97,8 +97,12 @@ def check_fingerprint(saved: Any, current: dict[str, Any]) -> None:
         if not isinstance(vals, torch.Tensor) or vals.shape != k_now["values"].shape:
             raise CheckpointError("checkpoint: expected the kernel's values at the probe arms, got none or another "
                                   "shape")
-        diff = float((vals.to(torch.float64) - k_now["values"]).abs().max()) if vals.numel() else 0.0
-        scale = float(k_now["values"].abs().max()) if vals.numel() else 0.0
+        old, new = vals.to(torch.float64), k_now["values"]
+        finite = torch.isfinite(new)  # a kernel NaN/inf at some probes must be so at the same ones
+        same = (torch.equal(torch.isfinite(old), finite)
+                and torch.equal(old[~finite].nan_to_num(), new[~finite].nan_to_num()))
+        diff = float((old - new)[finite].abs().max()) if same and bool(finite.any()) else 0.0 if same else float("nan")
+        scale = float(new[finite].abs().max()) if bool(finite.any()) else 0.0
         if not diff <= 1e-5 * scale:
             raise CheckpointError(
                 f"checkpoint: expected a checkpoint with this kernel, got one whose kernel values differ by {diff:.3g} "

@@ -59,7 +59,7 @@ import torch
 from torchbkb.bandits.gpucb import GPUCB
 from torchbkb.bandits.batch_stop_rule import check_batch_limits, stop_rule_stalls
 from torchbkb.bandits.confidence import bbkb_practical_beta
-from torchbkb.errors import InputDataError
+from torchbkb.errors import InputDataError, nonfinite_rows_error
 
 __all__ = ["GPBUCB", "GPBUCB_STOP_RULES"]
 
@@ -169,8 +169,8 @@ class GPBUCB(GPUCB):
                         break
                     if len(picks) >= 2 and picks[-2] == i:
                         post.repeat_last()  # the same arm again: its hallucinated row's count + 1, O(A)
-                    else:
-                        post.update(self.arms[i], None)  # hallucinate: O(A·n)
+                    elif not self._observe(i, None):  # hallucinate: O(A·n)
+                        break  # its kernel values hold NaN/inf: the batch ends with it, and its tell raises
             self._batch_rls = in_batch
             self._batch_fb = [rls_fb[i] for i in picks]
         self._batch = picks
@@ -208,15 +208,15 @@ class GPBUCB(GPUCB):
             else:  # some pick was discarded: undo the hallucinations, add the told rows
                 post.truncate(self._n_fb)
                 told = list(zip(idx.tolist(), y.tolist()))
-            for arm, yi in told:  # the last pick (and anything not hallucinated)
-                var_i = post.watched()[1][arm]
-                self.log_det += math.log1p(float(var_i) / self.lam)
-                post.update(self.arms[arm], torch.tensor(yi, dtype=dtype, device=self.arms.device))
+            bad = [arm for arm, yi in told if not self._observe(arm, yi)]  # the last pick (and any not hallucinated)
             for arm, yi in zip(idx.tolist(), y.tolist()):
-                self._tally(arm, yi)
+                if arm not in bad:  # an arm with NaN/inf kernel values is left out
+                    self._tally(arm, yi)
             self._compact_if_worth(self.t)  # no hallucinated row is left: merge repeated pulls if worth it
         self._batch, self._batch_rls, self._batch_fb = [], [], []
         self.time_update += time.perf_counter() - start
+        if bad:
+            raise nonfinite_rows_error(bad)
 
     # ------------------------------------------------------------------ checkpoints
     def _algorithm_state(self) -> dict[str, Any]:
@@ -233,6 +233,7 @@ class GPBUCB(GPUCB):
         return state
 
     def _load_algorithm_state(self, state: dict[str, Any]) -> None:
+        self.nonfinite_arms = {int(a) for a in state["nonfinite_arms"]}
         self.log_det, self.beta = float(state["log_det"]), float(state["beta"])
         self._batch, self._batch_rls = list(state["batch"]), list(state["batch_rls"])
         self._batch_fb = list(state["batch_fb"])

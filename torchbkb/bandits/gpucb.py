@@ -37,6 +37,7 @@ import torch
 
 from torchbkb.bandits.base import KernelBandit
 from torchbkb.bandits.confidence import bkb_practical_beta, gpucb_beta
+from torchbkb.errors import NumericsError, nonfinite_rows_error
 from torchbkb.gp.exact_posterior import ExactPosterior
 
 __all__ = ["GPUCB", "COMPACT_MIN"]
@@ -60,6 +61,8 @@ class GPUCB(KernelBandit):
         log_det: ``Σ_s log(1 + σ²_{s-1}(x_s))`` so far.
         beta: the width used for the last selection.
         compactions: how many times repeated pulls were merged into counts (see the module docstring).
+        nonfinite_arms: the arms whose kernel values ``k(a, ·)`` held NaN/inf: their rewards are counted (``counts``,
+            ``history``) but left out of the posterior, and telling one again raises again.
     """
 
     beta_modes = ("theory", "practical")
@@ -71,6 +74,7 @@ class GPUCB(KernelBandit):
         self.beta = float("nan")
         self.compactions = 0
         self._compacted_at = 0  # observations (history positions) folded into counts by the last compaction
+        self.nonfinite_arms: set[int] = set()
         self._reset_posterior()
 
     def _reset_posterior(self) -> None:
@@ -103,14 +107,33 @@ class GPUCB(KernelBandit):
 
     def _update(self) -> None:
         idx, y = self.last_told
-        start = self.t - idx.numel()  # history position of the first told reward
+        start, bad = self.t - idx.numel(), []  # history position of the first told reward
         with torch.no_grad():
             for k, (i, yi) in enumerate(zip(idx.tolist(), y.tolist())):
-                var_i = self.posterior.watched()[1][i]
-                self.log_det += math.log1p(float(var_i) / self.lam)
-                self.posterior.update(self.arms[i], torch.tensor(yi, dtype=self.arms.dtype, device=self.arms.device))
+                if not self._observe(i, yi):
+                    bad.append(i)
+                    continue
                 self._tally(i, yi)
                 self._compact_if_worth(start + k + 1)
+        if bad:
+            raise nonfinite_rows_error(bad)
+
+    def _observe(self, arm: int, y: float | None) -> bool:
+        """Condition the posterior on the reward ``y`` at ``arm`` (``None``: hallucinated) and, for a reward, add its
+        term to :attr:`log_det`; ``False``, changing nothing, when the arm's kernel values hold NaN/inf (its reward
+        is left out, as the sketched bandits leave out an arm whose kernel row is not finite)."""
+        var = self.posterior.watched()[1][arm]
+        yt = None if y is None else torch.tensor(y, dtype=self.arms.dtype, device=self.arms.device)
+        try:
+            self.posterior.update(self.arms[arm], yt)
+        except NumericsError as err:
+            if err.nonfinite:
+                self.nonfinite_arms.add(arm)
+                return False
+            raise
+        if y is not None:
+            self.log_det += math.log1p(float(var) / self.lam)
+        return True
 
     # ------------------------------------------------------------------ repeated pulls
     def _tally(self, arm: int, y: float) -> None:
@@ -151,6 +174,10 @@ class GPUCB(KernelBandit):
         """
         hist_i, hist_y = self.history["index"][:done], self.history["reward"][:done]
         c = min(self._compacted_at, done)
+        if self.nonfinite_arms:  # left out of the posterior as they were told
+            kept = [k for k, a in enumerate(hist_i) if a not in self.nonfinite_arms]
+            c = sum(1 for k in kept if k < c)
+            hist_i, hist_y = [hist_i[k] for k in kept], [hist_y[k] for k in kept]
         for i, yi in zip(hist_i[:c], hist_y[:c]):
             self._tally(i, yi)
         idx, y, counts = (self._distinct_rows() if c
@@ -164,9 +191,10 @@ class GPUCB(KernelBandit):
     # ------------------------------------------------------------------ checkpoints
     def _algorithm_state(self) -> dict[str, Any]:
         return {"log_det": self.log_det, "beta": self.beta, "compactions": self.compactions,
-                "compacted_at": self._compacted_at}
+                "compacted_at": self._compacted_at, "nonfinite_arms": sorted(self.nonfinite_arms)}
 
     def _load_algorithm_state(self, state: dict[str, Any]) -> None:
+        self.nonfinite_arms = {int(a) for a in state["nonfinite_arms"]}
         self.log_det, self.beta = float(state["log_det"]), float(state["beta"])
         self.compactions, self._compacted_at = int(state["compactions"]), int(state["compacted_at"])
         self._reset_posterior()

@@ -34,7 +34,7 @@ import numpy as np
 import torch
 
 from torchbkb.bandits.kernel_rows import StreamedKernelRows, finite_rows, on_host
-from torchbkb.errors import TorchBKBError
+from torchbkb.errors import TorchBKBError, nonfinite_rows_error
 from torchbkb.gp.nystrom import DEFAULT_CHUNK
 from torchbkb.gp.scoring_chunk import check_chunk_size, scoring_chunk
 from torchbkb.utils.host_copy import host_array, to_device
@@ -210,15 +210,22 @@ class KernelRowCache:
         return new, (bool(np.isfinite(host_array(rows)).all()) if on_host(rows) else torch.isfinite(rows).all())
 
     def reject_pulled(self, arms: list[int]) -> None:
-        """Drop the rows of ``arms``, the last ones :meth:`add_pulled` added (``check=False``), found not finite --
-        the cache as before that call -- and raise the :class:`~torchbkb.errors.NumericsError` naming them."""
+        """Of ``arms``, the last ones :meth:`add_pulled` added (``check=False``), drop the rows that are not finite
+        (the finite ones move up into their places: the cache stays compact) and raise the
+        :class:`~torchbkb.errors.NumericsError` naming those arms."""
         first = min(self._P_pos[a] for a in arms)
-        rows = self._P_buf[first : first + len(arms)]
-        for a in arms:
+        finite = torch.isfinite(self._P_buf[first : first + len(arms)]).all(1).tolist()
+        bad, kept = [a for a, ok in zip(arms, finite) if not ok], [a for a, ok in zip(arms, finite) if ok]
+        if not bad:
+            raise TorchBKBError(f"KernelRowCache: expected non-finite rows for {arms}, got finite ones")
+        for a in bad:
             del self._P_pos[a]
-        self._P_row[self._long(arms)] = -1
-        finite_rows(rows, arms)
-        raise TorchBKBError(f"KernelRowCache: expected non-finite rows for {arms}, got finite ones")
+        self._P_row[self._long(bad)] = -1
+        for j, a in enumerate(kept):  # in their order: each row moves up or stays
+            if self._P_pos[a] != first + j:
+                self._P_buf[first + j] = self._P_buf[self._P_pos[a]]
+                self._P_pos[a] = self._P_row[a] = first + j
+        raise nonfinite_rows_error(bad)
 
     def set_dictionary(self, dictionary: torch.Tensor, order: list[int] | None = None,
                        blocks: list[list[int]] | None = None, *, ids: list[int] | None = None) -> None:

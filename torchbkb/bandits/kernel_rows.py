@@ -29,7 +29,7 @@ from contextlib import contextmanager
 import numpy as np
 import torch
 
-from torchbkb.errors import NumericsError
+from torchbkb.errors import NumericsError, nonfinite_rows_error
 from torchbkb.utils.host_copy import HOST_DTYPES, host_array
 
 __all__ = ["FeatureRows", "StreamedKernelRows", "finite_rows", "on_host"]
@@ -212,9 +212,9 @@ def finite_rows(rows: torch.Tensor, arms: list[int] | Callable[[], list[int]] | 
     if not finite:
         bad = (~torch.isfinite(rows)).any(1).nonzero().squeeze(1).tolist()
         names = arms() if callable(arms) else arms
-        named = bad if names is None else [names[i] for i in bad]
-        err = NumericsError(f"kernel: expected finite values k(a, ·), got NaN/inf in the rows of "
-                            f"{'arms' if names is not None else 'positions'} {named}")
-        err.arms = () if names is None else tuple(named)
+        if names is not None:
+            raise nonfinite_rows_error([names[i] for i in bad])
+        err = NumericsError(f"kernel: expected finite values k(a, ·), got NaN/inf in the rows of positions {bad}")
+        err.nonfinite = True
         raise err
     return rows

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 
+from torchbkb.errors import NumericsError, nonfinite_rows_error
 from torchbkb.utils.host_copy import to_device, to_dtype
 
 __all__ = ["PulledArms"]
@@ -25,10 +26,10 @@ class PulledArms:
     def _pulled_arms(self, told: list[int]) -> torch.Tensor:
         """`(p,)` long, the arms pulled so far, ascending; updated on the host after a first pull (in ``told``)."""
         if self._pulled is None:
-            self._set_pulled_host((self.counts > 0).cpu().nonzero().squeeze(1))  # one read
-            self._pulled_set = set(self._pulled_host.tolist())
+            self._pulled_set = set((self.counts > 0).cpu().nonzero().squeeze(1).tolist()) - self.nonfinite_arms
+            self._set_pulled_host(torch.tensor(sorted(self._pulled_set), dtype=torch.long))  # one read
         elif any(a not in self._pulled_set for a in told):
-            self._pulled_set.update(told)
+            self._pulled_set.update(a for a in told if a not in self.nonfinite_arms)
             self._set_pulled_host(torch.tensor(sorted(self._pulled_set), dtype=torch.long))
         return self._pulled
 
@@ -36,9 +37,10 @@ class PulledArms:
         self._pulled_host, self._pulled = host, to_device(host, self.arms.device)
 
     def _add_pulled(self, told: list[int]) -> tuple[list[int], torch.Tensor | bool] | None:
-        """Cache the kernel rows of the arms in ``told`` pulled the first time: ``(new arms, finite)`` for
-        :meth:`_read_with_rows` (``None`` when no row was added)."""
-        return self.rows.add_pulled(told, check=False)
+        """Cache the kernel rows of the arms in ``told`` pulled the first time (not those of :attr:`nonfinite_arms`):
+        ``(new arms, finite)`` for :meth:`_read_with_rows` (``None`` when no row was added)."""
+        known = self.nonfinite_arms
+        return self.rows.add_pulled([a for a in told if a not in known] if known else told, check=False)
 
     def _read_with_rows(self, values: torch.Tensor, added: tuple[list[int], torch.Tensor | bool] | None
                         ) -> torch.Tensor:
@@ -55,15 +57,25 @@ class PulledArms:
         return both[:-1]
 
     def _reject_rows(self, arms: list[int]) -> None:
-        """Raise the :class:`~torchbkb.errors.NumericsError` of the non-finite kernel rows of the newly pulled
-        ``arms``, after dropping the rows and the arms from the pulled set: what a check on arrival leaves (the
-        arms' counts stay; their rows were never taken)."""
-        self._drop_pulled(arms)
-        self.rows.reject_pulled(arms)
+        """Raise the :class:`~torchbkb.errors.NumericsError` of the newly pulled ``arms`` whose kernel rows are not
+        finite, after dropping those rows and arms from the pulled set (the arms' counts stay; the others of
+        ``arms`` stay pulled, with their rows)."""
+        try:
+            self.rows.reject_pulled(arms)
+        except NumericsError as err:
+            self._drop_pulled(err.arms)
+            raise
+
+    def _refuse_nonfinite(self) -> None:
+        """Raise the :class:`~torchbkb.errors.NumericsError` of the arms just told that were found with NaN/inf
+        kernel rows before (:attr:`nonfinite_arms`): the update ran without them, their rewards counted, not fitted."""
+        known, told = self.nonfinite_arms, self.last_told_ids
+        if known and any(a in known for a in told):
+            raise nonfinite_rows_error(sorted({a for a in told if a in known}))
 
     def _drop_pulled(self, arms) -> None:
-        """Take ``arms`` out of the pulled set (their kernel rows hold NaN/inf): no update fits them until they are
-        pulled again."""
+        """Take ``arms`` out of the pulled set for good (their kernel rows hold NaN/inf: ``nonfinite_arms``)."""
+        self.nonfinite_arms.update(arms)
         if self._pulled is not None and any(a in self._pulled_set for a in arms):
             self._pulled_set.difference_update(arms)
             self._set_pulled_host(torch.tensor(sorted(self._pulled_set), dtype=torch.long))

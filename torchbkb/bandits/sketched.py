@@ -96,6 +96,9 @@ class SketchedKernelBandit(SettlingReadouts, FixedCapacityUpdates, SketchedCheck
         row_posterior: the DTC state both updates write, a :class:`~torchbkb.gp.kernel_row_posterior.KernelRowPosterior`
             (``W``, ``V⁻¹``, the scoring operator, the arms' scores); :attr:`posterior` is this state as a
             :class:`~torchbkb.DTCPosterior`.
+        nonfinite_arms: the arms whose kernel rows ``k(a, ·)`` held NaN/inf: their rewards are counted (``counts``,
+            ``history``) but left out of the posterior, and telling one again raises again
+            (:mod:`~torchbkb.bandits.update_rollback`).
     """
 
     def __init__(
@@ -131,13 +134,10 @@ class SketchedKernelBandit(SettlingReadouts, FixedCapacityUpdates, SketchedCheck
         self.sampler = RLSDictionary(self.q_bar, generator=self.generator, inclusion=self.inclusion)
         self.dictionary = self._long([])
         self.beta = float("nan")
-        self._deff: float | None = 0.0  # None: computed from _deff_inputs when read
-        self._deff_inputs: tuple | None = None
-        self.embeddings_computed = 0
-        self.arms_scored_total = 0  # (arms_scored: set with the empty posterior below)
-        self._pulled: torch.Tensor | None = None  # (p,) the pulled arms, ascending (None: to be found again)
-        self._pulled_set: set[int] = set()
-        self._pulled_host: torch.Tensor | None = None  # _pulled on the CPU
+        self._deff, self._deff_inputs = 0.0, None  # _deff None: computed from _deff_inputs when read
+        self.embeddings_computed = self.arms_scored_total = 0  # (arms_scored: set with the empty posterior below)
+        self._pulled = self._pulled_host = None  # (p,) the pulled arms, ascending, on the device and the CPU
+        self._pulled_set, self.nonfinite_arms = set(), set()  # (_pulled None: found again from the counts)
         self._dictionary_host: tuple[torch.Tensor, torch.Tensor | None] = (self.dictionary, None)
         self.row_posterior = KernelRowPosterior(self.kdiag, self.lam)
         self._bonus_cache: tuple[float, torch.Tensor] | None = None  # (width, width·√(k/λ)) for the UCB bound

@@ -33,12 +33,14 @@ class SketchedCheckpoint:
             "arms_scored_total": self.arms_scored_total,
             "prune": self.pruning.state(),
             "slots": self.engine.m_cap,
+            "nonfinite_arms": sorted(self.nonfinite_arms),
         }
 
     def _load_algorithm_state(self, state: dict[str, Any]) -> None:
         self.rows.reset()
-        self._pulled = None
-        self.rows.add_pulled(list(dict.fromkeys(self.history["index"])))  # each row alone, as first computed
+        self._pulled, self.nonfinite_arms = None, {int(a) for a in state["nonfinite_arms"]}
+        pulled = [a for a in dict.fromkeys(self.history["index"]) if a not in self.nonfinite_arms]
+        self.rows.add_pulled(pulled)  # each row alone, as first computed
         self._clear_posterior()
         self.dictionary = self._long([])
         saved = state["prune"]

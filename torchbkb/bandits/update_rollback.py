@@ -7,7 +7,8 @@ accuracy check's count and the counters. The arms whose kernel rows the error na
 set, as a check of their rows on arrival drops them, so that a run goes on: the next update fits every pull but
 theirs, this batch's included (``tell`` recorded its rewards before the update ran). The dictionary's draws are spent,
 as every update that raises spends them (a pulled arm's row is checked after the draw too): every device and every
-cache mode goes on with the same draws.
+cache mode goes on with the same draws. Such arms are kept in ``nonfinite_arms`` (and in checkpoints): telling one
+again runs the update without it, then raises the same error.
 
 Example:
     >>> import torch
@@ -50,10 +51,12 @@ def rolled_back(update):
     def run(self, *args, **kwargs):
         saved = self._update_state()
         try:
-            return update(self, *args, **kwargs)
+            out = update(self, *args, **kwargs)
         except NumericsError as err:
             self._roll_back(saved, err.arms)
             raise
+        self._refuse_nonfinite()  # arms told again whose rows were found with NaN/inf: left out, and said so
+        return out
     return run
 
 
@@ -83,6 +86,6 @@ class UpdateRollback(PulledArms):
         bad = self.rows.nonfinite_rows(dictionary)
         err = NumericsError("kernel: expected finite values k(a, ·), got NaN/inf scores from the dictionary rows"
                             + (f" (in the rows of arms {bad})" if bad else ""))
-        err.arms = tuple(bad)
+        err.nonfinite, err.arms = True, tuple(bad)
         raise err
 

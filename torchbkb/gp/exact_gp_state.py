@@ -143,7 +143,9 @@ class ExactGPState(nn.Module):
         l = torch.linalg.solve_triangular(L, kx.unsqueeze(-1), upper=False).squeeze(-1) if n else kx
         d2 = self.kernel.diag(x2).to(dt)[0] + noise - (l * l).sum()
         if not bool(d2 > 0):
-            raise NumericsError(f"ExactGPState.grow_: expected a positive Schur complement, got {float(d2):.3e}")
+            err = NumericsError(f"ExactGPState.grow_: expected a positive Schur complement, got {float(d2):.3e}")
+            err.nonfinite = not bool(torch.isfinite(d2))  # NaN/inf kernel values at x
+            raise err
         delta = d2.sqrt()
         mean_x = (l * block["beta"]).sum()
         beta_x = torch.zeros((), dtype=dt, device=x.device) if y is None else (y.to(dt) - mean_x) / delta

@@ -168,6 +168,10 @@ class ExactPosterior(nn.Module):
             x: `(k, d)` or `(d,)`.
             y: `(k,)` mean rewards, or ``None``.
             counts: `(k,)` positive counts; default ones.
+
+        Raises:
+            NumericsError: a row's Schur complement is not positive, or its kernel values are NaN/inf
+                (``nonfinite``); the rows before it are added, it and the rest are not.
         """
         self._require_fit()
         if isinstance(x, torch.Tensor) and x.dim() == 1:
@@ -304,17 +308,23 @@ class ExactPosterior(nn.Module):
         return torch.linalg.solve_triangular(L, Kxq, upper=False)  # (*b, n, q)
 
     def _grow(self, x: torch.Tensor, y: torch.Tensor | None, count: torch.Tensor) -> None:
-        n, dtype = self.num_train, self.L.dtype
+        n, dtype, w = self.num_train, self.L.dtype, self._watch
+        kA = None if w is None else self.kernel(x.unsqueeze(0), w["X"]).to(dtype)[0]  # (A,), checked before any change
+        if kA is not None and not bool(torch.isfinite(kA).all()):
+            err = NumericsError("ExactPosterior.update: expected finite kernel values k(x, ·) at the watched points, "
+                                "got NaN/inf")
+            err.nonfinite = True
+            raise err
         try:
             l, dnew, liy = self.state.grow_(x, y, self.lam / count.to(dtype))
         except NumericsError as err:
-            raise NumericsError(f"ExactPosterior.update: {err}") from None
+            new = NumericsError(f"ExactPosterior.update: {err}")
+            new.nonfinite = err.nonfinite
+            raise new from None
         if n + 1 > self._C.shape[0]:
             self._reserve(2 * (n + 1), n)
         self._C[n] = count.to(dtype)
-        if self._watch is not None:
-            w = self._watch
-            kA = self.kernel(x.unsqueeze(0), w["X"]).to(dtype)[0]  # (A,)
+        if w is not None:
             q = (kA - l @ w["Q"][:n]) / dnew  # (A,): O(A·n)
             w["Q"][n] = q
             w["mean"] += q * liy
