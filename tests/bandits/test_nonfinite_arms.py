@@ -31,7 +31,7 @@ def _bad(a: int) -> bool:
     return not bool(torch.isfinite(_kernel(ARMS[a : a + 1], ARMS)).all())
 
 
-def _make(cls, device=torch.device("cpu"), **kw):
+def _make(cls, device="cpu", **kw):
     return cls(ARMS.to(device), KERNEL, noise=0.01, beta=0.3, seed=0, **kw)
 
 

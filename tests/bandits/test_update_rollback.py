@@ -34,7 +34,7 @@ class Holey:
         return torch.ones(X.shape[:-1], dtype=X.dtype)
 
 
-def _holey_bandit(cls, fixed: bool, device=torch.device("cpu"), **caches):
+def _holey_bandit(cls, fixed: bool, device="cpu", **caches):
     bandit = cls(ARMS.to(device), as_kernel(Holey(), diag=Holey().diag), noise=0.01, beta=0.3, seed=0, **caches)
     bandit.fixed_capacity = fixed
     return bandit

@@ -278,9 +278,10 @@ class KernelRowCache:
         have = set(order)
         entering = [a for a in new_dict if a not in have]  # ascending (new_dict is sorted or a saved order)
         copied = blocks is None and self._P_pos is not None and all(a in self._P_pos for a in entering)
-        # rows to compute, one kernel call a block, checked before anything is written: an error changes nothing
-        computed = [] if copied else [(members, finite_rows(self._kernel_rows(self.arms[self._long(members)]), members))
-                                      for members in ([entering] if blocks is None else blocks) if members]
+        # the entering points' rows (one kernel call) are computed and checked before anything is written: an error
+        # changes nothing; resuming (the cache cleared, nothing to keep) computes one saved block at a time
+        computed = ([] if copied or not entering else [(entering, self._checked_rows(entering))]) if blocks is None \
+            else ((members, self._checked_rows(members)) for members in blocks if members)
         holes = [p for p, a in enumerate(order) if a not in want]
         n_fill = min(len(holes), len(entering))
         compute = holes[:n_fill]  # slots to (re)fill
@@ -309,8 +310,9 @@ class KernelRowCache:
             buf.index_copy_(0, self._long(compute), self._P_buf[self._long([self._P_pos[order[p]] for p in compute])])
             for p in compute:
                 slot_block[p] = -1  # a block of one: the row as computed alone
-        block_of = dict(self._blocks)
-        slot_of = {a: p for p, a in enumerate(order)}
+        block_of = self._blocks
+        if not copied:
+            block_of, slot_of = dict(block_of), {a: p for p, a in enumerate(order)}
         for members, rows in computed:  # (e, A): one call per block
             bid = -1
             if len(members) > 1:
@@ -328,6 +330,10 @@ class KernelRowCache:
             block_of = {b: mem for b, mem in block_of.items() if b in live}
         self._K_buf, self.order, self.order_index, self._slot_block = buf, order, self._long(order), slot_block
         self._blocks = block_of
+
+    def _checked_rows(self, members: list[int]) -> torch.Tensor:
+        """`(e, A)` ``k(arms[members], arms)`` in one kernel call, checked for NaN/inf (:func:`finite_rows`)."""
+        return finite_rows(self._kernel_rows(self.arms[self._long(members)]), members)
 
     def _kernel_rows(self, X1: torch.Tensor) -> torch.Tensor:
         """`(e, A)` ``k(X1, arms)``, the values of ``kernel(X1, arms)``: with the arms' side of the kernel computed
