@@ -9,7 +9,8 @@ same update is one function of fixed shapes (:func:`fixed_update`, it compiles w
 * the dictionary lives in ``m_cap`` slots, compacted in ascending arm order by a cumulative sum and one scatter (the
   order the bandit's own update uses while the rows fit :data:`~torchbkb.bandits.kernel_row_cache.REFILL_BYTES`); the
   unused slots hold an identity block in ``K_S``, zero features and zero rows and columns in the scoring operator, so
-  they change no score (their kernel rows are never cleared: that would be one more pass over `(m_cap, A)`);
+  they change no score while their rows are finite (they repeat the first slot's arm; 0·NaN is NaN), and their
+  kernel rows are never cleared (that would be one more pass over `(m_cap, A)`);
 * what the eager update checks on the host -- ``K_S``'s Cholesky pivots, ``V``'s factorization, the dictionary's
   size -- comes back as flags, read once per update with the dictionary (:class:`FixedCapacityEngine`), which grows
   ``m_cap`` (doubling) and runs the update again with the same draws when the dictionary outgrew it, and hands an
@@ -102,8 +103,7 @@ def fixed_update(K_P: torch.Tensor | None, asc_row: torch.Tensor, asc_arm: torch
     keep = keep & valid_p
     positions, valid, m = compact_slots(keep, m_cap)
     slots = asc_arm.index_select(0, positions)
-    slots = torch.where(valid, slots, slots[:1])  # the unused slots repeat the first: no other arm's row computed
-    # (m_cap, A): the unused slots' rows are never read -- every small matrix is masked below instead
+    slots = torch.where(valid, slots, slots[:1])  # (m_cap, A) rows: the unused slots repeat the first, never read
     if K_P is None:
         K_SA = kernel(arms.index_select(0, slots), arms)
     else:

@@ -26,8 +26,9 @@ class PulledArms:
     def _pulled_arms(self, told: list[int]) -> torch.Tensor:
         """`(p,)` long, the arms pulled so far, ascending; updated on the host after a first pull (in ``told``)."""
         if self._pulled is None:
-            self._pulled_set = set((self.counts > 0).cpu().nonzero().squeeze(1).tolist()) - self.nonfinite_arms
-            self._set_pulled_host(torch.tensor(sorted(self._pulled_set), dtype=torch.long))  # one read
+            pulled = (self.counts > 0).cpu().nonzero().squeeze(1).tolist()  # one read
+            self._pulled_set = set(pulled) - self.nonfinite_arms
+            self._set_pulled_host(torch.tensor(sorted(self._pulled_set), dtype=torch.long))
         elif any(a not in self._pulled_set for a in told):
             self._pulled_set.update(a for a in told if a not in self.nonfinite_arms)
             self._set_pulled_host(torch.tensor(sorted(self._pulled_set), dtype=torch.long))
