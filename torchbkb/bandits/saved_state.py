@@ -28,6 +28,8 @@ from torchbkb.errors import CheckpointError
 __all__ = ["check_saved_state", "check_algorithm_state"]
 
 _FIELDS = ("generator", "counts", "reward_sums", "t", "batch_id", "history", "pending", "told", "algorithm")
+#: algorithm fields that are lists of arm indices
+_ARM_LISTS = ("nonfinite_arms",)
 
 
 def check_saved_state(state: dict[str, Any], num_arms: int) -> None:
@@ -118,6 +120,8 @@ def check_algorithm_state(saved: dict[str, Any], reference: dict[str, Any], num_
               and not isinstance(got, type(ref) if not isinstance(ref, (list, tuple)) else (list, tuple))):
             raise CheckpointError(f"state: expected algorithm field {key!r} as a {type(ref).__name__}, got "
                                   f"{_describe(got)}")
+        if key in _ARM_LISTS:
+            _check_arms(list(got), num_arms, f"algorithm field {key!r}:")
 
 
 def _is_int(v: Any) -> bool:

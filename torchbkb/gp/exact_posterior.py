@@ -134,6 +134,9 @@ class ExactPosterior(nn.Module):
 
         Args:
             X: `(A, d)` points to watch (e.g. a bandit's arms).
+
+        Raises:
+            NumericsError: NaN/inf kernel values (``nonfinite``; what was watched before stays watched).
         """
         self._require_fit()
         check_matrix(X, "X", d=self.train_X.shape[-1])
@@ -145,6 +148,10 @@ class ExactPosterior(nn.Module):
         if n:
             Q[:n] = torch.linalg.solve_triangular(self.L, self.kernel(self.train_X, X).to(dtype), upper=False)
         kdiag = self.kernel.diag(X).to(dtype)
+        if not bool(torch.isfinite(Q[:n]).all() & torch.isfinite(kdiag).all()):  # nothing is watched then
+            err = NumericsError("ExactPosterior.watch: expected finite kernel values k(X_train, X), got NaN/inf")
+            err.nonfinite = True
+            raise err
         self._watch = {
             "X": X,
             "Q": Q,
