@@ -37,7 +37,8 @@ import torch
 from torch import nn
 
 from torchbkb.bandits.bandit_checkpoint import BanditCheckpoint
-from torchbkb.errors import InputDataError, TorchBKBError, check_finite, check_generator, check_matrix, check_positive
+from torchbkb.bandits.excluded_arms import ExcludedArms
+from torchbkb.errors import InputDataError, check_finite, check_generator, check_matrix, check_positive
 from torchbkb.bandits.confidence import check_beta
 from torchbkb.gp.kernels import KernelAdapter, as_kernel
 from torchbkb.gp.linalg import check_units
@@ -46,8 +47,9 @@ from torchbkb.utils.host_copy import to_device, to_dtype
 __all__ = ["Bandit", "KernelBandit", "check_beta"]
 
 
-class Bandit(BanditCheckpoint):
-    """Base class of the finite-arm bandits (ask/tell, counts, history; checkpoints from
+class Bandit(ExcludedArms, BanditCheckpoint):
+    """Base class of the finite-arm bandits (ask/tell, counts, history; excluded arms from
+    :class:`~torchbkb.bandits.excluded_arms.ExcludedArms`, checkpoints from
     :class:`~torchbkb.bandits.bandit_checkpoint.BanditCheckpoint`).
 
     Args:
@@ -60,8 +62,9 @@ class Bandit(BanditCheckpoint):
         reward_sums: `(A,)` float64, sum of the rewards told per arm.
         t: number of rewards told so far.
         history: dict of lists ``index``, ``reward``, ``batch`` (one entry per told reward).
-        excluded: `(A,)` bool, arms never selected again (see :meth:`discard`). Written directly, it holds from the
-            next ``ask`` on, and :attr:`exclusions` follows it (reason ``"excluded"`` for the arms it adds).
+        excluded: `(A,)` bool, arms never selected again (see :meth:`exclude`, :meth:`discard`). Written directly, it
+            holds from the next ``ask`` on, and :attr:`exclusions` follows it (reason ``"excluded"`` for the arms it
+            adds).
         exclusions: ``{arm: reason}`` for every excluded arm (the error that made it fail).
         batch_id: number of batches asked so far (the current batch's id is ``batch_id - 1``).
     """
@@ -170,25 +173,6 @@ class Bandit(BanditCheckpoint):
         if not self._pending:
             self._finish_batch()
 
-    def readmit(self, indices: torch.Tensor | None = None) -> list[int]:
-        """Let the excluded arms ``indices`` `(k,)` (``None``: all) be selected again, e.g. once the cause of their
-        failures is fixed; returns them, ascending."""
-        self._sync_exclusions()
-        if indices is None:
-            idx = self.excluded.nonzero().squeeze(1)
-        else:
-            idx, ids = self._check_indices(indices, "indices")
-            bad = [a for a in ids if not bool(self.excluded[a])]
-            if bad:
-                raise InputDataError(f"indices: expected excluded arms (excluded: {sorted(self.exclusions)}), got arms "
-                                     f"{bad} that are not")
-        arms = sorted(set(idx.tolist()))
-        self.excluded[idx] = False
-        for a in arms:
-            self.exclusions.pop(a, None)
-        self._excluded_seen = (self.excluded, self.excluded._version)
-        return arms
-
     # ------------------------------------------------------------------ hooks
     def _select(self) -> torch.Tensor:  # pragma: no cover - abstract
         raise NotImplementedError
@@ -203,46 +187,6 @@ class Bandit(BanditCheckpoint):
         return None
 
     # ------------------------------------------------------------------ internals
-    def _allowed(self) -> torch.Tensor:
-        """`(k,)` indices of the arms not excluded; an error when there is none."""
-        allowed = (~self.excluded).nonzero().squeeze(1)
-        if allowed.numel() == 0:
-            raise TorchBKBError(f"{type(self).__name__}: every one of the {self.num_arms} arms was excluded (they all "
-                                f"kept failing)")
-        return allowed
-
-    def _sync_exclusions(self) -> None:
-        """:attr:`exclusions` brought in line with :attr:`excluded` when that was written directly or replaced since
-        the last sync (one host read then, none otherwise); an error, changing nothing, for a tensor of another
-        shape, dtype or device."""
-        ex, (seen, version) = self.excluded, self._excluded_seen
-        if ex is seen and ex._version == version:
-            return
-        A, dev = self.num_arms, self.arms.device
-        if not isinstance(ex, torch.Tensor) or ex.dtype != torch.bool or ex.shape != (A,) or ex.device != dev:
-            got = (f"{ex.dtype} of shape {tuple(ex.shape)} on {ex.device}" if isinstance(ex, torch.Tensor)
-                   else type(ex).__name__)
-            raise InputDataError(f"excluded: expected a bool tensor of shape ({A},) on {dev}, got {got}")
-        arms = ex.nonzero().squeeze(1).tolist()
-        added = any(a not in self.exclusions for a in arms)
-        self.exclusions = {a: self.exclusions.get(a, "excluded") for a in arms}
-        self._excluded_seen = (ex, ex._version)
-        if added:
-            self._exclusions_added()
-
-    def _exclusions_added(self) -> None:
-        """Hook: arms were excluded by a direct write of :attr:`excluded`, perhaps after the last update (nothing
-        here)."""
-
-    def _mask_excluded(self, scores: torch.Tensor) -> torch.Tensor:
-        """``scores`` `(A,)` with the excluded arms at ``-inf`` (so no argmax picks them), or ``scores`` itself when no
-        arm is (callers only read it). No host read: :attr:`exclusions`, which ``ask`` syncs before a selection, says
-        whether any arm is excluded, and an error says so if every arm is."""
-        if not self.exclusions:
-            return scores
-        self._allowed()
-        return scores.masked_fill(self.excluded, -torch.inf)
-
     def _record(self, idx: torch.Tensor, ids: list[int], y: torch.Tensor, ys: list[float]) -> None:
         """Add the checked rewards ``y`` `(k,)` float64 (``ys`` on the host) of the arms ``idx`` (``ids``)."""
         self.counts.index_add_(0, idx, torch.ones_like(idx))

@@ -17,9 +17,11 @@ Failures (:mod:`torchbkb.experiment.evaluation`): an arm whose objective raises 
 :class:`~torchbkb.errors.ObjectiveError` (``on_failure="raise"``) or is left out and excluded from later
 selections with its error recorded (``"skip"``; ``readmit=`` or ``bandit.readmit()`` lets it back). A result
 that is not one real number per arm is an :class:`~torchbkb.errors.ObjectiveOutputError` at once.
-Failures of the infrastructure (executor, workers, timeouts, connections, cancellations) never exclude an
-arm: they are retried with backoff until ``deadline``, a pool the run owns (``executor="process"``) is
-recreated, and otherwise the run checkpoints and raises :class:`~torchbkb.errors.InfrastructureError`;
+An arm whose kernel values are NaN/inf (the bandit's :class:`~torchbkb.errors.NumericsError` names it; its reward is
+counted, not fitted) is handled as a failed objective: the run stops (``"raise"``) or the arm is excluded and the
+error recorded (``"skip"``). Failures of the infrastructure (executor, workers, timeouts, connections, cancellations)
+never exclude an arm: they are retried with backoff until ``deadline``, a pool the run owns (``executor="process"``)
+is recreated, and otherwise the run checkpoints and raises :class:`~torchbkb.errors.InfrastructureError`;
 running it again with the same checkpoint resumes. Every raise of the run's own errors is preceded by a
 checkpoint that keeps the rewards already received in the batch.
 
@@ -56,7 +58,8 @@ import torch
 
 from torchbkb.bandits.base import Bandit
 from torchbkb.experiment.checkpoint import check_checkpoint_path, read_checkpoint, save_checkpoint
-from torchbkb.errors import CheckpointError, InfrastructureError, InputDataError, ObjectiveError, check_int
+from torchbkb.errors import (CheckpointError, InfrastructureError, InputDataError, NumericsError, ObjectiveError,
+                             check_int)
 from torchbkb.experiment.evaluation import BatchEvaluator
 from torchbkb.experiment.history import History
 from torchbkb.objectives import ArmObjective, as_objective, check_values
@@ -119,6 +122,8 @@ def run(
         ObjectiveError: an arm's objective kept failing and ``on_failure="raise"`` (after a checkpoint).
         ObjectiveOutputError: the objective returned something else than one real reward per arm.
         InfrastructureError: evaluations could not be run before ``deadline`` (after a checkpoint).
+        NumericsError: the kernel's values at some arms are NaN/inf and ``on_failure="raise"``, or a factorization
+            failed (after a checkpoint that holds the rewards told).
         CheckpointError: the checkpoint path cannot be written, or the file cannot be resumed here.
     """
     if not isinstance(bandit, Bandit):
@@ -170,6 +175,17 @@ def run(
                             {"bandit": bandit.state_dict(), "history": hist.to_dict(),
                              "objective": state() if state else None, "batches": batches_done})
 
+    def left_out(err: NumericsError, batch: int) -> None:
+        """Arms whose kernel values are NaN/inf (``err.arms``, named by the bandit): the run stops after a checkpoint
+        (``"raise"``) or they are recorded and excluded (``"skip"``)."""
+        if not err.arms or on_failure == "raise":
+            save()
+            raise err
+        for a in err.arms:
+            warnings.warn(f"torchbkb.run: arm {a} is left out: {err}", RuntimeWarning, stacklevel=3)
+            hist.failures.append((batch, a, str(err)))
+        bandit.exclude(list(err.arms), reason=str(err))
+
     cum_regret = sum(hist.regret) if f is not None else float("nan")  # running R_t, for the postfix
     bar = None
     if progress:
@@ -184,7 +200,11 @@ def run(
                 hist.meta["stopped"] = f"time limit {time_limit:.0f}s reached at t={len(hist)}"
                 break
             a0 = time.perf_counter()
-            idx = bandit.ask()
+            try:
+                idx = bandit.ask()
+            except NumericsError as err:  # the update the ask ran (BBKB's on a GPU) met NaN/inf kernel values
+                left_out(err, bandit.batch_id - 1)
+                continue
             algo += time.perf_counter() - a0
             fill_sizes()  # the ask ran the deferred update: its size is known without a read of its own
             room = budget - len(hist)
@@ -197,9 +217,13 @@ def run(
             ok = sorted(out.rewards)
             a0 = time.perf_counter()
             told = todo if len(ok) == len(todo) else [todo[j] for j in ok]
+            kernel_error = None
             if ok:  # every point told: the tensor ask returned, whose arms the bandit knows without reading them
-                bandit.tell(idx if whole and told is todo else torch.tensor(told, dtype=torch.long),
-                            torch.tensor([out.rewards[j] for j in ok], dtype=torch.float64))
+                try:
+                    bandit.tell(idx if whole and told is todo else torch.tensor(told, dtype=torch.long),
+                                torch.tensor([out.rewards[j] for j in ok], dtype=torch.float64))
+                except NumericsError as err:  # the rewards are told; arms with NaN/inf kernel values are left out
+                    kernel_error = err
             algo += time.perf_counter() - a0
             now, a_now = t_offset + time.perf_counter() - start, a_offset + algo
             deferred = getattr(bandit, "update_deferred", False)
@@ -235,6 +259,8 @@ def run(
                 raise ObjectiveError(f"objective failed at arm index {todo[j]} (batch {batch}) after {out.attempts[j]} "
                                      f"attempt(s): {out.failed[j]}"
                                      + (f"; also arms {[todo[k] for k in failed[1:]]}" if len(failed) > 1 else ""))
+            if kernel_error is not None:
+                left_out(kernel_error, batch)
             a0 = time.perf_counter()
             if extra is not None and extra.numel() and len(bandit.pending):  # past the budget: not evaluated
                 bandit.discard(extra)
