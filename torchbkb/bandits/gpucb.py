@@ -90,7 +90,10 @@ class GPUCB(KernelBandit):
         """The width for the next selection."""
         if self.beta_mode == "practical":
             rls = self.posterior.watched()[1].to(torch.float64) / self.lam
-            deff = float((self.counts.to(torch.float64) * rls).sum())  # Σ_i n_i σ²ₜ(x_i)
+            n = self.counts.to(torch.float64)
+            if self.nonfinite_arms:  # pulls the posterior does not hold
+                n = n.index_fill(0, self._long(sorted(self.nonfinite_arms)), 0.0)
+            deff = float((n * rls).sum())  # Σ_i n_i σ²ₜ(x_i) over the pulls the posterior holds
             return bkb_practical_beta(deff, self.t, noise_std=self.noise_std, lam=self.lam, F=self.F, delta=self.delta)
         if self.beta_mode != "theory":
             return float(self.beta_mode)
