@@ -128,11 +128,18 @@ def test_a_numerics_error_after_the_rows_were_written_is_rolled_back(cls, stream
     for _ in range(12):
         i = bandit.ask()
         bandit.tell(i, F[i])
-    real, calls = KernelRowPosterior.score, []
+    real, calls, rebuilt = KernelRowPosterior.score, [], []
+    set_dictionary = KernelRowCache.set_dictionary
 
     def failing(self, *args, **kwargs):
         calls.append(1)
         raise NumericsError("V: expected a positive definite matrix, got a failed factorization")
+
+    def spied(self, dictionary, order=None, blocks=None, **kwargs):  # a restore computes the old rows again
+        rebuilt.append(blocks is not None)
+        return set_dictionary(self, dictionary, order, blocks, **kwargs)
+
+    monkeypatch.setattr(KernelRowCache, "set_dictionary", spied)
 
     failed = 0
     for _ in range(6):  # until an update changes the dictionary, then fails
@@ -147,6 +154,7 @@ def test_a_numerics_error_after_the_rows_were_written_is_rolled_back(cls, stream
             failed += 1
         monkeypatch.setattr(KernelRowPosterior, "score", real)
     assert failed == 6 and len(calls) == 6
+    assert sum(rebuilt) == (0 if streamed else 6)  # cached rows were written over in place, and computed again
     i = bandit.ask()
     bandit.tell(i, F[i])  # every pull fitted now, none dropped
     assert bandit.posterior.num_train == int((bandit.counts > 0).sum())
