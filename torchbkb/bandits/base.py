@@ -163,12 +163,8 @@ class Bandit(ExcludedArms, BanditCheckpoint):
         """
         idx, ids = self._check_indices(indices, "indices")
         remaining = self._check_pending(ids)
-        if exclude:
-            self._sync_exclusions()
-            self.excluded[idx] = True
-            for a in ids:
-                self.exclusions[a] = "excluded" if reason is None else str(reason)
-            self._excluded_seen = (self.excluded, self.excluded._version)
+        if exclude:  # the batch's update, when these were its last pending arms, reads the mask as written
+            self._write_exclusions(idx, ids, reason)
         self._pending = remaining
         if not self._pending:
             self._finish_batch()

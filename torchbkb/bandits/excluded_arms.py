@@ -33,13 +33,7 @@ class ExcludedArms:
         kept in :attr:`exclusions` and checkpoints; returns them, ascending. :meth:`readmit` lets them back. Arms
         still pending stay pending (:meth:`discard` drops them)."""
         idx, ids = self._check_indices(indices, "indices")
-        self._sync_exclusions()
-        added = any(a not in self.exclusions for a in ids)
-        self.excluded[idx] = True
-        for a in ids:
-            self.exclusions[a] = "excluded" if reason is None else str(reason)
-        self._excluded_seen = (self.excluded, self.excluded._version)
-        if added:
+        if self._write_exclusions(idx, ids, reason):
             self._exclusions_added()
         return sorted(set(ids))
 
@@ -63,6 +57,16 @@ class ExcludedArms:
         return arms
 
     # ------------------------------------------------------------------ internals
+    def _write_exclusions(self, idx: torch.Tensor, ids: list[int], reason: str | None) -> bool:
+        """Exclude the checked arms ``idx`` (``ids`` on the host) with ``reason``; whether any was not excluded."""
+        self._sync_exclusions()
+        added = any(a not in self.exclusions for a in ids)
+        self.excluded[idx] = True
+        for a in ids:
+            self.exclusions[a] = "excluded" if reason is None else str(reason)
+        self._excluded_seen = (self.excluded, self.excluded._version)
+        return added
+
     def _allowed(self) -> torch.Tensor:
         """`(k,)` indices of the arms not excluded; an error when there is none."""
         allowed = (~self.excluded).nonzero().squeeze(1)

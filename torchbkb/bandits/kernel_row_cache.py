@@ -30,14 +30,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-import numpy as np
 import torch
 
-from torchbkb.bandits.kernel_rows import StreamedKernelRows, finite_rows, on_host
+from torchbkb.bandits.kernel_rows import StreamedKernelRows, finite_flag, finite_rows
 from torchbkb.errors import TorchBKBError, nonfinite_rows_error
 from torchbkb.gp.nystrom import DEFAULT_CHUNK
 from torchbkb.gp.scoring_chunk import check_chunk_size, scoring_chunk
-from torchbkb.utils.host_copy import host_array, to_device
+from torchbkb.utils.host_copy import to_device
 
 __all__ = ["AGAINST_BYTES", "KERNEL_CACHE_BYTES", "REFILL_BYTES", "ROW_CACHE_BYTES", "KernelRowCache"]
 
@@ -160,10 +159,9 @@ class KernelRowCache:
     def restore(self, snapshot: tuple) -> None:
         """The dictionary's rows as at :meth:`snapshot` (the pulled rows stay as they are): its references put back,
         or, when its cache was written over since, its rows computed again, each in the block it was computed in."""
-        buf, version, self.order, self.order_index, self._slot_block, self._blocks = snapshot
-        self._K_buf, order, index = buf, self.order, self.order_index
-        if buf is not None and buf._version != version:
-            self.set_dictionary(index, order=order, blocks=self.blocks())
+        self._K_buf, version, self.order, self.order_index, self._slot_block, self._blocks = snapshot
+        if self._K_buf is not None and self._K_buf._version != version:
+            self.set_dictionary(self.order_index, order=self.order, blocks=self.blocks())
 
     # ------------------------------------------------------------------ writing
     def add_pulled(self, arms: list[int], check: bool = True) -> tuple[list[int], torch.Tensor | bool] | None:
@@ -206,8 +204,7 @@ class KernelRowCache:
                 self._P_row[self._long(new)] = torch.arange(first, first + len(new), device=self.arms.device)
         if check:
             return None
-        rows = buf[first : first + len(new)]
-        return new, (bool(np.isfinite(host_array(rows)).all()) if on_host(rows) else torch.isfinite(rows).all())
+        return new, finite_flag(buf[first : first + len(new)])
 
     def reject_pulled(self, arms: list[int]) -> None:
         """Of ``arms``, the last ones :meth:`add_pulled` added (``check=False``), drop the rows that are not finite

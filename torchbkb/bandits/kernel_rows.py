@@ -32,7 +32,7 @@ import torch
 from torchbkb.errors import NumericsError, nonfinite_rows_error
 from torchbkb.utils.host_copy import HOST_DTYPES, host_array
 
-__all__ = ["FeatureRows", "StreamedKernelRows", "finite_rows", "on_host"]
+__all__ = ["FeatureRows", "StreamedKernelRows", "finite_flag", "finite_rows", "on_host"]
 
 
 class FeatureRows:
@@ -173,7 +173,7 @@ class StreamedKernelRows:
         ones)."""
         if self._checks.pending is None or on_host(rows):
             return finite_rows(rows, names)
-        self._checks.pending.append((torch.isfinite(rows).all(), lambda: (again(), names)))
+        self._checks.pending.append((finite_flag(rows), lambda: (again(), names)))
         return rows
 
 
@@ -200,16 +200,18 @@ def on_host(rows: torch.Tensor) -> bool:
     return rows.device.type == "cpu" and rows.dtype in HOST_DTYPES
 
 
+def finite_flag(rows: torch.Tensor) -> bool | torch.Tensor:
+    """Whether ``rows`` are all finite: a Python bool where NumPy scans them in place (:func:`on_host`), else a 0-d
+    bool tensor on their device, for the caller to read (with whatever else it reads)."""
+    return bool(np.isfinite(host_array(rows)).all()) if on_host(rows) else torch.isfinite(rows).all()
+
+
 def finite_rows(rows: torch.Tensor, arms: list[int] | Callable[[], list[int]] | None) -> torch.Tensor:
     """``rows`` `(e, A)` of kernel values ``k(arms, ·)``, or a :class:`~torchbkb.errors.NumericsError` before a NaN/inf
     value can enter the bandit's state. ``arms`` names the rows (a callable giving them is called only on failure;
     the error's ``arms`` are then the bad ones), ``None`` for unnamed rows (the error names their positions). On the
     CPU NumPy scans them in place: a few microseconds against three tensor operations and a read."""
-    if on_host(rows):
-        finite = bool(np.isfinite(host_array(rows)).all())
-    else:
-        finite = bool(torch.isfinite(rows).all())
-    if not finite:
+    if not bool(finite_flag(rows)):
         bad = (~torch.isfinite(rows)).any(1).nonzero().squeeze(1).tolist()
         names = arms() if callable(arms) else arms
         if names is not None:

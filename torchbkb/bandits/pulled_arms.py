@@ -28,14 +28,16 @@ class PulledArms:
         if self._pulled is None:
             pulled = (self.counts > 0).cpu().nonzero().squeeze(1).tolist()  # one read
             self._pulled_set = set(pulled) - self.nonfinite_arms
-            self._set_pulled_host(torch.tensor(sorted(self._pulled_set), dtype=torch.long))
+            self._pulled_set_changed()
         elif any(a not in self._pulled_set for a in told):
             self._pulled_set.update(a for a in told if a not in self.nonfinite_arms)
-            self._set_pulled_host(torch.tensor(sorted(self._pulled_set), dtype=torch.long))
+            self._pulled_set_changed()
         return self._pulled
 
-    def _set_pulled_host(self, host: torch.Tensor) -> None:
-        self._pulled_host, self._pulled = host, to_device(host, self.arms.device)
+    def _pulled_set_changed(self) -> None:
+        """The host and device copies of ``_pulled_set``, ascending."""
+        self._pulled_host = torch.tensor(sorted(self._pulled_set), dtype=torch.long)
+        self._pulled = to_device(self._pulled_host, self.arms.device)
 
     def _add_pulled(self, told: list[int]) -> tuple[list[int], torch.Tensor | bool] | None:
         """Cache the kernel rows of the arms in ``told`` pulled the first time (not those of :attr:`nonfinite_arms`):
@@ -79,5 +81,5 @@ class PulledArms:
         self.nonfinite_arms.update(arms)
         if self._pulled is not None and any(a in self._pulled_set for a in arms):
             self._pulled_set.difference_update(arms)
-            self._set_pulled_host(torch.tensor(sorted(self._pulled_set), dtype=torch.long))
+            self._pulled_set_changed()
             self._fixed_pulled = None  # the fixed-capacity engine's padded copy of the old set

@@ -13,7 +13,7 @@ again runs the update without it, then raises the same error.
 Example:
     >>> import torch
     >>> from torchbkb import BKB
-    >>> from torchbkb.errors import NumericsError
+    >>> from torchbkb.errors import NumericsError, nonfinite_rows_error
     >>> from torchbkb.gp.kernels import as_kernel
     >>> arms = torch.linspace(0, 1, 30, dtype=torch.float64).reshape(-1, 1)
     >>> def k(X1, X2):  # NaN between the arms past 0.9 and those below 0.1
@@ -39,7 +39,7 @@ from __future__ import annotations
 import functools
 
 from torchbkb.bandits.pulled_arms import PulledArms
-from torchbkb.errors import NumericsError
+from torchbkb.errors import NumericsError, nonfinite_rows_error
 
 __all__ = ["UpdateRollback", "rolled_back"]
 
@@ -84,8 +84,9 @@ class UpdateRollback(PulledArms):
         """The :class:`~torchbkb.errors.NumericsError` of NaN/inf scores from the rows of the arms ``dictionary``,
         naming those whose rows hold NaN/inf (their rows computed again)."""
         bad = self.rows.nonfinite_rows(dictionary)
-        err = NumericsError("kernel: expected finite values k(a, ·), got NaN/inf scores from the dictionary rows"
-                            + (f" (in the rows of arms {bad})" if bad else ""))
-        err.nonfinite, err.arms = True, tuple(bad)
+        if bad:
+            raise nonfinite_rows_error(bad)
+        err = NumericsError("kernel: expected finite values k(a, ·), got NaN/inf scores from the dictionary rows")
+        err.nonfinite = True
         raise err
 

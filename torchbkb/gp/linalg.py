@@ -30,6 +30,7 @@ import warnings
 import torch
 
 from torchbkb.errors import InputDataError, NumericsError, NumericsWarning
+from torchbkb.utils.host_copy import to_dtype
 
 __all__ = [
     "UPCAST_MAX",
@@ -193,7 +194,7 @@ def cholesky_whitening_ex(K: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     `(3,)` ``[info, min L_ii, max L_ii]`` for :func:`whitening` to read (with whatever else the caller reads)."""
     m = K.shape[-1]
     dtype = compute_dtype(K.dtype, m)
-    L, info = torch.linalg.cholesky_ex(K if K.dtype == dtype else K.to(dtype))  # reads the lower triangle only
+    L, info = torch.linalg.cholesky_ex(to_dtype(K, dtype))  # reads the lower triangle only
     lo, hi = torch.aminmax(L.diagonal())  # pivots L_ii² > 0: compared through L_ii
     eye = torch.eye(m, dtype=dtype, device=K.device)
     return torch.linalg.solve_triangular(L, eye, upper=False), torch.stack((info.to(dtype), lo, hi))  # (m, m), L⁻¹
