@@ -36,6 +36,7 @@ __all__ = [
     "check_same_device_dtype",
     "check_positive",
     "nonfinite_rows_error",
+    "nonfinite_values_error",
 ]
 
 
@@ -50,16 +51,25 @@ class InputDataError(TorchBKBError, ValueError):
 class NumericsError(TorchBKBError, RuntimeError):
     """A factorization failed even after escalating the jitter, or a kernel returned NaN/inf; ``nonfinite`` is true
     when the matrix itself held NaN/inf entries (e.g. a hyperparameter an optimizer pushed out of range), ``arms``
-    names the arms whose kernel rows ``k(a, ·)`` held them, when known."""
+    names the arms whose kernel rows ``k(a, ·)`` held them, when known; ``rows``, from an online learner, names the row
+    of the call's inputs at which learning stopped."""
 
     nonfinite: bool = False
     arms: tuple[int, ...] = ()
+    rows: tuple[int, ...] = ()
 
 
 def nonfinite_rows_error(arms: list[int]) -> NumericsError:
     """The :class:`NumericsError` of kernel rows ``k(a, ·)`` holding NaN/inf, naming ``arms`` (its ``arms``)."""
     err = NumericsError(f"kernel: expected finite values k(a, ·), got NaN/inf in the rows of arms {list(arms)}")
     err.nonfinite, err.arms = True, tuple(arms)
+    return err
+
+
+def nonfinite_values_error(name: str, values: str) -> NumericsError:
+    """The :class:`NumericsError` of computed ``values`` (kernel values, features) of ``name`` holding NaN/inf."""
+    err = NumericsError(f"{name}: expected finite {values}, got NaN/inf")
+    err.nonfinite = True
     return err
 
 

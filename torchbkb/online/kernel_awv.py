@@ -31,11 +31,12 @@ Example:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import torch
 
-from torchbkb.errors import check_positive
+from torchbkb.errors import check_positive, nonfinite_values_error
 from torchbkb.gp.kernels import KernelAdapter, as_kernel
 from torchbkb.online._storage import GrowableRows
 from torchbkb.online.stream import OnlineLearner
@@ -80,22 +81,26 @@ class _ExactKernelForecaster(OnlineLearner):
         return torch.linalg.solve_triangular(self._L, rhs, upper=False)[:t]
 
     def _forecast(self, X: torch.Tensor):
-        """``(ŷ, l, δ²)`` for `(n, d)` ``X``: `(n,)`, `(t, n)`, `(n,)`."""
+        """``(ŷ, l, δ², r)`` for `(n, d)` ``X``: `(n,)`, `(t, n)`, `(n,)`, `(n,)`; ``r`` is ``δ²`` before its clamp,
+        NaN/inf exactly when a kernel value of the row is (``‖l‖² <= k(x, x) + λ`` cannot overflow)."""
         t, lam = self._t, float(self.lam)
         kxx = self.kernel.diag(X).to(torch.float64)  # (n,)
         if t == 0:
             zero = kxx.new_zeros(X.shape[0])
-            return zero, kxx.new_zeros((0, X.shape[0])), kxx + lam
+            return zero, kxx.new_zeros((0, X.shape[0])), kxx + lam, kxx
         l = self._solve(self.kernel(self._X.data, X).to(torch.float64))  # (t, n)
         base = l.T @ self._z[:t]  # (n,): KRR forecast
-        delta2 = (kxx + lam - (l * l).sum(0)).clamp_min(lam)  # Schur complement of K + λI is >= λ
-        return (lam / delta2 * base if self._awv else base), l, delta2
+        raw = kxx + lam - (l * l).sum(0)
+        delta2 = raw.clamp_min(lam)  # Schur complement of K + λI is >= λ
+        return (lam / delta2 * base if self._awv else base), l, delta2, raw
 
     def _predict(self, X: torch.Tensor) -> torch.Tensor:
         return self._forecast(X)[0]
 
     def _round(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        yhat, l, delta2 = self._forecast(x)
+        yhat, l, delta2, raw = self._forecast(x)
+        if not math.isfinite(raw.item()):  # checked before any write
+            raise nonfinite_values_error("kernel", "values k(x, ·) of the new input x")
         t = self._t
         if t + 1 > self._L.shape[0]:
             self._reserve(t + 1)

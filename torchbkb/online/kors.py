@@ -35,10 +35,19 @@ Example:
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import nn
 
-from torchbkb.errors import InputDataError, check_generator, check_matrix, check_nonnegative, check_positive
+from torchbkb.errors import (
+    InputDataError,
+    check_generator,
+    check_matrix,
+    check_nonnegative,
+    check_positive,
+    nonfinite_values_error,
+)
 from torchbkb.gp.kernels import KernelAdapter, as_kernel
 
 __all__ = ["KORSDictionary"]
@@ -136,6 +145,8 @@ class KORSDictionary(nn.Module):
         with torch.no_grad():
             kIx = self.kernel_to_dictionary(x)[0]  # (m,)
             kxx = float(self.kernel_diag(x).reshape(()))
+            if not math.isfinite(kxx + float(kIx.sum())):  # NaN/inf iff a value is; before the draw
+                raise nonfinite_values_error("kernel", "values k(x, ·) of x against the dictionary")
             p = self.probability_from_kernel(kIx, kxx)
             if not self.draw_uniform() < p:
                 return False
@@ -165,6 +176,12 @@ class KORSDictionary(nn.Module):
         with torch.no_grad():
             kIx = self.kernel_to_dictionary(x)[0] if k_xI is None else k_xI.to(torch.float64)
             kxx = float(self.kernel_diag(x).reshape(())) if k_xx is None else float(k_xx)
+            for name, ok, given in (("k_xI", bool(torch.isfinite(kIx).all()), k_xI is not None),
+                                    ("k_xx", math.isfinite(kxx), k_xx is not None)):
+                if not ok and given:
+                    raise InputDataError(f"{name}: expected finite kernel values, got NaN/inf")
+                if not ok:
+                    raise nonfinite_values_error("kernel", "values k(x, ·) of x against the dictionary")
             self._add(x, kIx, kxx, float(p), int(index))
 
     def kernel_to_dictionary(self, X: torch.Tensor) -> torch.Tensor:

@@ -38,10 +38,12 @@ Example:
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import nn
 
-from torchbkb.errors import InputDataError, check_int
+from torchbkb.errors import InputDataError, check_int, nonfinite_values_error
 from torchbkb.gp.kernels import KernelAdapter, as_kernel
 from torchbkb.online._storage import GrowableRows
 
@@ -157,8 +159,10 @@ class IncrementalNystromBasis(nn.Module):
 
     def append(self, x: torch.Tensor, l: torch.Tensor, delta: float) -> None:
         """Add ``x`` (with its :meth:`residual` ``(l, δ)``, ``δ > 0``) as a new direction."""
-        if not delta > 0:
-            raise InputDataError(f"delta: expected a residual norm > 0 (a new direction), got {delta!r}")
+        if not (0 < delta < math.inf):
+            raise InputDataError(f"delta: expected a finite residual norm > 0 (a new direction), got {delta!r}")
+        if not bool(torch.isfinite(l).all()):
+            raise InputDataError("l: expected finite coordinates, got NaN/inf")
         m = self.size
         T = torch.zeros((m + 1, m + 1), dtype=torch.float64, device=x.device)
         if m:
@@ -179,7 +183,7 @@ class IncrementalNystromBasis(nn.Module):
 
 
 def offer_to_kors(kors, basis: IncrementalNystromBasis, cols: torch.Tensor, x: torch.Tensor, index: int,
-                  rtol: float) -> tuple[torch.Tensor, bool, float | None]:
+                  rtol: float, *, moments: bool = False) -> tuple[torch.Tensor, bool, float | None, tuple | None]:
     """Offer `(1, d)` ``x`` to a KORS dictionary whose points ``cols`` span ``basis``: the step PKAWV and
     Pros-N-KONS share.
 
@@ -189,17 +193,35 @@ def offer_to_kors(kors, basis: IncrementalNystromBasis, cols: torch.Tensor, x: t
         cols: `(m,)` long, the KORS positions of the basis points.
         x: `(1, d)` the new input. index: its stream position.
         rtol: a sampled point whose squared residual is below ``rtol · k(x, x)`` adds no direction.
+        moments: also compute a new direction's :meth:`IncrementalNystromBasis.new_direction_moments`.
 
     Returns:
-        ``(l, added, delta)``: `(m,)` ``φ̃(x)`` in the current basis, whether KORS added ``x``, and the residual
-        norm ``δ > 0`` when ``x`` is a new direction (``None`` otherwise). The caller appends it to ``basis``.
+        ``(l, added, delta, mom)``: `(m,)` ``φ̃(x)`` in the current basis, whether KORS added ``x``, the residual
+        norm ``δ > 0`` when ``x`` is a new direction (``None`` otherwise; the caller appends it to ``basis``), and
+        with ``moments`` the new direction's moments (``None`` when there is none).
+
+    Raises:
+        NumericsError: ``x``'s kernel values (against the dictionary, itself, or with ``moments`` the history) hold
+            NaN/inf. Nothing changed: the values are checked before the add, and a draw already made is put back.
     """
     k_all = kors.kernel_to_dictionary(x)[0]  # (m_kors,) float64
     kxx = float(kors.kernel_diag(x).reshape(()))
+    if not math.isfinite(kxx + float(k_all.sum())):  # NaN/inf iff a value is: kernel values do not overflow a sum
+        raise nonfinite_values_error("kernel", "values k(x, ·) of the new input x against the dictionary")
+    last_p = kors.last_probability
     p = kors.probability_from_kernel(k_all, kxx)
     l = basis.features(x, k_all[cols].reshape(1, -1))[0]  # (m,)
+    draws = kors.generator.get_state() if moments else None
     if not kors.draw_uniform() < p:
-        return l, False, None
-    kors.add(x, p, index, k_xI=k_all, k_xx=kxx)
+        return l, False, None, None
     delta2 = kxx - float(l @ l)
-    return l, True, (delta2**0.5 if delta2 > rtol * kxx else None)
+    delta = delta2**0.5 if delta2 > rtol * kxx else None
+    mom = None
+    if moments and delta is not None:
+        mom = basis.new_direction_moments(x, l, delta)
+        if not math.isfinite(mom[1] + mom[2] + float(mom[0].sum())):
+            kors.generator.set_state(draws)
+            kors.last_probability = last_p
+            raise nonfinite_values_error("kernel", "values k(x, x_s) of the new input x against the past inputs")
+    kors.add(x, p, index, k_xI=k_all, k_xx=kxx)
+    return l, True, delta, mom

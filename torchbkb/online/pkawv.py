@@ -41,11 +41,12 @@ Example:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import torch
 
-from torchbkb.errors import InputDataError, check_positive
+from torchbkb.errors import InputDataError, NumericsError, check_positive, nonfinite_values_error
 from torchbkb.gp.nystrom import NystromEmbedding
 from torchbkb.online.kors import KORSDictionary
 from torchbkb.online.nystrom_basis import IncrementalNystromBasis, offer_to_kors
@@ -203,9 +204,21 @@ class PKAWV(OnlineLearner):
         if self.embedding is None or X.shape[0] < BLOCK_MIN:
             return super()._stream_block(X, y, deadline)
         F, yy = self._embed(X), y.to(self.b.dtype)  # (n, D), (n,)
+        good = int(torch.isfinite(F).all(-1).to(torch.int64).cumprod(0).sum())  # rows before a non-finite one
         # Woodbury blocks cost ~2D² + 2bD + 2b² flops per round: b ~ D/4 balances them (measured on CPU)
         b = 64 if F.shape[1] < 300 else 128
-        return torch.cat([self._woodbury_block(F[i : i + b], yy[i : i + b]) for i in range(0, F.shape[0], b)])
+        out = []
+        for i in range(0, good, b):
+            try:
+                out.append(self._woodbury_block(F[i : min(i + b, good)], yy[i : min(i + b, good)]))
+            except NumericsError as err:  # raised before the block wrote anything
+                err.rows = (i,)
+                raise
+        if good < F.shape[0]:
+            err = nonfinite_values_error("embedding", "features of the new input x")
+            err.rows = (good,)
+            raise err
+        return torch.cat(out)
 
     # ------------------------------------------------------------------ linear AWV algebra
     def _rank_one(self, v: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -214,6 +227,8 @@ class PKAWV(OnlineLearner):
         P, b = self.precision, self.b
         Pv = P @ v  # (D,)
         s = 1.0 + v @ Pv
+        if not math.isfinite(s.item()):  # NaN/inf iff a feature is (A⁻¹ is positive definite); before any write
+            raise nonfinite_values_error("embedding", "features of the new input x")
         yhat = (Pv @ b) / s if self.awv else Pv @ b
         P.sub_(torch.outer(Pv, Pv / s))
         b.add_(v * y.to(b.dtype))
@@ -260,12 +275,13 @@ class PKAWV(OnlineLearner):
     def _kors_features(self, x: torch.Tensor) -> torch.Tensor:
         """Offer ``x`` to KORS, grow ``H̃`` if it is sampled, return ``φ̃(x)`` `(m,)` in the current basis."""
         kors, basis = self.dictionary, self.basis
-        l, added, delta = offer_to_kors(kors, basis, self._cols, x, self._offered, self.new_direction_rtol)
+        l, added, delta, mom = offer_to_kors(kors, basis, self._cols, x, self._offered, self.new_direction_rtol,
+                                             moments=True)
         self._offered += 1
         if delta is None:  # not sampled, or numerically in H̃ already: the span does not change
             self.num_skipped += int(added)
             return l
-        c, ee, ye = basis.new_direction_moments(x, l, delta)  # over the rounds s < t
+        c, ee, ye = mom  # the new coordinate's moments over the rounds s < t
         self._grow(c, ee + float(self.lam), ye)
         basis.append(x, l, delta)
         self._cols = torch.cat([self._cols, self._cols.new_tensor([len(kors) - 1])])

@@ -156,8 +156,8 @@ class ProsNKONS(OnlineLearner):
 
     def _offer(self, x: torch.Tensor) -> torch.Tensor:
         """Offer ``x`` to KORS; on an addition grow the coordinates and restart. Returns ``φ̃(x)`` `(m,)`."""
-        l, added, delta = offer_to_kors(self.dictionary, self.basis, self._cols, x, self._offered,
-                                        self.new_direction_rtol)
+        l, added, delta, _ = offer_to_kors(self.dictionary, self.basis, self._cols, x, self._offered,
+                                           self.new_direction_rtol)
         self._offered += 1
         if not added:
             return l

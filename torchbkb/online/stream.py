@@ -12,6 +12,11 @@ Every public call validates *all* its inputs before touching the state, so a bad
 :class:`~torchbkb.errors.InputDataError` and leaves the learner exactly as it was. The first input that
 reaches ``update``/``fit_stream`` fixes the stream's ``d``, dtype and device; later inputs must match.
 
+A round is learned whole or not at all. Kernel values or features that are NaN/inf (a user's kernel or
+embedding) raise :class:`~torchbkb.errors.NumericsError` before that round writes anything: the rows before
+it were learned and counted, as separate ``step`` calls would have, and the error's ``rows`` names the row
+of the call's inputs at which learning stopped (that row and the later ones were not learned).
+
 Example:
     >>> import torch
     >>> from torchbkb.online import PKAWV, TaylorEmbedding
@@ -33,7 +38,14 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from torchbkb.errors import InputDataError, check_finite, check_int, check_matrix, check_same_device_dtype
+from torchbkb.errors import (
+    InputDataError,
+    NumericsError,
+    check_finite,
+    check_int,
+    check_matrix,
+    check_same_device_dtype,
+)
 
 __all__ = ["StreamResult", "OnlineLearner"]
 
@@ -100,9 +112,12 @@ class OnlineLearner(nn.Module):
     * ``_init_state(X)`` -- allocate the state once the stream's ``d``/dtype/device are known;
     * ``_predict(X)`` -- pure forecasts `(n,)` for `(n, d)` ``X`` on a bound learner;
     * ``_round(x, y)`` -- one protocol round on `(1, d)` ``x`` and `(1,)` ``y``: forecast, then learn;
-      returns the `(1,)` forecast.
+      returns the `(1,)` forecast. A round that raises :class:`~torchbkb.errors.NumericsError` has written
+      nothing (check kernel values and features before any write).
 
-    and may override ``_stream_block(X, y, deadline)`` with an exact blocked version of consecutive rounds.
+    and may override ``_stream_block(X, y, deadline)`` with an exact blocked version of consecutive rounds;
+    a block that raises ``NumericsError`` sets its ``rows`` to ``(i,)``, ``i`` its first round not learned
+    (without ``rows`` it learned none).
 
     Example:
         >>> import torch
@@ -164,7 +179,10 @@ class OnlineLearner(nn.Module):
         y = self._check_targets(y, X)
         with torch.no_grad():
             self._bind(X)
-            self._stream_block(X, y, None)
+            try:
+                self._stream_block(X, y, None)
+            except NumericsError as err:
+                raise self._stopped(err, 0, X.shape[0], "X") from err
         self._num_rounds += X.shape[0]
         return self
 
@@ -184,7 +202,10 @@ class OnlineLearner(nn.Module):
         y = self._check_targets(y, x)
         with torch.no_grad():
             self._bind(x)
-            out = self._round(x, y)
+            try:
+                out = self._round(x, y)
+            except NumericsError as err:
+                raise self._stopped(err, 0, 1, "x") from err
         self._num_rounds += 1
         return out.to(x.dtype)
 
@@ -236,7 +257,10 @@ class OnlineLearner(nn.Module):
             while done < n:
                 B = min(chunk_size, n - done)
                 t0 = time.perf_counter()
-                out = self._stream_block(X[done : done + B], y[done : done + B], deadline)
+                try:
+                    out = self._stream_block(X[done : done + B], y[done : done + B], deadline)
+                except NumericsError as err:
+                    raise self._stopped(err, done, n, "X") from err
                 if X.is_cuda:
                     torch.cuda.synchronize(X.device)
                 dt = time.perf_counter() - t0
@@ -281,10 +305,27 @@ class OnlineLearner(nn.Module):
         """Consecutive protocol rounds; returns the `(r,)` forecasts, ``r < n`` only past ``deadline``."""
         out = X.new_empty(X.shape[0], dtype=torch.float64)
         for i in range(X.shape[0]):
-            out[i] = self._round(X[i : i + 1], y[i : i + 1])[0]
+            try:
+                out[i] = self._round(X[i : i + 1], y[i : i + 1])[0]
+            except NumericsError as err:
+                err.rows = (i,)
+                raise
             if deadline is not None and time.perf_counter() >= deadline:
                 return out[: i + 1]
         return out
+
+    def _stopped(self, err: NumericsError, offset: int, n: int, name: str) -> NumericsError:
+        """Count the rounds a failed block learned; the error naming the row of the call's `(n, d)` inputs
+        where learning stopped (``offset`` is the block's first row)."""
+        learned = err.rows[0] if err.rows else 0
+        self._num_rounds += learned
+        row = offset + learned
+        where = (f"this round (the learner's round {self._num_rounds + 1}) was not learned" if n == 1 else
+                 f"at row {row} of {name} (the learner's round {self._num_rounds + 1}): the {row} rows before it "
+                 f"were learned, it and the {n - row - 1} after it were not")
+        new = NumericsError(f"{err}; {where}")
+        new.nonfinite, new.arms, new.rows = err.nonfinite, err.arms, (row,)
+        return new
 
     # ------------------------------------------------------------------ validation
     def _expected_dim(self) -> int | None:
