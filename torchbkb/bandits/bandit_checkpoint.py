@@ -38,6 +38,9 @@ __all__ = ["BanditCheckpoint"]
 class BanditCheckpoint:
     """The checkpoint methods of :class:`~torchbkb.bandits.base.Bandit` (which owns every attribute they read)."""
 
+    #: algorithm fields whose floating tensors mark values not computed with NaN (others are refused with NaN)
+    nan_fields: tuple[str, ...] = ()
+
     def fingerprint(self) -> dict[str, Any]:
         """What a checkpoint must match to be loaded here: arms, kernel, settings
         (:func:`~torchbkb.bandits.fingerprint.bandit_fingerprint`; computed once, the arms are fixed)."""
@@ -85,7 +88,7 @@ class BanditCheckpoint:
         backup = self.state_dict()
         state = upgraded(state, backup)  # older checkpoints' missing fields, in one place
         check_saved_state(state, self.num_arms)
-        check_algorithm_state(state["algorithm"], backup["algorithm"], self.num_arms)
+        check_algorithm_state(state["algorithm"], backup["algorithm"], self.num_arms, nan_fields=self.nan_fields)
         try:
             self._apply_state(state)
         except Exception as e:

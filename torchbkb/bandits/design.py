@@ -33,7 +33,9 @@ from collections.abc import Callable
 import torch
 
 from torchbkb.gp.dtc_posterior import DTCPosterior
-from torchbkb.errors import InputDataError, TorchBKBError, check_generator, check_int, check_matrix, check_positive
+from torchbkb.bandits.kernel_rows import nonfinite_kernel_rows
+from torchbkb.errors import (InputDataError, NumericsError, TorchBKBError, check_generator, check_int, check_matrix,
+                             check_finite, check_positive, nonfinite_rows_error)
 from torchbkb.gp.kernels import KernelAdapter, as_kernel
 from torchbkb.gp.nystrom import DEFAULT_CHUNK, NystromEmbedding
 from torchbkb.objectives import as_objective
@@ -137,6 +139,7 @@ class UncertaintyExplorer:
         self.chunk_size = int(chunk_size)
         with torch.no_grad():
             self.kdiag = self.kernel.diag(self.candidates).detach()  # (A,)
+        check_finite(self.kdiag, "kernel: prior variances k(x, x)")
         self.refreshes = 0
         self._picks: list[int] = []
         self._dict_at = 0  # number of picks the current dictionary was drawn from
@@ -167,7 +170,11 @@ class UncertaintyExplorer:
         self._picks.append(i)
         with torch.no_grad():
             if self._post is None or len(self._picks) - self._dict_at >= self.refresh:
-                self._refresh()
+                try:
+                    self._refresh()
+                except NumericsError:  # nothing changed but the generator's draws
+                    self._picks.pop()
+                    raise
             else:
                 z = self._Z[i]  # (r,)
                 down = self._post.update_features(z.unsqueeze(0))  # hallucinated, V ← V + z zᵀ
@@ -228,22 +235,25 @@ class UncertaintyExplorer:
 
     # ------------------------------------------------------------------ internals
     def _refresh(self) -> None:
+        """Redraw the dictionary over the picks; kernel values NaN/inf among them or against the candidates raise a
+        :class:`~torchbkb.errors.NumericsError` naming the candidates at fault (``arms``), before any change."""
         j = len(self._picks)
         X = self.candidates[self.picks]  # (j, d)
-        res = recursive_rls(
-            X,
-            self.kernel,
-            self.lam,
-            oversample=self.oversample,
-            base_size=self.base_size,
-            delta=self.rls_delta(j),
-            generator=self.generator,
-            chunk_size=self.chunk_size,
-        )
-        emb = NystromEmbedding(self.kernel, X[res.indices], chunk_size=self.chunk_size)
-        self._Z = emb(self.candidates)  # (A, r)
-        self._post = DTCPosterior(emb, noise=self.lam, chunk_size=self.chunk_size).fit(X, X.new_zeros(j))
-        self._rls = self._post.score_embedded(self._Z, self.kdiag)[1]
+        try:
+            res = recursive_rls(X, self.kernel, self.lam, oversample=self.oversample, base_size=self.base_size,
+                                delta=self.rls_delta(j), generator=self.generator, chunk_size=self.chunk_size)
+            emb = NystromEmbedding(self.kernel, X[res.indices], chunk_size=self.chunk_size)
+            post = DTCPosterior(emb, noise=self.lam, chunk_size=self.chunk_size).fit(X, X.new_zeros(j))
+        except NumericsError:
+            bad = nonfinite_kernel_rows(self.kernel, X, chunk_size=self.chunk_size)
+            if bad:
+                raise nonfinite_rows_error(sorted({self._picks[i] for i in bad})) from None
+            raise
+        Z = emb(self.candidates)  # (A, r)
+        rls = post.score_embedded(Z, self.kdiag)[1]
+        if not bool(torch.isfinite(rls).all()):
+            raise nonfinite_rows_error((~torch.isfinite(Z).all(1) | ~torch.isfinite(rls)).nonzero().squeeze(1).tolist())
+        self._Z, self._post, self._rls = Z, post, rls
         self.dictionary = res.indices
         self._dict_at = j
         self.refreshes += 1

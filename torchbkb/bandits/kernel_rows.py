@@ -32,7 +32,7 @@ import torch
 from torchbkb.errors import NumericsError, nonfinite_rows_error
 from torchbkb.utils.host_copy import HOST_DTYPES, host_array
 
-__all__ = ["FeatureRows", "StreamedKernelRows", "finite_flag", "finite_rows", "on_host"]
+__all__ = ["FeatureRows", "StreamedKernelRows", "finite_flag", "finite_rows", "nonfinite_kernel_rows", "on_host"]
 
 
 class FeatureRows:
@@ -220,3 +220,23 @@ def finite_rows(rows: torch.Tensor, arms: list[int] | Callable[[], list[int]] | 
         err.nonfinite = True
         raise err
     return rows
+
+
+def nonfinite_kernel_rows(kernel: Callable, X: torch.Tensor, Y: torch.Tensor | None = None, *,
+                          chunk_size: int = 4096) -> list[int]:
+    """The rows ``i`` of ``k(X, Y)`` (``Y = X`` by default) holding NaN/inf, in chunks of ``chunk_size`` rows: what
+    a computation over ``X`` that raised calls to name the points at fault (an empty list: the kernel is not).
+
+    Example:
+        >>> import torch
+        >>> k = lambda A, B: torch.where(A[:, :1] > 0.5, float("nan"), A @ B.T)
+        >>> nonfinite_kernel_rows(k, torch.tensor([[0.1], [0.9], [0.2]]))
+        [1]
+    """
+    Y = X if Y is None else Y
+    bad: list[int] = []
+    with torch.no_grad():
+        for i in range(0, X.shape[0], chunk_size):
+            rows = torch.as_tensor(kernel(X[i : i + chunk_size], Y))
+            bad += (i + (~torch.isfinite(rows)).any(1).nonzero().squeeze(1)).tolist()
+    return bad

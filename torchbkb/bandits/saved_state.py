@@ -84,11 +84,12 @@ def check_saved_state(state: dict[str, Any], num_arms: int) -> None:
         raise CheckpointError(f"state: expected the algorithm's state as a dict, got {_describe(state['algorithm'])}")
 
 
-def check_algorithm_state(saved: dict[str, Any], reference: dict[str, Any], num_arms: int) -> None:
+def check_algorithm_state(saved: dict[str, Any], reference: dict[str, Any], num_arms: int, *,
+                          nan_fields: tuple[str, ...] = ()) -> None:
     """Raise :class:`~torchbkb.errors.CheckpointError` unless every field of the algorithm's saved state that the
     ``reference`` (the same bandit's own current state) has is of the same kind: a tensor of the same dtype --
     floating and boolean per-arm tensors of length ``num_arms``, integer (index) tensors within ``[0, num_arms)``,
-    floating tensors without NaN -- a list,
+    floating tensors without NaN but in ``nan_fields`` (NaN marking values not computed) -- a list,
     a number or a string. A field the reference holds as ``None`` (or that can be ``None``) may be either;
     a field missing from ``saved`` is left to the algorithm (older checkpoints lack some)."""
     for key, ref in reference.items():
@@ -106,7 +107,7 @@ def check_algorithm_state(saved: dict[str, Any], reference: dict[str, Any], num_
             if ref.dim() and not ref.dtype == torch.long and ref.shape[0] == num_arms and got.shape[0] != num_arms:
                 raise CheckpointError(f"state: expected algorithm field {key!r} of length {num_arms} (one entry per "
                                       f"arm), got {_describe(got)}")
-            if got.is_floating_point() and bool(got.isnan().any()):
+            if got.is_floating_point() and key not in nan_fields and bool(got.isnan().any()):
                 raise CheckpointError(f"state: expected algorithm field {key!r} without NaN, got "
                                       f"{int(got.isnan().sum())} NaN entries")
             if got.dtype == torch.long and got.numel() and (int(got.min()) < 0 or int(got.max()) >= num_arms):

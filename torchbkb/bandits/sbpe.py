@@ -59,7 +59,9 @@ from torchbkb.bandits.base import KernelBandit
 from torchbkb.bandits.confidence import vakili_beta_continuous, vakili_beta_finite, vakili_continuous_halfwidth
 from torchbkb.bandits.design import UncertaintyExplorer, theory_rls_delta
 from torchbkb.gp.dtc_posterior import DTCPosterior
-from torchbkb.errors import InputDataError, TorchBKBError, check_int, check_positive
+from torchbkb.bandits.kernel_rows import nonfinite_kernel_rows
+from torchbkb.errors import (InputDataError, NumericsError, TorchBKBError, check_int, check_positive,
+                             nonfinite_rows_error)
 from torchbkb.gp.nystrom import DEFAULT_CHUNK, NystromEmbedding
 from torchbkb.sampling.recursive_rls import DEFAULT_OVERSAMPLE, check_oversample, nystrom_lambda_max, recursive_rls
 
@@ -127,6 +129,9 @@ class SBPE(KernelBandit):
             ``λ_max`` used, the final dictionary size and ``|X_{i+1}|``.
         posterior: the last batch's :class:`~torchbkb.DTCPosterior` (``None`` before the first
             elimination or after loading a checkpoint).
+        nonfinite_arms: arms whose kernel values held NaN/inf (named by the ``NumericsError`` of the ``ask`` or
+            ``tell`` that met them): left out of every later batch, fit and elimination (their ``upper``/``lower``
+            stay ``nan``); a ``tell`` eliminates on the batch's other arms, then raises.
 
     Example:
         >>> import torch
@@ -135,6 +140,8 @@ class SBPE(KernelBandit):
         >>> b.schedule, len(b.ask())
         ([5, 10, 5], 5)
     """
+
+    nan_fields = ("upper", "lower")  #: ``nan`` for the arms the last elimination did not score
 
     def __init__(
         self,
@@ -196,6 +203,7 @@ class SBPE(KernelBandit):
         self.posterior: DTCPosterior | None = None
         self._dict_size = 0
         self._rls_delta = theory_rls_delta(self.delta, self.num_batches)
+        self.nonfinite_arms: set[int] = set()
 
     # ------------------------------------------------------------------ properties
     @property
@@ -239,7 +247,7 @@ class SBPE(KernelBandit):
             raise TorchBKBError(f"SBPE: budget of {self.budget} evaluations exhausted (expected ask() only while "
                                 f"remaining > 0); use recommend()")
         n_i = self.schedule[self.batch_id]  # batch_id batches asked so far
-        act = (self.active & ~self.excluded).nonzero().squeeze(1)  # (A_i,): arms that kept failing are left out
+        act = (self.active & ~self.excluded & ~self._nonfinite()).nonzero().squeeze(1)  # (A_i,): not failing arms
         if act.numel() == 0:
             self._allowed()  # raises: every arm was excluded
             raise TorchBKBError("SBPE: expected an active arm that is not excluded, got none (all remaining active "
@@ -255,33 +263,55 @@ class SBPE(KernelBandit):
             generator=self.generator,
             chunk_size=self.chunk_size,
         )
-        picks = explorer.run(n_i)  # (N_i,) variance-only: no reward used
+        try:
+            picks = explorer.run(n_i)  # (N_i,) variance-only: no reward used
+        except NumericsError as err:  # named candidates: left out from now on, the ask raises naming them as arms
+            if not err.arms:
+                raise
+            arms = act[list(err.arms)].tolist()
+            self.nonfinite_arms.update(arms)
+            raise nonfinite_rows_error(arms) from None
         self._dict_size = explorer.dictionary_size
         self.asked += n_i
         return act[picks]
 
     def _update(self) -> None:
         idx, y = self.last_told
-        if idx.numel() == 0:  # the whole batch was discarded: nothing to learn, no elimination
-            return
-        n_b = int(idx.numel())
-        X = self.arms[idx]  # (n_b, d): this batch only
+        ids, found = self.last_told_ids, []
+        again = sorted({a for a in ids if a in self.nonfinite_arms})  # told after they were named: left out
         with torch.no_grad():
-            res = recursive_rls(
-                X,
-                self.kernel,
-                self.lam,
-                oversample=self.oversample,
-                base_size=self.base_size,
-                delta=self._rls_delta(n_b),
-                generator=self.generator,
-                chunk_size=self.chunk_size,
-            )
-            S = X[res.indices]
-            emb = NystromEmbedding(self.kernel, S, chunk_size=self.chunk_size)
-            post = DTCPosterior(emb, noise=self.lam, chunk_size=self.chunk_size).fit(X, y.to(self.arms.dtype))
-            act = self.active.nonzero().squeeze(1)
+            while True:  # each failed fit names arms and leaves them out: at most one pass more per bad arm
+                kept = [j for j, a in enumerate(ids) if a not in self.nonfinite_arms]
+                if not kept or not bool((self.active & ~self._nonfinite()).any()):  # nothing to learn or score
+                    if found or again:
+                        raise nonfinite_rows_error(sorted(set(found) | set(again)))
+                    return
+                X, n_b = self.arms[idx[kept]], len(kept)  # (n_b, d): this batch only
+                try:
+                    res = recursive_rls(X, self.kernel, self.lam, oversample=self.oversample,
+                                        base_size=self.base_size, delta=self._rls_delta(n_b),
+                                        generator=self.generator, chunk_size=self.chunk_size)
+                    S = X[res.indices]
+                    emb = NystromEmbedding(self.kernel, S, chunk_size=self.chunk_size)
+                    post = DTCPosterior(emb, noise=self.lam, chunk_size=self.chunk_size).fit(
+                        X, y[kept].to(self.arms.dtype))
+                    break
+                except NumericsError:
+                    bad = [ids[kept[i]] for i in nonfinite_kernel_rows(self.kernel, X, chunk_size=self.chunk_size)]
+                    if not bad:
+                        raise
+                    self.nonfinite_arms.update(bad)
+                    found += bad
+            act = (self.active & ~self._nonfinite()).nonzero().squeeze(1)
             mean, rls = post.score_embedded(emb(self.arms[act]), self.kdiag[act])
+            ok = torch.isfinite(mean) & torch.isfinite(rls)
+            if not bool(ok.all()):  # arms whose kernel values against this batch's dictionary are NaN/inf
+                bad = act[~ok].tolist()
+                self.nonfinite_arms.update(bad)
+                found += bad
+                act, mean, rls = act[ok], mean[ok], rls[ok]
+                if act.numel() == 0:
+                    raise nonfinite_rows_error(sorted(set(found) | set(again)))
             std = (rls * self.lam).sqrt()  # GP-scale σ̄
             lam_max = self._lambda_max(X, S)
             beta = self._beta(n_b, lam_max)
@@ -302,6 +332,15 @@ class SBPE(KernelBandit):
         self.lambda_maxes.append(lam_max)
         self.dictionary_sizes.append(self._dict_size)
         self.active_sizes.append(int(self.active.sum()))
+        if found or again:
+            raise nonfinite_rows_error(sorted(set(found) | set(again)))
+
+    def _nonfinite(self) -> torch.Tensor:
+        """`(A,)` bool mask of :attr:`nonfinite_arms`."""
+        mask = torch.zeros(self.num_arms, dtype=torch.bool, device=self.arms.device)
+        if self.nonfinite_arms:
+            mask[self._long(sorted(self.nonfinite_arms))] = True
+        return mask
 
     def _lambda_max(self, X: torch.Tensor, S: torch.Tensor) -> float:
         if self.lambda_max_mode == "measured":
@@ -342,6 +381,7 @@ class SBPE(KernelBandit):
             "dictionary_sizes": list(self.dictionary_sizes),
             "active_sizes": list(self.active_sizes),
             "dict_size": self._dict_size,
+            "nonfinite_arms": sorted(self.nonfinite_arms),
         }
 
     def _load_algorithm_state(self, state: dict[str, Any]) -> None:
@@ -355,4 +395,5 @@ class SBPE(KernelBandit):
         self.dictionary_sizes = list(state["dictionary_sizes"])
         self.active_sizes = list(state["active_sizes"])
         self._dict_size = int(state["dict_size"])
+        self.nonfinite_arms = {int(a) for a in state["nonfinite_arms"]}
         self.posterior = None

@@ -25,6 +25,8 @@ Example:
 
 from __future__ import annotations
 
+import math
+
 import warnings
 
 import torch
@@ -137,7 +139,8 @@ def psd_inv_sqrt(K: torch.Tensor, rtol: float | None = None, *, name: str = "K_S
         `(r, m)` matrix ``W`` in float64 (or ``K``'s dtype if it is large), ``r`` the numerical rank.
 
     Raises:
-        NumericsError: if no eigenvalue is positive (e.g. a zero kernel).
+        NumericsError: if no eigenvalue is positive (e.g. a zero kernel), or the decomposition fails (``nonfinite``
+            when ``K`` holds NaN/inf).
     """
     m = K.shape[-1]
     if rtol is None:
@@ -145,11 +148,20 @@ def psd_inv_sqrt(K: torch.Tensor, rtol: float | None = None, *, name: str = "K_S
     dtype = compute_dtype(K.dtype, m)
     Kd = K.to(dtype)
     Kd = 0.5 * (Kd + Kd.transpose(-1, -2))
-    s, U = torch.linalg.eigh(Kd)
+    try:
+        s, U = torch.linalg.eigh(Kd)
+    except torch.linalg.LinAlgError as exc:  # LAPACK may not converge on NaN/inf entries
+        finite = bool(torch.isfinite(Kd).all())
+        err = NumericsError(f"{name}: expected a PSD matrix, got " +
+                            ("one whose eigendecomposition failed" if finite else "NaN/inf entries"))
+        err.nonfinite = not finite
+        raise err from exc
     smax = s.max()
     if not bool(smax > 0):
-        raise NumericsError(f"{name}: expected a PSD matrix with a positive eigenvalue, got max eigenvalue "
+        err = NumericsError(f"{name}: expected a PSD matrix with a positive eigenvalue, got max eigenvalue "
                             f"{float(smax):.3e}")
+        err.nonfinite = not math.isfinite(float(smax))
+        raise err
     keep = s > rtol * smax
     s, U = s[keep], U[:, keep]  # (r,), (m, r)
     return U.T / s.sqrt().unsqueeze(-1)  # (r, m)
