@@ -12,7 +12,7 @@ from torchbkb.errors import InputDataError, NumericsError
 from torchbkb.online import PKAWV, IncrementalNystromBasis, KernelAWV, KORSDictionary, OnlineKRR, ProsNKONS
 from torchbkb.online import TaylorEmbedding
 
-from ._refs import DEVICES, rbf, single_thread  # noqa: F401 (autouse fixture)
+from ._refs import DEVICES, learner_state, rbf, same_state, single_thread  # noqa: F401 (autouse fixture)
 
 
 def nan_kernel(A, B):
@@ -91,6 +91,7 @@ def test_a_bad_round_raises_and_the_learner_is_the_one_fed_the_rows_before_it(na
         assert err.rows == (0,) and "the learner's round 41" in str(err)
     ref = LEARNERS[name](X)
     _learn(ref, X[:40], y[:40], entry)
+    assert same_state(learner_state(learner), learner_state(ref))  # buffers, counts, KORS draws, history
     assert torch.equal(learner.predict(probe), ref.predict(probe))
     assert bool(torch.isfinite(learner.predict(probe)).all())
 
@@ -137,6 +138,7 @@ def test_pkawv_kors_a_new_direction_nan_only_against_the_history_puts_the_draw_b
     assert info.value.rows == (2,) and learner.num_rounds == 2
     assert learner.basis_indices.tolist() == [0] and len(learner.dictionary) == 1
     ref.update(X[:2], y[:2])
+    assert same_state(learner_state(learner), learner_state(ref))
     assert len(ref.dictionary) == 1 and ref.dictionary.last_probability == pytest.approx(0.75)
     assert learner.dictionary.last_probability == ref.dictionary.last_probability
     assert torch.equal(learner.dictionary.generator.get_state(), ref.dictionary.generator.get_state())

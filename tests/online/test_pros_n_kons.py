@@ -86,9 +86,9 @@ def test_predict_is_pure_and_is_the_next_forecast_without_a_new_point():
     X, y = _stream(80, 2, seed=7)
     f = ProsNKONS(_kernel, mu=0.5, seed=1).update(X[:60], y[:60])
     m = len(f.dictionary)
-    state = {k: v.clone() for k, v in f.state_dict().items()}
+    state = learner_state(f)
     p = f.predict(X[60:61])
-    assert all(torch.equal(state[k], v) for k, v in f.state_dict().items())
+    assert same_state(state, learner_state(f))
     out = f.step(X[60:61], y[60:61])
     if len(f.dictionary) == m:  # no restart at this round: the forecast is the one predicted
         assert torch.equal(out, p)

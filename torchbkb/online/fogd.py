@@ -27,6 +27,7 @@ from __future__ import annotations
 import torch
 
 from torchbkb.errors import check_generator, check_int, check_positive
+from torchbkb.online.saved_learner import check_bound_buffers
 from torchbkb.online.stream import OnlineLearner
 
 __all__ = ["FOGD"]
@@ -76,6 +77,11 @@ class FOGD(OnlineLearner):
         self.register_buffer("frequencies", U)
         self.register_buffer("weights", None)
         self.dim = d
+
+    grown_buffers = ("weights",)
+
+    def _load_own(self, own: dict, device: torch.device) -> None:
+        check_bound_buffers(self, {"weights": (self.num_features,)})
 
     @property
     def num_features(self) -> int:

@@ -39,6 +39,7 @@ import torch
 from torchbkb.errors import check_positive, nonfinite_values_error
 from torchbkb.gp.kernels import KernelAdapter, as_kernel
 from torchbkb.online._storage import GrowableRows
+from torchbkb.online.saved_learner import saved_tensor
 from torchbkb.online.stream import OnlineLearner
 
 __all__ = ["KernelAWV", "OnlineKRR"]
@@ -111,6 +112,26 @@ class _ExactKernelForecaster(OnlineLearner):
         self._X.append(x)
         self._t = t + 1
         return yhat
+
+    def _own_state(self) -> dict:
+        t = self._t
+        return {} if self._X is None else {"X": self._X.data.clone(), "L": self._L[:t, :t].clone(),
+                                           "z": self._z[:t].clone()}
+
+    def _load_own(self, own: dict, device: torch.device) -> None:
+        if self._ref is None:
+            self._X, self._L, self._z, self._t = None, None, None, 0
+            return
+        X = saved_tensor(own, "X", (None, self._ref.shape[-1]), device=device).to(self._ref.dtype)
+        t = X.shape[0]
+        L = saved_tensor(own, "L", (t, t), device=device).to(torch.float64)
+        z = saved_tensor(own, "z", (t,), device=device).to(torch.float64)
+        self._init_state(self._ref)
+        self._t = 0
+        while self._L.shape[0] < t:  # the capacities the rounds grew through: the solves see the same storage
+            self._reserve(self._L.shape[0] + 1)
+        self._X.append(X)
+        self._L[:t, :t], self._z[:t], self._t = L, z, t
 
     def _reserve(self, need: int) -> None:
         cap = max(need, int(self._L.shape[0] * 1.25) + 256)  # 1.25x growth: memory and solves stay <= ~1.6 t²

@@ -38,9 +38,8 @@ from __future__ import annotations
 import math
 
 import torch
-from torch import nn
-
 from torchbkb.errors import (
+    CheckpointError,
     InputDataError,
     check_generator,
     check_matrix,
@@ -49,11 +48,12 @@ from torchbkb.errors import (
     nonfinite_values_error,
 )
 from torchbkb.gp.kernels import KernelAdapter, as_kernel
+from torchbkb.online.saved_learner import SavedState, saved_tensor
 
 __all__ = ["KORSDictionary"]
 
 
-class KORSDictionary(nn.Module):
+class KORSDictionary(SavedState):
     """Online ridge-leverage-score sampling of a growing dictionary (points are never dropped).
 
     Args:
@@ -107,6 +107,28 @@ class KORSDictionary(nn.Module):
         self.register_buffer("indices", torch.zeros(0, dtype=torch.long))
         self.register_buffer("_T", None)  # (m, m) lower-triangular L⁻¹, L Lᵀ = W^½ K_I W^½ + μ I
         self.last_probability = float("nan")
+
+    grown_buffers = ("points", "probabilities", "indices", "_T")
+
+    def get_extra_state(self) -> dict:
+        """The generator's state, the stream's dtype and the last probability (the points are buffers)."""
+        return {"generator": self.generator.get_state(), "last_probability": self.last_probability,
+                "dtype": None if self._dtype is None else str(self._dtype).split(".")[-1]}
+
+    def set_extra_state(self, state: dict) -> None:
+        """Inverse of :meth:`get_extra_state`, checked (against the points loaded before it)."""
+        gen = saved_tensor(state, "generator", (None,), floating=False)
+        dtype = state.get("dtype")
+        dtype = None if dtype is None else getattr(torch, dtype, None) if isinstance(dtype, str) else False
+        m, p = len(self), state.get("last_probability")
+        shapes = [None if t is None else tuple(t.shape) for t in (self.points, self._T)]
+        if (gen.dtype != torch.uint8 or not isinstance(p, float) or (dtype is None) != (m == 0)
+                or (m and not isinstance(dtype, torch.dtype)) or tuple(self.probabilities.shape) != (m,)
+                or (m and (shapes[0] is None or shapes[0][0] != m or shapes[1] != (m, m)))):
+            raise CheckpointError(f"state: expected a KORS dictionary's state over {m} points, got one that does not "
+                                  f"match them")
+        self.generator.set_state(gen)
+        self._dtype, self.last_probability = dtype, p
 
     def __len__(self) -> int:
         return int(self.indices.shape[0])

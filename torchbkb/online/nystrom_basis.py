@@ -41,16 +41,15 @@ from __future__ import annotations
 import math
 
 import torch
-from torch import nn
-
-from torchbkb.errors import InputDataError, check_int, nonfinite_values_error
+from torchbkb.errors import CheckpointError, InputDataError, check_int, nonfinite_values_error
 from torchbkb.gp.kernels import KernelAdapter, as_kernel
 from torchbkb.online._storage import GrowableRows
+from torchbkb.online.saved_learner import SavedState, saved_tensor
 
 __all__ = ["IncrementalNystromBasis", "offer_to_kors"]
 
 
-class IncrementalNystromBasis(nn.Module):
+class IncrementalNystromBasis(SavedState):
     """Orthonormal coordinates ``φ̃(x) = L⁻¹ k_I(x)`` of a dictionary that only grows.
 
     Args:
@@ -75,6 +74,26 @@ class IncrementalNystromBasis(nn.Module):
         self.register_buffer("_T", None)  # (m, m) float64 lower-triangular L⁻¹ with L Lᵀ = K_I
         self._X: GrowableRows | None = None  # (t, d) past inputs, stream dtype
         self._y: GrowableRows | None = None  # (t,) past outputs, float64
+
+    grown_buffers = ("points", "_T")
+
+    def get_extra_state(self) -> dict:
+        """The recorded history (the points and ``L⁻¹`` are buffers)."""
+        return {"X": None if self._X is None else self._X.data.clone(),
+                "y": None if self._y is None else self._y.data.clone()}
+
+    def set_extra_state(self, state: dict) -> None:
+        """Inverse of :meth:`get_extra_state`, checked."""
+        if not isinstance(state, dict) or (state.get("X") is None) != (state.get("y") is None):
+            raise CheckpointError("state: expected a Nyström basis's history (X and y, or neither), got another value")
+        if state["X"] is None:
+            self._X = self._y = None
+            return
+        device = None if self.points is None else self.points.device  # the points are loaded before
+        X = saved_tensor(state, "X", (None, None), device=device)
+        y = saved_tensor(state, "y", (X.shape[0],), device=device)
+        self._X = self._y = None
+        self.record(X, y)
 
     @property
     def size(self) -> int:

@@ -50,6 +50,7 @@ from torchbkb.errors import InputDataError, NumericsError, check_positive, nonfi
 from torchbkb.gp.nystrom import NystromEmbedding
 from torchbkb.online.kors import KORSDictionary
 from torchbkb.online.nystrom_basis import IncrementalNystromBasis, offer_to_kors
+from torchbkb.online.saved_learner import check_bound_buffers, saved_counts
 from torchbkb.online.stream import OnlineLearner
 from torchbkb.gp.linalg import compute_dtype, safe_cholesky
 
@@ -148,6 +149,8 @@ class PKAWV(OnlineLearner):
         self.num_skipped = 0
         self._offered = 0  # inputs offered to KORS (stream positions of dictionary points)
 
+    grown_buffers = ("precision", "b", "_cols")
+
     # ------------------------------------------------------------------ info
     @property
     def num_features(self) -> int:
@@ -164,6 +167,14 @@ class PKAWV(OnlineLearner):
         return d if isinstance(d, int) else None
 
     # ------------------------------------------------------------------ hooks
+    def _own_state(self) -> dict:
+        return {"num_skipped": self.num_skipped, "offered": self._offered}
+
+    def _load_own(self, own: dict, device: torch.device) -> None:
+        self.num_skipped, self._offered = saved_counts(own, ("num_skipped", "offered"))
+        D = self.num_features
+        check_bound_buffers(self, {"precision": (D, D), "b": (D,)})
+
     def _init_state(self, X: torch.Tensor) -> None:
         if self.embedding is not None:
             D = self._embed(X[:1]).shape[-1]

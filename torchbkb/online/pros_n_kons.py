@@ -39,6 +39,7 @@ import torch
 from torchbkb.errors import InputDataError, check_positive
 from torchbkb.online.kors import KORSDictionary
 from torchbkb.online.nystrom_basis import IncrementalNystromBasis, offer_to_kors
+from torchbkb.online.saved_learner import check_bound_buffers, saved_counts
 from torchbkb.online.stream import OnlineLearner
 
 __all__ = ["ProsNKONS"]
@@ -108,6 +109,8 @@ class ProsNKONS(OnlineLearner):
         self.num_phases = 0
         self._offered = 0
 
+    grown_buffers = ("weights", "precision", "gradient", "_cols")
+
     @property
     def num_restarts(self) -> int:
         """Phases started after the first one."""
@@ -119,6 +122,14 @@ class ProsNKONS(OnlineLearner):
         return 0 if self.weights is None else int(self.weights.shape[0])
 
     # ------------------------------------------------------------------ hooks
+    def _own_state(self) -> dict:
+        return {"num_phases": self.num_phases, "offered": self._offered}
+
+    def _load_own(self, own: dict, device: torch.device) -> None:
+        self.num_phases, self._offered = saved_counts(own, ("num_phases", "offered"))
+        m = self.num_features
+        check_bound_buffers(self, {"weights": (m,), "precision": (m, m), "gradient": (m,)})
+
     def _init_state(self, X: torch.Tensor) -> None:
         self._cols = self._cols.to(X.device)
         self._restart(0, X.device)

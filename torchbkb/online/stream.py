@@ -36,9 +36,9 @@ import time
 from dataclasses import dataclass
 
 import torch
-from torch import nn
 
 from torchbkb.errors import (
+    CheckpointError,
     InputDataError,
     NumericsError,
     check_finite,
@@ -46,6 +46,7 @@ from torchbkb.errors import (
     check_matrix,
     check_same_device_dtype,
 )
+from torchbkb.online.saved_learner import SavedState
 
 __all__ = ["StreamResult", "OnlineLearner"]
 
@@ -104,7 +105,7 @@ class StreamResult:
         }
 
 
-class OnlineLearner(nn.Module):
+class OnlineLearner(SavedState):
     """Base class of the online forecasters: validation, the protocol loop and the stream driver.
 
     Subclasses implement three hooks, all called on validated inputs under ``torch.no_grad()``:
@@ -290,6 +291,32 @@ class OnlineLearner(nn.Module):
             n_total=n,
             stopped_early=done < n,
         )
+
+    # ------------------------------------------------------------------ saving (state_dict's extra state)
+    def get_extra_state(self) -> dict:
+        """What the buffers do not hold: rounds learned, the stream's ``d`` and dtype, the learner's own values."""
+        stream = None if self._ref is None else [int(self._ref.shape[-1]), str(self._ref.dtype).split(".")[-1]]
+        return {"num_rounds": self._num_rounds, "stream": stream, "own": self._own_state()}
+
+    def set_extra_state(self, state: dict) -> None:
+        """Inverse of :meth:`get_extra_state` (checked; :meth:`load_state_dict` restores the learner on error)."""
+        ok = isinstance(state, dict) and type(state.get("num_rounds")) is int and state["num_rounds"] >= 0
+        stream = state.get("stream") if ok else None
+        dtype = getattr(torch, stream[1], None) if isinstance(stream, list) and len(stream) == 2 else None
+        if not ok or not (stream is None or (type(stream[0]) is int and isinstance(dtype, torch.dtype))):
+            raise CheckpointError(f"state: expected a {type(self).__name__} extra state (num_rounds, stream, own), got "
+                                  f"{state!r:.200}")
+        self._num_rounds = state["num_rounds"]
+        device = next(iter(self.buffers()), torch.empty(0)).device
+        self._ref = None if stream is None else torch.empty((0, stream[0]), dtype=dtype, device=device)
+        self._load_own(state.get("own"), device)
+
+    def _own_state(self) -> dict:
+        """The learner's values outside its buffers and submodules (plain Python and tensors)."""
+        return {}
+
+    def _load_own(self, own: dict, device: torch.device) -> None:
+        """Inverse of :meth:`_own_state`, after the buffers and ``_ref`` are loaded."""
 
     # ------------------------------------------------------------------ hooks
     def _init_state(self, X: torch.Tensor) -> None:  # pragma: no cover - abstract
