@@ -258,6 +258,30 @@ def test_a_run_stopped_by_a_failing_objective_resumes_from_its_checkpoint(tmp_pa
     assert b.betas == pytest.approx(a.betas, rel=1e-5)
 
 
+def test_a_run_ends_when_sbpe_has_asked_its_budget_though_points_failed(tmp_path):
+    """Failed points, and a batch cut by a shorter run's budget, are asked and count against S-BPE's own budget:
+    the run then ends with the history it has (it used to raise from the next ask and return nothing)."""
+    arms, f, g = _problem(9, A=80)
+    kw = dict(noise=1e-3, budget=60, rkhs_norm=2.0, subgaussian=0.03, seed=4)
+    bad = arms[:, 0] > 0.85
+
+    def flaky(i):
+        if bool(bad[int(i[0])]):
+            raise RuntimeError("the simulator crashed")
+        return float(f[int(i[0])])
+
+    b = SBPE(arms, GaussianKernel(LS), **kw)
+    with pytest.warns(RuntimeWarning, match="left out"):
+        hist = torchbkb.run(b, flaky, budget=60, on_failure="skip", progress=False)
+    assert hist.failures and len(hist) + len(hist.failures) == 60 == b.asked
+    assert "own budget of 60" in hist.meta["stopped"]
+    ck = tmp_path / "short.pt"
+    first = torchbkb.run(SBPE(arms, GaussianKernel(LS), **kw), f, budget=20, checkpoint=ck, progress=False)
+    c = SBPE(arms, GaussianKernel(LS), **kw)
+    rest = torchbkb.run(c, f, budget=60, checkpoint=ck, progress=False)
+    assert len(first) == 20 and 20 < len(rest) < 60 and c.remaining == 0 and "own budget" in rest.meta["stopped"]
+
+
 # ----------------------------------------------------------------------------- bad inputs
 @settings(max_examples=30, deadline=None)
 @given(

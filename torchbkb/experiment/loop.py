@@ -92,7 +92,8 @@ def run(
     Args:
         bandit: any :class:`~torchbkb.bandits.base.Bandit`.
         objective: rewards per arm `(A,)`, or a callable ``indices (k,) -> rewards (k,)``.
-        budget: total number of evaluations ``T``.
+        budget: total number of evaluations ``T``. A bandit with a budget of its own (S-BPE) ends the run sooner once
+            it has asked that budget, points that failed or were cut at a budget included (``meta["stopped"]``).
         executor: ``None`` (evaluate in the driver), a ``concurrent.futures.Executor`` or a
             ``dask.distributed.Client`` (yours: a broken one ends the run with an ``InfrastructureError``), or a
             pool the run owns, creates, recreates when it breaks and shuts down: ``"thread"``, ``"process"``
@@ -198,6 +199,10 @@ def run(
         while len(hist) < budget:
             if time_limit is not None and t_offset + time.perf_counter() - start > time_limit:
                 hist.meta["stopped"] = f"time limit {time_limit:.0f}s reached at t={len(hist)}"
+                break
+            if getattr(bandit, "remaining", 1) <= 0 and not bandit.pending_ids:  # a fixed-budget bandit (S-BPE)
+                hist.meta["stopped"] = (f"{type(bandit).__name__} asked its own budget of {bandit.budget} at "
+                                        f"t={len(hist)} (points it asked that failed or fell past a budget count)")
                 break
             a0 = time.perf_counter()
             try:
