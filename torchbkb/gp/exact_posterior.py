@@ -31,7 +31,8 @@ import torch
 from torch import nn
 
 from torchbkb.errors import (
-    InputDataError, NumericsError, check_finite, check_matrix, check_positive, check_same_device_dtype
+    InputDataError, NumericsError, check_finite, check_matrix, check_positive, check_same_device_dtype,
+    nonfinite_values_error,
 )
 from torchbkb.gp.exact_gp_state import ExactGPState
 from torchbkb.gp.kernels import as_kernel
@@ -149,9 +150,7 @@ class ExactPosterior(nn.Module):
             Q[:n] = torch.linalg.solve_triangular(self.L, self.kernel(self.train_X, X).to(dtype), upper=False)
         kdiag = self.kernel.diag(X).to(dtype)
         if not bool(torch.isfinite(Q[:n]).all() & torch.isfinite(kdiag).all()):  # nothing is watched then
-            err = NumericsError("ExactPosterior.watch: expected finite kernel values k(X_train, X), got NaN/inf")
-            err.nonfinite = True
-            raise err
+            raise nonfinite_values_error("ExactPosterior.watch", "kernel values k(X_train, X)")
         self._watch = {
             "X": X,
             "Q": Q,
@@ -318,10 +317,7 @@ class ExactPosterior(nn.Module):
         n, dtype, w = self.num_train, self.L.dtype, self._watch
         kA = None if w is None else self.kernel(x.unsqueeze(0), w["X"]).to(dtype)[0]  # (A,), checked before any change
         if kA is not None and not bool(torch.isfinite(kA).all()):
-            err = NumericsError("ExactPosterior.update: expected finite kernel values k(x, ·) at the watched points, "
-                                "got NaN/inf")
-            err.nonfinite = True
-            raise err
+            raise nonfinite_values_error("ExactPosterior.update", "kernel values k(x, ·) at the watched points")
         try:
             l, dnew, liy = self.state.grow_(x, y, self.lam / count.to(dtype))
         except NumericsError as err:
