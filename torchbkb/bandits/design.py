@@ -33,13 +33,13 @@ from collections.abc import Callable
 import torch
 
 from torchbkb.gp.dtc_posterior import DTCPosterior
-from torchbkb.bandits.kernel_rows import nonfinite_kernel_rows
+from torchbkb.bandits.sketched_fit import sketched_fit
 from torchbkb.errors import (InputDataError, NumericsError, TorchBKBError, check_generator, check_int, check_matrix,
                              check_finite, check_positive, nonfinite_rows_error)
 from torchbkb.gp.kernels import KernelAdapter, as_kernel
-from torchbkb.gp.nystrom import DEFAULT_CHUNK, NystromEmbedding
+from torchbkb.gp.nystrom import DEFAULT_CHUNK
 from torchbkb.objectives import as_objective
-from torchbkb.sampling.recursive_rls import DEFAULT_OVERSAMPLE, check_oversample, nystrom_lambda_max, recursive_rls
+from torchbkb.sampling.recursive_rls import DEFAULT_OVERSAMPLE, check_oversample, nystrom_lambda_max
 
 __all__ = ["UncertaintyExplorer", "UncertaintyDesign", "uncertainty_design", "linf_error", "theory_rls_delta"]
 
@@ -239,22 +239,15 @@ class UncertaintyExplorer:
         :class:`~torchbkb.errors.NumericsError` naming the candidates at fault (``arms``), before any change."""
         j = len(self._picks)
         X = self.candidates[self.picks]  # (j, d)
-        try:
-            res = recursive_rls(X, self.kernel, self.lam, oversample=self.oversample, base_size=self.base_size,
-                                delta=self.rls_delta(j), generator=self.generator, chunk_size=self.chunk_size)
-            emb = NystromEmbedding(self.kernel, X[res.indices], chunk_size=self.chunk_size)
-            post = DTCPosterior(emb, noise=self.lam, chunk_size=self.chunk_size).fit(X, X.new_zeros(j))
-        except NumericsError:
-            bad = nonfinite_kernel_rows(self.kernel, X, chunk_size=self.chunk_size)
-            if bad:
-                raise nonfinite_rows_error(sorted({self._picks[i] for i in bad})) from None
-            raise
+        indices, emb, post = sketched_fit(X, X.new_zeros(j), self.kernel, self.lam, names=self._picks,
+                                          oversample=self.oversample, base_size=self.base_size,
+                                          delta=self.rls_delta(j), generator=self.generator, chunk_size=self.chunk_size)
         Z = emb(self.candidates)  # (A, r)
         rls = post.score_embedded(Z, self.kdiag)[1]
         if not bool(torch.isfinite(rls).all()):
             raise nonfinite_rows_error((~torch.isfinite(Z).all(1) | ~torch.isfinite(rls)).nonzero().squeeze(1).tolist())
         self._Z, self._post, self._rls = Z, post, rls
-        self.dictionary = res.indices
+        self.dictionary = indices
         self._dict_at = j
         self.refreshes += 1
 

@@ -58,12 +58,12 @@ import torch
 from torchbkb.bandits.base import KernelBandit
 from torchbkb.bandits.confidence import vakili_beta_continuous, vakili_beta_finite, vakili_continuous_halfwidth
 from torchbkb.bandits.design import UncertaintyExplorer, theory_rls_delta
+from torchbkb.bandits.sketched_fit import sketched_fit
 from torchbkb.gp.dtc_posterior import DTCPosterior
-from torchbkb.bandits.kernel_rows import nonfinite_kernel_rows
 from torchbkb.errors import (InputDataError, NumericsError, TorchBKBError, check_int, check_positive,
                              nonfinite_rows_error)
-from torchbkb.gp.nystrom import DEFAULT_CHUNK, NystromEmbedding
-from torchbkb.sampling.recursive_rls import DEFAULT_OVERSAMPLE, check_oversample, nystrom_lambda_max, recursive_rls
+from torchbkb.gp.nystrom import DEFAULT_CHUNK
+from torchbkb.sampling.recursive_rls import DEFAULT_OVERSAMPLE, check_oversample, nystrom_lambda_max
 
 __all__ = ["SBPE", "sbpe_batch_sizes"]
 
@@ -277,41 +277,38 @@ class SBPE(KernelBandit):
 
     def _update(self) -> None:
         idx, y = self.last_told
-        ids, found = self.last_told_ids, []
-        again = sorted({a for a in ids if a in self.nonfinite_arms})  # told after they were named: left out
+        ids = self.last_told_ids
+        named = {a for a in ids if a in self.nonfinite_arms}  # told after they were named: left out, then raised
         with torch.no_grad():
             while True:  # each failed fit names arms and leaves them out: at most one pass more per bad arm
                 kept = [j for j, a in enumerate(ids) if a not in self.nonfinite_arms]
                 if not kept or not bool((self.active & ~self._nonfinite()).any()):  # nothing to learn or score
-                    if found or again:
-                        raise nonfinite_rows_error(sorted(set(found) | set(again)))
+                    if named:
+                        raise nonfinite_rows_error(sorted(named))
                     return
                 X, n_b = self.arms[idx[kept]], len(kept)  # (n_b, d): this batch only
                 try:
-                    res = recursive_rls(X, self.kernel, self.lam, oversample=self.oversample,
-                                        base_size=self.base_size, delta=self._rls_delta(n_b),
-                                        generator=self.generator, chunk_size=self.chunk_size)
-                    S = X[res.indices]
-                    emb = NystromEmbedding(self.kernel, S, chunk_size=self.chunk_size)
-                    post = DTCPosterior(emb, noise=self.lam, chunk_size=self.chunk_size).fit(
-                        X, y[kept].to(self.arms.dtype))
+                    indices, emb, post = sketched_fit(
+                        X, y[kept].to(self.arms.dtype), self.kernel, self.lam, names=[ids[j] for j in kept],
+                        oversample=self.oversample, base_size=self.base_size, delta=self._rls_delta(n_b),
+                        generator=self.generator, chunk_size=self.chunk_size)
                     break
-                except NumericsError:
-                    bad = [ids[kept[i]] for i in nonfinite_kernel_rows(self.kernel, X, chunk_size=self.chunk_size)]
-                    if not bad:
+                except NumericsError as err:
+                    if not err.arms:
                         raise
-                    self.nonfinite_arms.update(bad)
-                    found += bad
+                    self.nonfinite_arms.update(err.arms)
+                    named.update(err.arms)
+            S = X[indices]
             act = (self.active & ~self._nonfinite()).nonzero().squeeze(1)
             mean, rls = post.score_embedded(emb(self.arms[act]), self.kdiag[act])
             ok = torch.isfinite(mean) & torch.isfinite(rls)
             if not bool(ok.all()):  # arms whose kernel values against this batch's dictionary are NaN/inf
                 bad = act[~ok].tolist()
                 self.nonfinite_arms.update(bad)
-                found += bad
+                named.update(bad)
                 act, mean, rls = act[ok], mean[ok], rls[ok]
                 if act.numel() == 0:
-                    raise nonfinite_rows_error(sorted(set(found) | set(again)))
+                    raise nonfinite_rows_error(sorted(named))
             std = (rls * self.lam).sqrt()  # GP-scale σ̄
             lam_max = self._lambda_max(X, S)
             beta = self._beta(n_b, lam_max)
@@ -327,13 +324,13 @@ class SBPE(KernelBandit):
         self.best_lower[act] = torch.maximum(self.best_lower[act], self.lower[act])
         self.active[act[~keep]] = False
         self.posterior = post
-        self._dict_size = int(res.indices.numel())
+        self._dict_size = int(indices.numel())
         self.betas.append(beta)
         self.lambda_maxes.append(lam_max)
         self.dictionary_sizes.append(self._dict_size)
         self.active_sizes.append(int(self.active.sum()))
-        if found or again:
-            raise nonfinite_rows_error(sorted(set(found) | set(again)))
+        if named:
+            raise nonfinite_rows_error(sorted(named))
 
     def _nonfinite(self) -> torch.Tensor:
         """`(A,)` bool mask of :attr:`nonfinite_arms`."""
