@@ -82,8 +82,8 @@ class _ExactKernelForecaster(OnlineLearner):
         return torch.linalg.solve_triangular(self._L, rhs, upper=False)[:t]
 
     def _forecast(self, X: torch.Tensor):
-        """``(ŷ, l, δ², r)`` for `(n, d)` ``X``: `(n,)`, `(t, n)`, `(n,)`, `(n,)`; ``r`` is ``δ²`` before its clamp,
-        NaN/inf exactly when a kernel value of the row is (``‖l‖² <= k(x, x) + λ`` cannot overflow)."""
+        """``(ŷ, l, δ², r)`` for `(n, d)` ``X``: `(n,)`, `(t, n)`, `(n,)`, `(n,)`; ``r`` is ``δ²`` before its
+        clamp, NaN/inf exactly when a kernel value of the row is (``‖l‖² <= k(x, x) + λ`` cannot overflow)."""
         t, lam = self._t, float(self.lam)
         kxx = self.kernel.diag(X).to(torch.float64)  # (n,)
         if t == 0:

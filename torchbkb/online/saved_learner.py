@@ -28,7 +28,7 @@ from torch import nn
 
 from torchbkb.errors import CheckpointError
 
-__all__ = ["SavedState", "check_bound_buffers", "saved_counts", "saved_tensor"]
+__all__ = ["SavedState", "check_bound_buffers", "module_device", "saved_counts", "saved_tensor"]
 
 
 class SavedState(nn.Module):
@@ -50,7 +50,7 @@ class SavedState(nn.Module):
 
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                               error_msgs):
-        device = _device(self)
+        device = module_device(self)
         for name in self.grown_buffers:
             key = prefix + name
             if key in state_dict:
@@ -100,9 +100,9 @@ def check_bound_buffers(module: nn.Module, shapes: dict[str, tuple[int, ...]]) -
                                   f"{'bound' if bound else 'fresh'} {type(module).__name__}, got {got}")
 
 
-def _device(module: nn.Module) -> torch.device | None:
-    for t in (*module.parameters(recurse=False), *module.buffers(recurse=False), *module.parameters(),
-              *module.buffers()):
+def module_device(module: nn.Module) -> torch.device | None:
+    """The device of the module's first parameter or buffer (its submodules' included); ``None`` when it has none."""
+    for t in (*module.parameters(), *module.buffers()):
         return t.device
     return None
 

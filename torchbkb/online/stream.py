@@ -46,7 +46,7 @@ from torchbkb.errors import (
     check_matrix,
     check_same_device_dtype,
 )
-from torchbkb.online.saved_learner import SavedState
+from torchbkb.online.saved_learner import SavedState, module_device
 
 __all__ = ["StreamResult", "OnlineLearner"]
 
@@ -307,7 +307,7 @@ class OnlineLearner(SavedState):
             raise CheckpointError(f"state: expected a {type(self).__name__} extra state (num_rounds, stream, own), got "
                                   f"{state!r:.200}")
         self._num_rounds = state["num_rounds"]
-        device = next(iter(self.buffers()), torch.empty(0)).device
+        device = module_device(self) or torch.device("cpu")
         self._ref = None if stream is None else torch.empty((0, stream[0]), dtype=dtype, device=device)
         self._load_own(state.get("own"), device)
 
