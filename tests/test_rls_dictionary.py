@@ -142,3 +142,28 @@ def test_count_scaled_keeps_repeatedly_pulled_arms_more_often():
                 total += b.dictionary_size
         sizes[inclusion] = total
     assert sizes["count_scaled"] > sizes["per_pull"]
+
+
+def test_a_rule_swapped_in_for_a_study_reaches_the_bandits_resampling(monkeypatch):
+    """The peers harness (``../shared/peers/run_peers.py``, its inclusion-rule diagnostic) compares rules by
+    replacing ``RLSDictionary._probability`` in its process: the replaced rule is the one BKB draws with."""
+    from torchbkb.sampling.rls_dictionary import inclusion_probability
+
+    arms = torch.rand(200, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    f = torch.sin(6 * arms[:, 0]) + arms[:, 1]
+
+    def picks(**kw):
+        bandit = BKB(arms, GaussianKernel(0.15), noise=0.01, beta=0.5, seed=1, **kw)
+        out = []
+        for _ in range(60):
+            i = bandit.ask()
+            bandit.tell(i, f[i])
+            out += i.tolist()
+        return out, bandit.dictionary_size
+
+    per_pull = picks(inclusion="per_pull")
+    default = picks()
+    assert per_pull != default
+    monkeypatch.setattr(RLSDictionary, "_probability",
+                        lambda self, rls, counts: inclusion_probability(rls, counts, self.q_bar, "per_pull"))
+    assert picks() == per_pull

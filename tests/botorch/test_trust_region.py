@@ -202,3 +202,23 @@ def test_initialize_and_bad_tells_raise_and_change_nothing():
                dict(bounds=bounds, batch_size=0)):
         with pytest.raises(InputDataError):
             TrustRegionBKB(**kw)
+
+
+@pytest.mark.parametrize("num_regions", [1, 2])
+def test_the_users_model_modules_are_copied_for_each_model_and_never_fitted_in_place(num_regions):
+    """``model_kwargs=turbo_modules(d)`` is the default: each model fits its own copy (a fit from the defaults starts
+    from the user's values, and regions do not share a kernel), so both loops ask the same batches."""
+    from torchbkb.botorch.trust_region_loop import turbo_modules
+
+    bounds = torch.tensor([[0.0] * 3, [1.0] * 3], dtype=F64)
+    f = lambda X: _sphere(X) + 0.1 * torch.sin(9 * X).sum(-1)  # noqa: E731
+    modules = turbo_modules(3)
+    before = {k: v.clone() for k, v in modules["covar_module"].state_dict().items()}
+    given = TrustRegionBKB(bounds, batch_size=5, num_regions=num_regions, seed=0, model_kwargs=modules)
+    given.optimize(f, 80)
+    default = TrustRegionBKB(bounds, batch_size=5, num_regions=num_regions, seed=0)
+    default.optimize(f, 80)
+    assert torch.equal(given.X, default.X)
+    assert all(torch.equal(v, modules["covar_module"].state_dict()[k]) for k, v in before.items())
+    if num_regions == 2:
+        assert given.models[0].covar_module is not given.models[1].covar_module

@@ -24,9 +24,10 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
+import copy
 import math
+import os
+from collections.abc import Callable
 
 import torch
 from botorch.exceptions.errors import ModelFittingError
@@ -43,7 +44,9 @@ from torchbkb.botorch.marginal_likelihood import DTCMarginalLogLikelihood
 from torchbkb.botorch.model import BKBModel
 from torchbkb.botorch.thompson import optimize_acqf_thompson
 from torchbkb.botorch.trust_region import TrustRegion, num_candidates
-from torchbkb.errors import InputDataError, check_finite
+from torchbkb.botorch.trust_region_state import check_loop_state
+from torchbkb.errors import CheckpointError, InputDataError, check_finite
+from torchbkb.experiment.checkpoint import check_checkpoint_path, read_checkpoint, save_checkpoint
 
 __all__ = ["TrustRegionBKB", "LOCAL_POINTS", "COLD_EVERY", "WARM_MAXITER", "FIT_FTOL", "turbo_modules"]
 
@@ -125,17 +128,30 @@ class TrustRegionBKB:
         self._hyper: list[dict | None] = [None] * num_regions  # each region's last hyperparameters
         self._cold_at, self._fits = [0] * num_regions, [0] * num_regions  # points at its last fit from the defaults
         self._cold_cost = [0] * num_regions  # evaluations of its last fit from the defaults (0: warm starts off)
+        self._fit_rows: list[list[int] | None] = [None] * num_regions  # the points of its last model, and its seed
+        self._fit_seed: list[int | None] = [None] * num_regions
         self._pending: list[int] | None = None  # the region of each asked point
         self._draws = 0
         self.X, self.Y = bounds.new_zeros((0, d)), bounds.new_zeros((0,))
 
     # ------------------------------------------------------------------ the loop
-    def optimize(self, f: Callable[[Tensor], Tensor], budget: int) -> tuple[Tensor, Tensor]:
+    def optimize(self, f: Callable[[Tensor], Tensor], budget: int,
+                 checkpoint: str | os.PathLike | None = None) -> tuple[Tensor, Tensor]:
         """Ask, evaluate ``f`` (`(k, d) -> (k,)` or `(k, 1)`, maximized) and tell until ``budget`` evaluations;
-        returns every point and value, ``(X, Y)``."""
+        returns every point and value, ``(X, Y)``.
+
+        With ``checkpoint=path`` the loop's :meth:`state_dict` is written there atomically after every batch told
+        (:mod:`torchbkb.experiment.checkpoint`), and a loop started on an existing file resumes from it: the same
+        batches as a run never stopped. The path is checked before the first evaluation.
+        """
+        path = None if checkpoint is None else check_checkpoint_path(checkpoint)
+        if path is not None and path.exists():
+            self.load_state_dict(read_checkpoint(path, fields=("trust_region",))["trust_region"])
         while self.Y.numel() < budget:
             X = self.ask()[: budget - self.Y.numel()]  # the last batch cut to the budget
             self.tell(X, f(X))
+            if path is not None:
+                save_checkpoint(path, {"trust_region": self.state_dict()})
         return self.X, self.Y
 
     def initialize(self, X: Tensor, Y: Tensor) -> None:
@@ -195,8 +211,63 @@ class TrustRegionBKB:
             if region.restart_triggered:
                 region.restart()
                 self._owned[r], self._hyper[r], self.models[r] = [], None, None
+                self._fit_rows[r] = self._fit_seed[r] = None
                 self._cold_at[r] = self._fits[r] = self._cold_cost[r] = 0
         self._pending = None
+
+    # ------------------------------------------------------------------ checkpoints
+    def state_dict(self) -> dict:
+        """The loop's state in tensors, numbers and lists (``torch.load(weights_only=True)`` reads it back): the
+        settings, the told points, the pending batch's regions, the draws so far, and per region its TuRBO state,
+        points, fit counters and last hyperparameters. Its last model is kept as the rows and seed it was built
+        with, and rebuilt by :meth:`load_state_dict`. The model and fit keywords are not in it: give the same."""
+        regions = [{"trust_region": region.state_dict(), "owned": list(self._owned[r]),
+                    "hyper": None if self._hyper[r] is None else {k: v.clone() for k, v in self._hyper[r].items()},
+                    "cold_at": self._cold_at[r], "fits": self._fits[r], "cold_cost": self._cold_cost[r],
+                    "fit_rows": None if self._fit_rows[r] is None else list(self._fit_rows[r]),
+                    "fit_seed": self._fit_seed[r]} for r, region in enumerate(self.regions)]
+        return {"settings": self._settings(), "X": self.X.clone(), "Y": self.Y.clone(), "draws": self._draws,
+                "pending": None if self._pending is None else list(self._pending), "regions": regions}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Resume from :meth:`state_dict` (of a loop with the same settings): the next batches are those the saved
+        loop would have asked. A state that does not fit raises :class:`~torchbkb.errors.CheckpointError` and
+        changes nothing."""
+        state = check_loop_state(state, self._settings())
+        X, Y, saved = state["X"].to(self.bounds), state["Y"].to(self.bounds), state["regions"]
+        models = [self._rebuilt(X, Y, s, r) for r, s in enumerate(saved)]
+        regions = [TrustRegion(self.bounds.shape[1], self.batch_size) for _ in saved]
+        for region, s in zip(regions, saved):
+            region.load_state_dict(dict(s["trust_region"]))
+        self.X, self.Y, self.regions, self.models = X, Y, regions, models
+        self._owned = [list(s["owned"]) for s in saved]
+        self._hyper = [None if s["hyper"] is None else {k: v.to(self.bounds.device) for k, v in s["hyper"].items()}
+                       for s in saved]
+        self._cold_at, self._fits = [s["cold_at"] for s in saved], [s["fits"] for s in saved]
+        self._cold_cost = [s["cold_cost"] for s in saved]
+        self._fit_rows = [None if s["fit_rows"] is None else list(s["fit_rows"]) for s in saved]
+        self._fit_seed = [s["fit_seed"] for s in saved]
+        self._pending = None if state["pending"] is None else list(state["pending"])
+        self._draws = state["draws"]
+
+    def _settings(self) -> dict:
+        return {"bounds": self.bounds.detach().cpu().clone(), "batch_size": self.batch_size,
+                "num_regions": len(self.regions), "acquisition": self.acquisition, "beta": self.beta,
+                "n_init": self.n_init, "n_candidates": self.n_candidates, "local_points": self.local_points,
+                "warm_start": self.warm_start, "sampler": self.sampler, "seed": self.seed}
+
+    def _rebuilt(self, X: Tensor, Y: Tensor, saved: dict, r: int) -> BKBModel | None:
+        """Region ``r``'s last model, built again on its rows with its seed and hyperparameters."""
+        if saved["fit_rows"] is None:
+            return None
+        rows = torch.tensor(saved["fit_rows"], dtype=torch.long)
+        kwargs = self._model_kwargs(X.shape[1])
+        try:
+            model = BKBModel(self._to_unit(X[rows]), Y[rows].unsqueeze(-1), seed=saved["fit_seed"], **kwargs)
+            model.load_state_dict(saved["hyper"], strict=False, keep_transforms=False)
+        except (InputDataError, RuntimeError, KeyError) as e:
+            raise CheckpointError(f"regions[{r}]: expected hyperparameters this loop's model takes, got {e}") from e
+        return model.eval()
 
     @property
     def best(self) -> tuple[Tensor, float]:
@@ -212,6 +283,8 @@ class TrustRegionBKB:
         center = U[Y.argmax()]
         local = self._local(U, center, r)
         model = self._fit(U[local], Y[local], r)
+        self._fit_rows[r] = [self._owned[r][i] for i in local.tolist()]
+        self._fit_seed[r] = model.seed
         ls = _lengthscale(model, center)
         cand = self.regions[r].candidates(center, ls, self.n_candidates, seed=self._seed())
         q = min(self.batch_size, cand.shape[0])
@@ -262,7 +335,7 @@ class TrustRegionBKB:
     def _fit_from(self, U: Tensor, Y: Tensor, start: dict | None, maxfun: int | None) -> tuple[BKBModel | None, int]:
         """A model fitted from ``start`` (hyperparameters; ``None``: the kernel's defaults) with at most ``maxfun``
         evaluations, and the evaluations it took; ``(None, evaluations)`` when a warm fit fails."""
-        kwargs = turbo_modules(U.shape[1]) if self.model_kwargs is None else dict(self.model_kwargs)
+        kwargs = self._model_kwargs(U.shape[1])
         model = BKBModel(U, Y.unsqueeze(-1), seed=self._seed(), **kwargs)
         fit_kwargs = dict(self.fit_kwargs)
         options = {"ftol": FIT_FTOL} if maxfun is None else {"ftol": FIT_FTOL, "maxiter": maxfun, "maxfun": maxfun}
@@ -278,6 +351,11 @@ class TrustRegionBKB:
             return None, mll.evaluations
         mll.eval()
         return model, mll.evaluations
+
+    def _model_kwargs(self, d: int) -> dict:
+        """A model's own modules: the user's ``model_kwargs`` copied (each region's models fit their own kernel, and
+        a fit from the defaults starts from the user's values), or :func:`turbo_modules`."""
+        return turbo_modules(d) if self.model_kwargs is None else copy.deepcopy(dict(self.model_kwargs))
 
     def _seed(self) -> int:
         self._draws += 1

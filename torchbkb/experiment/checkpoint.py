@@ -81,8 +81,9 @@ def save_checkpoint(path: str | os.PathLike, payload: dict[str, Any]) -> None:
     _fsync_dir(parent)
 
 
-def read_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
-    """The checkpoint at ``path``, checked for its format and version (a version-1 file is accepted as it is).
+def read_checkpoint(path: str | os.PathLike, fields: tuple[str, ...] = ("bandit", "history")) -> dict[str, Any]:
+    """The checkpoint at ``path``, checked for its format and version (a version-1 file is accepted as it is) and
+    for the dict ``fields`` its writer keeps (a run's bandit and history; a trust-region loop's state).
 
     Raises:
         CheckpointError: empty, truncated or foreign file, or an unknown version.
@@ -109,7 +110,7 @@ def read_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
     if state.get("version") not in (1, FORMAT_VERSION):
         raise CheckpointError(f"checkpoint: expected format version <= {FORMAT_VERSION}, got {state.get('version')!r} "
                               f"(written by a newer torchbkb?)")
-    for key in ("bandit", "history"):
+    for key in fields:
         if not isinstance(state.get(key), dict):
             raise CheckpointError(f"checkpoint: expected a field {key!r} (a dict), got {type(state.get(key)).__name__}")
     batches = state.get("batches", 0)

@@ -103,6 +103,11 @@ class RLSDictionary(nn.Module):
         """
         if validate:  # (callers that produced the inputs, like the bandits, skip the checks and their host reads)
             rls, counts = self._check(rls, counts)
+        return self._probability(rls, counts)
+
+    def _probability(self, rls: torch.Tensor, counts: torch.Tensor | None) -> torch.Tensor:
+        """The rule, unchecked: the one method a study replaces to try another rule on the eager path (the peers
+        harness's diagnostic does, under this name)."""
         return inclusion_probability(rls, counts, self.q_bar, self.inclusion)
 
     def resample(self, rls: torch.Tensor, counts: torch.Tensor | None = None, *, validate: bool = True) -> torch.Tensor:
