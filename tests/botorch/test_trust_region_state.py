@@ -1,6 +1,7 @@
 """A trust-region BKB loop saved and resumed: through ``state_dict`` and ``torch.load(weights_only=True)``, or
 ``optimize(checkpoint=...)`` after a crash, it asks the batches of the loop never stopped; a state that does not
-fit the loop raises a ``CheckpointError`` and changes nothing."""
+fit the loop raises a ``CheckpointError`` and changes nothing. NaN/inf values of the objective are its failures,
+raised with the batch kept pending or skipped, as in ``torchbkb.run``."""
 
 import io
 import math
@@ -11,7 +12,7 @@ import torch
 from torchbkb import run
 from torchbkb.bandits import BKB
 from torchbkb.botorch import TrustRegionBKB
-from torchbkb.errors import CheckpointError
+from torchbkb.errors import CheckpointError, InputDataError, ObjectiveError
 from torchbkb.gp.kernels import GaussianKernel
 
 F64 = torch.float64
@@ -125,6 +126,9 @@ def _bad_states(state):
     yield "hyperparameters this loop", edit(lambda s: r0(s).update(hyper={"covar_module.raw_outputscale":
                                                                           torch.zeros(3, dtype=F64)}))
     yield "pending", edit(lambda s: s.update(pending=[5]))
+    yield "asked", edit(lambda s: s.update(pending=[0, 1]))
+    yield "X_failed", edit(lambda s: s.update(X_failed=s["X"][:2, :2]))
+    yield "finite", edit(lambda s: s.update(X_failed=torch.full((1, 4), float("inf"), dtype=F64)))
 
 
 def test_states_that_do_not_fit_raise_and_change_nothing():
@@ -135,7 +139,7 @@ def test_states_that_do_not_fit_raise_and_change_nothing():
     _steps(target, 26)
     before = target.state_dict()
     cases = list(_bad_states(state))
-    assert len(cases) == 16
+    assert len(cases) == 19
     for match, bad in cases:
         with pytest.raises(CheckpointError, match=match):
             target.load_state_dict(bad)
@@ -161,3 +165,77 @@ def test_checkpoint_files_of_another_kind_are_refused(tmp_path):
     _loop().optimize(_f, 20, checkpoint=turbo_path)
     with pytest.raises(CheckpointError, match="bandit"):
         bandit_run(turbo_path)
+
+
+def _failing(rows_of_call):
+    """``_f``, NaN at the given rows of given calls (``{call: [rows]}``); records each call's points."""
+    calls = []
+
+    def f(X):
+        calls.append(X.clone())
+        y = _f(X)
+        y[rows_of_call.get(len(calls), [])] = float("nan")
+        return y
+
+    f.calls = calls
+    return f
+
+
+def test_skipped_failures_are_kept_apart_count_against_the_budget_and_resume(tmp_path):
+    f = _failing({2: [0, 3], 4: [1]})
+    loop = _loop(num_regions=2)
+    X, Y = loop.optimize(f, 60, on_failure="skip")
+    assert X.shape[0] + loop.X_failed.shape[0] == 60 == sum(c.shape[0] for c in f.calls)
+    assert torch.equal(loop.X_failed, torch.cat([f.calls[1][[0, 3]], f.calls[3][[1]]]))
+    assert torch.equal(Y, _f(X))
+    path = tmp_path / "skip.ckpt"
+    _loop(num_regions=2).optimize(_failing({2: [0, 3], 4: [1]}), 40, checkpoint=path, on_failure="skip")
+    resumed = _loop(num_regions=2)
+    X2, _ = resumed.optimize(_failing({}), 60, checkpoint=path, on_failure="skip")
+    assert torch.equal(resumed.X_failed, loop.X_failed) and torch.equal(X2, X)
+
+
+def test_a_raised_failure_keeps_the_batch_pending_and_the_next_call_evaluates_it(tmp_path):
+    ref_X, _ = _loop().optimize(_f, 50)
+    path = tmp_path / "raise.ckpt"
+    f = _failing({3: [2]})
+    loop = _loop()
+    with pytest.raises(ObjectiveError, match=r"rows \[2\]"):
+        loop.optimize(f, 50, checkpoint=path)
+    assert loop.Y.numel() == sum(c.shape[0] for c in f.calls[:2])
+    X, _ = loop.optimize(_f, 50)  # the same object: its pending batch first
+    assert torch.equal(X, ref_X)
+    with pytest.raises(ObjectiveError):
+        _loop().optimize(_failing({3: [2]}), 50, checkpoint=tmp_path / "again.ckpt")
+    X, _ = _loop().optimize(_f, 50, checkpoint=tmp_path / "again.ckpt")  # a new process: from the checkpoint
+    assert torch.equal(X, ref_X)
+    with pytest.raises(InputDataError, match="on_failure"):
+        _loop().optimize(_f, 10, on_failure="ignore")
+
+
+def test_tell_takes_any_rows_of_the_batch_and_refuses_bad_ones_unchanged():
+    loop = _loop()
+    _steps(loop, 14)
+    batch = loop.ask()
+    before = loop.state_dict()
+    for rows in ([0, 0], [0, 6], [1], (True, 2), "01"):
+        with pytest.raises(InputDataError):
+            loop.tell(batch[[0, 1]], _f(batch[[0, 1]]), rows=rows)
+        assert _same(loop.state_dict(), before)
+    loop.tell(batch[[4, 1]], _f(batch[[4, 1]]), rows=torch.tensor([4, 1]))
+    assert torch.equal(loop.X[-2:], batch[[4, 1]]) and loop.ask().shape == (6, 4)
+    loop.tell(batch[:0], _f(batch[:0]), rows=[])  # nothing of this batch: it is dropped
+    batch = loop.ask()
+    with pytest.raises(InputDataError, match="shape"):
+        loop.tell(batch[:0], _f(batch[:0]))  # without rows, at least one point
+
+
+def test_a_refused_initialize_changes_nothing():
+    loop = _loop()
+    X0 = torch.rand(10, 4, dtype=F64, generator=torch.Generator().manual_seed(0))
+    bad = _f(X0)
+    bad[3] = float("nan")
+    with pytest.raises(InputDataError):
+        loop.initialize(X0, bad)
+    loop.initialize(X0, _f(X0))  # was: "expected a loop that has neither asked nor been told anything"
+    assert loop.Y.numel() == 10 and loop.ask().shape == (6, 4)

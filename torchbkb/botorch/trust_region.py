@@ -28,17 +28,35 @@ from __future__ import annotations
 import math
 
 import torch
+from gpytorch.constraints import Interval
+from gpytorch.kernels import MaternKernel, ScaleKernel
+from gpytorch.likelihoods import GaussianLikelihood
 from torch import Tensor
 from torch.quasirandom import SobolEngine
 
 from torchbkb.errors import InputDataError, check_finite
 
-__all__ = ["TrustRegion", "num_candidates"]
+__all__ = ["TrustRegion", "num_candidates", "turbo_modules", "model_lengthscale"]
 
 
 def num_candidates(dim: int) -> int:
     """TuRBO's number of candidates per proposal: ``min(5000, max(2000, 200·d))``."""
     return min(5000, max(2000, 200 * int(dim)))
+
+
+def turbo_modules(dim: int) -> dict:
+    """TuRBO's model choices: ``ScaleKernel(Matérn-5/2, ARD)`` with lengthscales in ``[0.005, 4]`` on the unit cube
+    and a noise in ``[1e-8, 1e-3]`` (standardized outcomes): ``BKBModel(X, Y, **turbo_modules(d))``."""
+    kernel = ScaleKernel(MaternKernel(nu=2.5, ard_num_dims=int(dim), lengthscale_constraint=Interval(0.005, 4.0)))
+    return {"covar_module": kernel, "likelihood": GaussianLikelihood(noise_constraint=Interval(1e-8, 1e-3))}
+
+
+def model_lengthscale(model, like: Tensor) -> Tensor:
+    """`(d,)` or `(1,)` the lengthscales of a model's (scaled) stationary kernel, in ``like``'s dtype and device;
+    ones for a kernel without them (the region's metric)."""
+    kernel = getattr(model.covar_module, "base_kernel", model.covar_module)
+    ls = getattr(kernel, "lengthscale", None)
+    return torch.ones(1, dtype=like.dtype) if ls is None else ls.detach().reshape(-1).to(like)
 
 
 class TrustRegion:

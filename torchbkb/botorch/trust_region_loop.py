@@ -32,9 +32,6 @@ from collections.abc import Callable
 import torch
 from botorch.exceptions.errors import ModelFittingError
 from botorch.fit import fit_gpytorch_mll
-from gpytorch.constraints import Interval
-from gpytorch.kernels import MaternKernel, ScaleKernel
-from gpytorch.likelihoods import GaussianLikelihood
 from torch import Tensor
 from torch.quasirandom import SobolEngine
 
@@ -43,9 +40,9 @@ from torchbkb.botorch.defaults import EXACT_FIT
 from torchbkb.botorch.marginal_likelihood import DTCMarginalLogLikelihood
 from torchbkb.botorch.model import BKBModel
 from torchbkb.botorch.thompson import optimize_acqf_thompson
-from torchbkb.botorch.trust_region import TrustRegion, num_candidates
+from torchbkb.botorch.trust_region import TrustRegion, model_lengthscale, num_candidates, turbo_modules
 from torchbkb.botorch.trust_region_state import check_loop_state
-from torchbkb.errors import CheckpointError, InputDataError, check_finite
+from torchbkb.errors import CheckpointError, InputDataError, ObjectiveError, check_finite
 from torchbkb.experiment.checkpoint import check_checkpoint_path, read_checkpoint, save_checkpoint
 
 __all__ = ["TrustRegionBKB", "LOCAL_POINTS", "COLD_EVERY", "WARM_MAXITER", "FIT_FTOL", "turbo_modules"]
@@ -61,13 +58,6 @@ WARM_MAXITER = 200
 #: A fit stops when an L-BFGS-B step changes the evidence by less than this fraction (scipy's ``ftol``; BoTorch's
 #: default, 2.2e-9, spends most of a 60-d fit's evaluations below any change that matters; docs/high_throughput.md).
 FIT_FTOL = 1e-6
-
-
-def turbo_modules(dim: int) -> dict:
-    """TuRBO's model choices: ``ScaleKernel(Matérn-5/2, ARD)`` with lengthscales in ``[0.005, 4]`` on the unit cube
-    and a noise in ``[1e-8, 1e-3]`` (standardized outcomes): ``BKBModel(X, Y, **turbo_modules(d))``."""
-    kernel = ScaleKernel(MaternKernel(nu=2.5, ard_num_dims=int(dim), lengthscale_constraint=Interval(0.005, 4.0)))
-    return {"covar_module": kernel, "likelihood": GaussianLikelihood(noise_constraint=Interval(1e-8, 1e-3))}
 
 
 class TrustRegionBKB:
@@ -94,7 +84,8 @@ class TrustRegionBKB:
 
     Attributes:
         X, Y: `(n, d)` and `(n,)` every told point (original units) and value; regions: the
-        :class:`~torchbkb.botorch.trust_region.TrustRegion` states; models: each region's last fitted model.
+        :class:`~torchbkb.botorch.trust_region.TrustRegion` states; models: each region's last fitted model;
+        X_failed: `(f, d)` the points :meth:`optimize` dropped for NaN/inf values (``on_failure="skip"``).
     """
 
     def __init__(self, bounds: Tensor, batch_size: int = 100, *, num_regions: int = 1, acquisition: str = "thompson",
@@ -131,25 +122,47 @@ class TrustRegionBKB:
         self._fit_rows: list[list[int] | None] = [None] * num_regions  # the points of its last model, and its seed
         self._fit_seed: list[int | None] = [None] * num_regions
         self._pending: list[int] | None = None  # the region of each asked point
+        self._asked: Tensor | None = None  # the asked batch, until told
         self._draws = 0
-        self.X, self.Y = bounds.new_zeros((0, d)), bounds.new_zeros((0,))
+        self.X, self.Y, self.X_failed = bounds.new_zeros((0, d)), bounds.new_zeros((0,)), bounds.new_zeros((0, d))
 
     # ------------------------------------------------------------------ the loop
-    def optimize(self, f: Callable[[Tensor], Tensor], budget: int,
-                 checkpoint: str | os.PathLike | None = None) -> tuple[Tensor, Tensor]:
+    def optimize(self, f: Callable[[Tensor], Tensor], budget: int, checkpoint: str | os.PathLike | None = None,
+                 on_failure: str = "raise") -> tuple[Tensor, Tensor]:
         """Ask, evaluate ``f`` (`(k, d) -> (k,)` or `(k, 1)`, maximized) and tell until ``budget`` evaluations;
-        returns every point and value, ``(X, Y)``.
+        returns every point and value, ``(X, Y)``. A batch asked and not yet told is evaluated first.
 
         With ``checkpoint=path`` the loop's :meth:`state_dict` is written there atomically after every batch told
         (:mod:`torchbkb.experiment.checkpoint`), and a loop started on an existing file resumes from it: the same
         batches as a run never stopped. The path is checked before the first evaluation.
+
+        Values that are NaN/inf are the objective's failures, as in :func:`torchbkb.run`: ``on_failure="raise"``
+        raises an :class:`~torchbkb.errors.ObjectiveError` naming the batch's rows, with the batch still pending
+        (checkpointed: the next call evaluates it again); ``"skip"`` tells the batch's other points and keeps the
+        failed ones in :attr:`X_failed`, where they count against ``budget``. An exception of ``f`` propagates.
         """
+        if on_failure not in ("raise", "skip"):
+            raise InputDataError(f"on_failure: expected 'raise' or 'skip', got {on_failure!r}")
         path = None if checkpoint is None else check_checkpoint_path(checkpoint)
         if path is not None and path.exists():
             self.load_state_dict(read_checkpoint(path, fields=("trust_region",))["trust_region"])
-        while self.Y.numel() < budget:
-            X = self.ask()[: budget - self.Y.numel()]  # the last batch cut to the budget
-            self.tell(X, f(X))
+        while (left := budget - self.Y.numel() - self.X_failed.shape[0]) > 0:
+            X = (self.ask() if self._pending is None else self._asked)[:left]  # the last batch cut to the budget
+            Y = f(X)
+            Y = Y.reshape(-1) if isinstance(Y, Tensor) and Y.dim() == 2 and Y.shape[-1] == 1 else Y
+            ok = torch.isfinite(Y).to(X.device) if isinstance(Y, Tensor) and Y.shape == (X.shape[0],) else None
+            if ok is None or bool(ok.all()):
+                self.tell(X, Y)  # or its typed error for a wrong shape
+            elif on_failure == "skip":
+                self.tell(X[ok], Y[ok.to(Y.device)], rows=ok.nonzero().squeeze(-1).tolist())
+                self.X_failed = torch.cat([self.X_failed, X[~ok]])
+            else:
+                if path is not None:
+                    save_checkpoint(path, {"trust_region": self.state_dict()})
+                bad = (~ok).nonzero().squeeze(-1).tolist()
+                raise ObjectiveError(f"f: expected finite values, got NaN/inf at rows {bad} of the batch; the batch is "
+                                     f"still pending and the next call evaluates it again (on_failure='skip' drops "
+                                     f"such points)")
             if path is not None:
                 save_checkpoint(path, {"trust_region": self.state_dict()})
         return self.X, self.Y
@@ -160,7 +173,10 @@ class TrustRegionBKB:
         if self._pending is not None or self.Y.numel():
             raise InputDataError("initialize: expected a loop that has neither asked nor been told anything")
         self._pending = [-1] * (X.shape[0] if isinstance(X, Tensor) and X.dim() == 2 else 0)
-        self.tell(X, Y)
+        try:
+            self.tell(X, Y)
+        finally:
+            self._pending = None  # told, or refused with nothing changed
 
     def ask(self) -> Tensor:
         """The next batch `(k, d)` (original units): the initial design of every region that has no point, else
@@ -172,7 +188,8 @@ class TrustRegionBKB:
             d = self.bounds.shape[1]
             designs = [SobolEngine(d, scramble=True, seed=self._seed()).draw(self.n_init) for _ in fresh]
             self._pending = [r for r in fresh for _ in range(self.n_init)]
-            return self._from_unit(torch.cat(designs).to(self.bounds))
+            self._asked = self._from_unit(torch.cat(designs).to(self.bounds))
+            return self._asked.clone()
         picks, values, owners = [], [], []
         for r in range(len(self.regions)):
             X_r, v_r = self._propose(r)
@@ -181,18 +198,24 @@ class TrustRegionBKB:
             owners += [r] * X_r.shape[0]
         order = torch.cat(values).argsort(descending=True)[: self.batch_size]
         self._pending = [owners[i] for i in order.tolist()]  # one read, not one a point
-        return self._from_unit(torch.cat(picks)[order])
+        self._asked = self._from_unit(torch.cat(picks)[order])
+        return self._asked.clone()
 
-    def tell(self, X: Tensor, Y: Tensor) -> None:
-        """The values `(k,)` (or `(k, 1)`) of the asked points ``X`` `(k, d)` -- the whole batch, or its first ``k``
-        points (the others are dropped); a region that collapsed restarts."""
+    def tell(self, X: Tensor, Y: Tensor, rows: list[int] | None = None) -> None:
+        """The values `(k,)` (or `(k, 1)`) of asked points ``X`` `(k, d)`: the whole batch, its first ``k`` points,
+        or with ``rows`` the batch's points at those ``k`` distinct positions (``k = 0`` too). The batch's other
+        points are dropped; a region that collapsed restarts."""
         if self._pending is None:
             raise InputDataError("tell: expected a batch asked first, got none pending")
         Y = Y.reshape(-1) if isinstance(Y, Tensor) and Y.dim() == 2 and Y.shape[-1] == 1 else Y
         d, k = self.bounds.shape[1], len(self._pending)
-        if not isinstance(X, Tensor) or X.dim() != 2 or X.shape[1] != d or not 1 <= X.shape[0] <= k:
+        if not isinstance(X, Tensor) or X.dim() != 2 or X.shape[1] != d or not int(rows is None) <= X.shape[0] <= k:
             raise InputDataError(f"X: expected the asked batch (or its first rows) of shape ({k}, {d}), "
                                  f"got {getattr(X, 'shape', X)}")
+        rows = list(range(X.shape[0])) if rows is None else rows.tolist() if isinstance(rows, Tensor) else rows
+        if not (isinstance(rows, (list, tuple)) and len(rows) == X.shape[0] == len(set(rows)) and all(
+                isinstance(j, int) and not isinstance(j, bool) and 0 <= j < k for j in rows)):
+            raise InputDataError(f"rows: expected {X.shape[0]} distinct positions in the batch of {k}, got {rows!r}")
         if not isinstance(Y, Tensor) or Y.shape != (X.shape[0],):
             raise InputDataError(f"Y: expected shape ({X.shape[0]},), got {getattr(Y, 'shape', Y)}")
         check_finite(X, "X")
@@ -200,7 +223,7 @@ class TrustRegionBKB:
         tol = 1e-9 * (self.bounds[1] - self.bounds[0])
         if bool(((X < self.bounds[0] - tol) | (X > self.bounds[1] + tol)).any()):
             raise InputDataError("X: expected points inside the bounds")
-        n, pending = self.Y.numel(), self._pending[: X.shape[0]]
+        n, pending = self.Y.numel(), [self._pending[j] for j in rows]
         self.X, self.Y = torch.cat([self.X, X.to(self.X)]), torch.cat([self.Y, Y.to(self.Y)])
         for r, region in enumerate(self.regions):
             mine = [n + j for j, owner in enumerate(pending) if owner in (r, -1)]  # -1: every region's (initialize)
@@ -213,21 +236,23 @@ class TrustRegionBKB:
                 self._owned[r], self._hyper[r], self.models[r] = [], None, None
                 self._fit_rows[r] = self._fit_seed[r] = None
                 self._cold_at[r] = self._fits[r] = self._cold_cost[r] = 0
-        self._pending = None
+        self._pending = self._asked = None
 
     # ------------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict:
         """The loop's state in tensors, numbers and lists (``torch.load(weights_only=True)`` reads it back): the
-        settings, the told points, the pending batch's regions, the draws so far, and per region its TuRBO state,
-        points, fit counters and last hyperparameters. Its last model is kept as the rows and seed it was built
-        with, and rebuilt by :meth:`load_state_dict`. The model and fit keywords are not in it: give the same."""
+        settings, the told and failed points, the pending batch and its regions, the draws so far, and per region
+        its TuRBO state, points, fit counters and last hyperparameters. Its last model is kept as the rows and seed
+        it was built with, and rebuilt by :meth:`load_state_dict`. The model and fit keywords are not in it: give
+        the same."""
         regions = [{"trust_region": region.state_dict(), "owned": list(self._owned[r]),
                     "hyper": None if self._hyper[r] is None else {k: v.clone() for k, v in self._hyper[r].items()},
                     "cold_at": self._cold_at[r], "fits": self._fits[r], "cold_cost": self._cold_cost[r],
                     "fit_rows": None if self._fit_rows[r] is None else list(self._fit_rows[r]),
                     "fit_seed": self._fit_seed[r]} for r, region in enumerate(self.regions)]
         return {"settings": self._settings(), "X": self.X.clone(), "Y": self.Y.clone(), "draws": self._draws,
-                "pending": None if self._pending is None else list(self._pending), "regions": regions}
+                "pending": None if self._pending is None else list(self._pending), "regions": regions,
+                "asked": None if self._asked is None else self._asked.clone(), "X_failed": self.X_failed.clone()}
 
     def load_state_dict(self, state: dict) -> None:
         """Resume from :meth:`state_dict` (of a loop with the same settings): the next batches are those the saved
@@ -248,6 +273,8 @@ class TrustRegionBKB:
         self._fit_rows = [None if s["fit_rows"] is None else list(s["fit_rows"]) for s in saved]
         self._fit_seed = [s["fit_seed"] for s in saved]
         self._pending = None if state["pending"] is None else list(state["pending"])
+        self._asked = None if state["asked"] is None else state["asked"].to(self.bounds)
+        self.X_failed = state["X_failed"].to(self.bounds)
         self._draws = state["draws"]
 
     def _settings(self) -> dict:
@@ -285,7 +312,7 @@ class TrustRegionBKB:
         model = self._fit(U[local], Y[local], r)
         self._fit_rows[r] = [self._owned[r][i] for i in local.tolist()]
         self._fit_seed[r] = model.seed
-        ls = _lengthscale(model, center)
+        ls = model_lengthscale(model, center)
         cand = self.regions[r].candidates(center, ls, self.n_candidates, seed=self._seed())
         q = min(self.batch_size, cand.shape[0])
         if self.acquisition == "thompson":
@@ -303,7 +330,7 @@ class TrustRegionBKB:
         if U.shape[0] <= self.local_points:
             return torch.arange(U.shape[0])
         model = self.models[r]
-        scale = torch.ones(1, dtype=U.dtype) if model is None else _lengthscale(model, U)
+        scale = torch.ones(1, dtype=U.dtype) if model is None else model_lengthscale(model, U)
         dist = ((U - center) / scale).pow(2).sum(-1)
         return dist.topk(self.local_points, largest=False).indices.sort().values
 
@@ -366,10 +393,3 @@ class TrustRegionBKB:
 
     def _from_unit(self, U: Tensor) -> Tensor:
         return self.bounds[0] + U * (self.bounds[1] - self.bounds[0])
-
-
-def _lengthscale(model: BKBModel, like: Tensor) -> Tensor:
-    """`(d,)` or `(1,)` the lengthscales of a (scaled) stationary kernel, ones for a kernel without them."""
-    kernel = getattr(model.covar_module, "base_kernel", model.covar_module)
-    ls = getattr(kernel, "lengthscale", None)
-    return torch.ones(1, dtype=like.dtype) if ls is None else ls.detach().reshape(-1).to(like)

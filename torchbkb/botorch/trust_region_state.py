@@ -30,7 +30,7 @@ from torchbkb.errors import CheckpointError, InputDataError
 __all__ = ["LOOP_FIELDS", "REGION_FIELDS", "check_loop_state"]
 
 #: the fields of a loop's state.
-LOOP_FIELDS = ("settings", "X", "Y", "draws", "pending", "regions")
+LOOP_FIELDS = ("settings", "X", "Y", "draws", "pending", "regions", "asked", "X_failed")
 #: the fields of one region's state: its TuRBO state, its points since its restart (indices into ``X``), its last
 #: hyperparameters, its fit counters, and the rows and seed of its last model (``None`` before its first fit).
 REGION_FIELDS = ("trust_region", "owned", "hyper", "cold_at", "fits", "cold_cost", "fit_rows", "fit_seed")
@@ -44,27 +44,38 @@ def check_loop_state(state: Any, settings: dict) -> dict:
     """
     _fields(state, LOOP_FIELDS, "state")
     _same_settings(state["settings"], settings)
-    X, Y = state["X"], state["Y"]
-    d = settings["bounds"].shape[1]
-    if not isinstance(X, Tensor) or not X.is_floating_point() or X.dim() != 2 or X.shape[1] != d:
-        raise CheckpointError(f"state: expected X as a floating tensor of shape (n, {d}), got {_describe(X)}")
+    d, m = settings["bounds"].shape[1], settings["num_regions"]
+    X, Y, failed, asked, pending = (state[k] for k in ("X", "Y", "X_failed", "asked", "pending"))
+    _points(X, "X", d)
     n = X.shape[0]
     if not isinstance(Y, Tensor) or not Y.is_floating_point() or Y.shape != (n,):
         raise CheckpointError(f"state: expected Y as a floating tensor of shape ({n},), got {_describe(Y)}")
-    if not (bool(torch.isfinite(X).all()) and bool(torch.isfinite(Y).all())):
-        raise CheckpointError("state: expected finite X and Y, got NaN or inf")
+    _points(failed, "X_failed", d)
+    if pending is not None and not _indices(pending, -1, m):
+        raise CheckpointError(f"state: expected pending as None or a list of region indices in [-1, {m}), got "
+                              f"{_describe(pending)}")
+    if (asked is None) != (pending is None):
+        raise CheckpointError(f"state: expected asked and pending both given or both None, got {_describe(asked)} "
+                              f"and {_describe(pending)}")
+    if asked is not None:
+        _points(asked, "asked", d, len(pending))
+    if not all(bool(torch.isfinite(t).all()) for t in (X, Y, failed) + (() if asked is None else (asked,))):
+        raise CheckpointError("state: expected finite X, Y, X_failed and asked, got NaN or inf")
     _integer(state["draws"], "draws")
     regions = state["regions"]
-    m = settings["num_regions"]
     if not isinstance(regions, list) or len(regions) != m:
         raise CheckpointError(f"state: expected regions as a list of {m}, got {_describe(regions)}")
     for r, region in enumerate(regions):
         _region(region, f"regions[{r}]", n, settings)
-    pending = state["pending"]
-    if pending is not None and not _indices(pending, -1, m):
-        raise CheckpointError(f"state: expected pending as None or a list of region indices in [-1, {m}), got "
-                              f"{_describe(pending)}")
     return state
+
+
+def _points(value: Any, name: str, d: int, rows: int | None = None) -> None:
+    if not (isinstance(value, Tensor) and value.is_floating_point() and value.dim() == 2 and value.shape[1] == d
+            and (rows is None or value.shape[0] == rows)):
+        shape = f"({'n' if rows is None else rows}, {d})"
+        raise CheckpointError(f"state: expected {name} as a floating tensor of shape {shape}, got {_describe(value)}")
+
 
 
 def _region(region: Any, name: str, n: int, settings: dict) -> None:
