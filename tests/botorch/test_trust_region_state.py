@@ -209,8 +209,9 @@ def test_a_raised_failure_keeps_the_batch_pending_and_the_next_call_evaluates_it
         _loop().optimize(_failing({3: [2]}), 50, checkpoint=tmp_path / "again.ckpt")
     X, _ = _loop().optimize(_f, 50, checkpoint=tmp_path / "again.ckpt")  # a new process: from the checkpoint
     assert torch.equal(X, ref_X)
-    with pytest.raises(InputDataError, match="on_failure"):
-        _loop().optimize(_f, 10, on_failure="ignore")
+    for args, match in (((_f, 10), "on_failure"), ((_f, -1), "budget"), ((_f, 2.0), "budget"), ((None, 10), "f:")):
+        with pytest.raises(InputDataError, match=match):
+            _loop().optimize(*args, **({"on_failure": "ignore"} if match == "on_failure" else {}))
 
 
 def test_tell_takes_any_rows_of_the_batch_and_refuses_bad_ones_unchanged():

@@ -42,7 +42,7 @@ from torchbkb.botorch.model import BKBModel
 from torchbkb.botorch.thompson import optimize_acqf_thompson
 from torchbkb.botorch.trust_region import TrustRegion, model_lengthscale, num_candidates, turbo_modules
 from torchbkb.botorch.trust_region_state import check_loop_state
-from torchbkb.errors import CheckpointError, InputDataError, ObjectiveError, check_finite
+from torchbkb.errors import CheckpointError, InputDataError, ObjectiveError, check_finite, check_int
 from torchbkb.experiment.checkpoint import check_checkpoint_path, read_checkpoint, save_checkpoint
 
 __all__ = ["TrustRegionBKB", "LOCAL_POINTS", "COLD_EVERY", "WARM_MAXITER", "FIT_FTOL", "turbo_modules"]
@@ -143,6 +143,9 @@ class TrustRegionBKB:
         """
         if on_failure not in ("raise", "skip"):
             raise InputDataError(f"on_failure: expected 'raise' or 'skip', got {on_failure!r}")
+        check_int(budget, "budget", 0)
+        if not callable(f):
+            raise InputDataError(f"f: expected a callable (k, d) -> (k,), got {type(f).__name__}")
         path = None if checkpoint is None else check_checkpoint_path(checkpoint)
         if path is not None and path.exists():
             self.load_state_dict(read_checkpoint(path, fields=("trust_region",))["trust_region"])
