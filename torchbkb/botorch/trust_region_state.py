@@ -37,7 +37,8 @@ REGION_FIELDS = ("trust_region", "owned", "hyper", "cold_at", "fits", "cold_cost
 
 
 def check_loop_state(state: Any, settings: dict) -> dict:
-    """``state`` checked against a loop built with ``settings``; returns it with ``X`` and ``Y`` as tensors.
+    """``state`` checked against the ``settings`` of the loop that loads it (``state_dict()["settings"]``);
+    returns ``state``, unchanged.
 
     Raises:
         CheckpointError: a missing or extra field, other settings, or a value the loop could not resume from.
