@@ -52,11 +52,13 @@ class NumericsError(TorchBKBError, RuntimeError):
     """A factorization failed even after escalating the jitter, or a kernel returned NaN/inf; ``nonfinite`` is true
     when the matrix itself held NaN/inf entries (e.g. a hyperparameter an optimizer pushed out of range), ``arms``
     names the arms whose kernel rows ``k(a, ·)`` held them, when known; ``rows``, from an online learner, names the row
-    of the call's inputs at which learning stopped."""
+    of the call's inputs at which learning stopped, and ``result``, from its ``fit_stream``, is the ``StreamResult`` of
+    the rounds learned before it."""
 
     nonfinite: bool = False
     arms: tuple[int, ...] = ()
     rows: tuple[int, ...] = ()
+    result: object = None
 
 
 def nonfinite_rows_error(arms: list[int]) -> NumericsError:

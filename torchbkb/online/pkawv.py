@@ -223,11 +223,11 @@ class PKAWV(OnlineLearner):
             try:
                 out.append(self._woodbury_block(F[i : min(i + b, good)], yy[i : min(i + b, good)]))
             except NumericsError as err:  # raised before the block wrote anything
-                err.rows = (i,)
+                err.rows, err.forecasts = (i,), torch.cat(out) if out else F.new_empty(0)
                 raise
         if good < F.shape[0]:
             err = nonfinite_values_error("embedding", "features of the new input x")
-            err.rows = (good,)
+            err.rows, err.forecasts = (good,), torch.cat(out) if out else F.new_empty(0)
             raise err
         return torch.cat(out)
 

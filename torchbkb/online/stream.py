@@ -105,6 +105,17 @@ class StreamResult:
         }
 
 
+def _stream_result(preds: torch.Tensor, y: torch.Tensor, times: torch.Tensor, task: str, n: int) -> StreamResult:
+    """The :class:`StreamResult` of the `(r,)` forecasts ``preds`` of the targets ``y`` of a stream of ``n`` rounds."""
+    if task == "regression":
+        losses = (y.to(torch.float64) - preds.to(torch.float64)) ** 2
+    else:
+        signs = torch.where(preds >= 0, 1.0, -1.0).to(torch.float64)
+        losses = (signs != y.to(torch.float64)).to(torch.float64)
+    return StreamResult(predictions=preds, losses=losses, cumulative_loss=losses.cumsum(0), time_per_round=times,
+                        task=task, n_total=n, stopped_early=preds.shape[0] < n)
+
+
 class OnlineLearner(SavedState):
     """Base class of the online forecasters: validation, the protocol loop and the stream driver.
 
@@ -118,7 +129,7 @@ class OnlineLearner(SavedState):
 
     and may override ``_stream_block(X, y, deadline)`` with an exact blocked version of consecutive rounds;
     a block that raises ``NumericsError`` sets its ``rows`` to ``(i,)``, ``i`` its first round not learned
-    (without ``rows`` it learned none).
+    (without ``rows`` it learned none), and its ``forecasts`` to the `(i,)` forecasts of the rounds it learned.
 
     Example:
         >>> import torch
@@ -237,6 +248,10 @@ class OnlineLearner(SavedState):
 
         Returns:
             A :class:`StreamResult`.
+
+        Raises:
+            NumericsError: a round's kernel values or features are NaN/inf; the rounds before it were learned, its
+                ``rows`` names its row of ``X`` and its ``result`` is their :class:`StreamResult`.
         """
         X = self._check_inputs(X)
         y = self._check_targets(y, X)
@@ -261,7 +276,12 @@ class OnlineLearner(SavedState):
                 try:
                     out = self._stream_block(X[done : done + B], y[done : done + B], deadline)
                 except NumericsError as err:
-                    raise self._stopped(err, done, n, "X") from err
+                    part = getattr(err, "forecasts", preds[:0]).to(X.dtype)  # the block's rounds learned before it
+                    r = done + part.shape[0]
+                    preds[done:r], times[done:r] = part, (time.perf_counter() - t0) / max(r - done, 1)
+                    new = self._stopped(err, done, n, "X")
+                    new.result = _stream_result(preds[:r], y[:r], times[:r], task, n)
+                    raise new from err
                 if X.is_cuda:
                     torch.cuda.synchronize(X.device)
                 dt = time.perf_counter() - t0
@@ -276,21 +296,7 @@ class OnlineLearner(SavedState):
                     break
         if bar is not None:
             bar.close()
-        preds, yy = preds[:done], y[:done]
-        if task == "regression":
-            losses = (yy.to(torch.float64) - preds.to(torch.float64)) ** 2
-        else:
-            signs = torch.where(preds >= 0, 1.0, -1.0).to(torch.float64)
-            losses = (signs != yy.to(torch.float64)).to(torch.float64)
-        return StreamResult(
-            predictions=preds,
-            losses=losses,
-            cumulative_loss=losses.cumsum(0),
-            time_per_round=times[:done],
-            task=task,
-            n_total=n,
-            stopped_early=done < n,
-        )
+        return _stream_result(preds[:done], y[:done], times[:done], task, n)
 
     # ------------------------------------------------------------------ saving (state_dict's extra state)
     def get_extra_state(self) -> dict:
@@ -335,7 +341,7 @@ class OnlineLearner(SavedState):
             try:
                 out[i] = self._round(X[i : i + 1], y[i : i + 1])[0]
             except NumericsError as err:
-                err.rows = (i,)
+                err.rows, err.forecasts = (i,), out[:i]
                 raise
             if deadline is not None and time.perf_counter() >= deadline:
                 return out[: i + 1]
