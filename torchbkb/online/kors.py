@@ -165,10 +165,7 @@ class KORSDictionary(SavedState):
         if x.shape[0] != 1:
             raise InputDataError(f"x: expected shape (1, d), got {tuple(x.shape)}")
         with torch.no_grad():
-            kIx = self.kernel_to_dictionary(x)[0]  # (m,)
-            kxx = float(self.kernel_diag(x).reshape(()))
-            if not math.isfinite(kxx + float(kIx.sum())):  # NaN/inf iff a value is; before the draw
-                raise nonfinite_values_error("kernel", "values k(x, ·) of x against the dictionary")
+            kIx, kxx = self.checked_kernel_values(x)
             p = self.probability_from_kernel(kIx, kxx)
             if not self.draw_uniform() < p:
                 return False
@@ -176,6 +173,15 @@ class KORSDictionary(SavedState):
         return True
 
     # ------------------------------------------------------------------ building blocks (shared with PKAWV)
+    def checked_kernel_values(self, x: torch.Tensor) -> tuple[torch.Tensor, float]:
+        """`(m,)` float64 ``k(I, x)`` and ``k(x, x)`` of `(1, d)` ``x``, checked before any draw: a
+        :class:`~torchbkb.errors.NumericsError` when one is NaN/inf (kernel values do not overflow their sum)."""
+        kIx = self.kernel_to_dictionary(x)[0]
+        kxx = float(self.kernel_diag(x).reshape(()))
+        if not math.isfinite(kxx + float(kIx.sum())):
+            raise nonfinite_values_error("kernel", "values k(x, ·) of the new input x against the dictionary")
+        return kIx, kxx
+
     def probability_from_kernel(self, k_xI: torch.Tensor, k_xx: float) -> float:
         """``min(1, β τ̃)`` of one point from its `(m,)` float64 ``k(I, x)`` and ``k(x, x)``; sets
         :attr:`last_probability`."""

@@ -223,10 +223,7 @@ def offer_to_kors(kors, basis: IncrementalNystromBasis, cols: torch.Tensor, x: t
         NumericsError: ``x``'s kernel values (against the dictionary, itself, or with ``moments`` the history) hold
             NaN/inf. Nothing changed: the values are checked before the add, and a draw already made is put back.
     """
-    k_all = kors.kernel_to_dictionary(x)[0]  # (m_kors,) float64
-    kxx = float(kors.kernel_diag(x).reshape(()))
-    if not math.isfinite(kxx + float(k_all.sum())):  # NaN/inf iff a value is: kernel values do not overflow a sum
-        raise nonfinite_values_error("kernel", "values k(x, ·) of the new input x against the dictionary")
+    k_all, kxx = kors.checked_kernel_values(x)  # (m_kors,) float64
     last_p = kors.last_probability
     p = kors.probability_from_kernel(k_all, kxx)
     l = basis.features(x, k_all[cols].reshape(1, -1))[0]  # (m,)
