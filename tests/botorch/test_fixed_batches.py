@@ -172,3 +172,27 @@ def test_joint_thompson_draws_follow_the_joint_posterior():
     assert torch.unique(cand, dim=0).shape[0] == 2
     with pytest.raises(InputDataError, match="sampler"):
         optimize_acqf_thompson(model, C, q=1, sampler="cholesky")
+
+
+def test_joint_thompson_draws_of_a_float32_exact_model_in_a_small_region_are_the_float64_models():
+    """A TuRBO region 0.02 wide, noise 4e-7 against an outputscale of 14: float32 kernel values round far above the
+    posterior variances, and the float32 covariance was indefinite past every jitter (a NumericsError mid-run in
+    float32 TuRBO loops). It is computed again from the same inputs in float64: the float64 model's picks."""
+    from torchbkb.botorch.trust_region import turbo_modules
+
+    g = torch.Generator().manual_seed(0)
+    centre = torch.full((5,), 0.5, dtype=torch.float64)
+    X = centre + 0.02 * (torch.rand(30, 5, generator=g, dtype=torch.float64) - 0.5)
+    Y = -((X - 0.3) ** 2).sum(-1, keepdim=True)
+    cand = centre + 0.02 * (torch.rand(1500, 5, generator=g, dtype=torch.float64) - 0.5)
+    picks = {}
+    for dtype in (torch.float64, torch.float32):
+        model = BKBModel(X.to(dtype), Y.to(dtype), seed=0, **turbo_modules(5))
+        model.covar_module.outputscale = 14.0
+        model.covar_module.base_kernel.lengthscale = torch.tensor([0.5, 0.4, 3.9, 0.47, 1.7])
+        model.likelihood.noise = 4e-7
+        torch.manual_seed(1)
+        _, values, picks[dtype] = optimize_acqf_thompson(model.eval(), cand.to(dtype), 5, sampler="joint",
+                                                         return_indices=True)
+        assert values.dtype == dtype
+    assert torch.equal(picks[torch.float32], picks[torch.float64])

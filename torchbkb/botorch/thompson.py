@@ -31,6 +31,7 @@ from torchbkb.botorch.model import BKBModel
 from torchbkb.botorch.pathwise import draw_bkb_paths
 from torchbkb.botorch.training_data import check_candidates
 from torchbkb.errors import InputDataError, NumericsError
+from torchbkb.gp.exact_gp_state import ExactGPState
 
 __all__ = ["optimize_acqf_thompson", "DEFAULT_CHUNK", "JOINT_MAX"]
 
@@ -123,10 +124,30 @@ def _distinct(values: Tensor, indices: Tensor) -> tuple[Tensor, Tensor]:
 
 def _joint_draws(model: BKBModel, choices: Tensor, q: int) -> Tensor:
     """`(q, A)` exact draws of the posterior over the candidates (original outcome units), from its dense joint
-    covariance in the model's transformed space: a jitter far below the posterior variances changes no draw, so the
-    factorization starts from one of 10⁻¹⁰ of the mean variance (not from rounding level) and escalates tenfold."""
+    covariance in the model's transformed space. An exact model's covariance from float32 inputs can be indefinite
+    far beyond a jitter (a small region, a tiny noise: float32 kernel values round at 10⁻⁷ of the prior); it is then
+    computed again from the same inputs in float64, as a float64 model computes it."""
     X_tf = model.transform_inputs(choices)
     mean, cov = model.engine.joint(X_tf)  # (A,), (A, A): centered, transformed outcomes
+    L = _jittered_cholesky(cov)
+    state = model.engine.exact_state
+    if L is None and state is not None and X_tf.dtype != torch.float64:
+        f64 = [t.to(torch.float64) for t in (state.train_X, state.train_y, state.train_noise)]
+        mean, cov = ExactGPState(state.kernel, *f64).joint(X_tf.to(torch.float64))
+        L = _jittered_cholesky(cov)
+    if L is None:
+        raise NumericsError(f"joint draws: expected a positive semidefinite posterior covariance over {len(choices)} "
+                            "candidates, got one that fails with a jitter of 1e-4 of its mean variance")
+    eps = torch.randn(L.shape[-1], q, dtype=L.dtype, device=L.device)
+    draws = (mean.to(L) + model.mean_constant.to(L)).unsqueeze(-1) + L @ eps  # (A, q)
+    if hasattr(model, "outcome_transform"):
+        return model.outcome_transform.untransform(draws.T.unsqueeze(-1).to(choices))[0].squeeze(-1)  # (q, A)
+    return draws.T.to(choices)
+
+
+def _jittered_cholesky(cov: Tensor) -> Tensor | None:
+    """The float64 Cholesky factor of ``cov`` plus the least jitter that works, from 10⁻¹⁰ of its mean variance up
+    to 10⁻⁴ in tenfold steps (a jitter far below the posterior variances changes no draw); ``None`` if none does."""
     cov = cov.to(torch.float64)
     scale = float(cov.diagonal().mean().clamp_min(torch.finfo(torch.float64).tiny))
     added = 0.0
@@ -135,12 +156,5 @@ def _joint_draws(model: BKBModel, choices: Tensor, q: int) -> Tensor:
         added = jitter
         L, info = torch.linalg.cholesky_ex(cov)
         if not bool(info.any()):
-            break
-    else:
-        raise NumericsError(f"joint draws: expected a positive semidefinite posterior covariance over {len(choices)} "
-                            "candidates, got one that fails with a jitter of 1e-4 of its mean variance")
-    eps = torch.randn(L.shape[-1], q, dtype=L.dtype, device=L.device)
-    draws = (mean.to(L) + model.mean_constant.to(L)).unsqueeze(-1) + L @ eps  # (A, q)
-    if hasattr(model, "outcome_transform"):
-        return model.outcome_transform.untransform(draws.T.unsqueeze(-1).to(choices))[0].squeeze(-1)  # (q, A)
-    return draws.T.to(choices)
+            return L
+    return None
