@@ -124,17 +124,17 @@ def _distinct(values: Tensor, indices: Tensor) -> tuple[Tensor, Tensor]:
 
 def _joint_draws(model: BKBModel, choices: Tensor, q: int) -> Tensor:
     """`(q, A)` exact draws of the posterior over the candidates (original outcome units), from its dense joint
-    covariance in the model's transformed space. An exact model's covariance from float32 inputs can be indefinite
-    far beyond a jitter (a small region, a tiny noise: float32 kernel values round at 10⁻⁷ of the prior); it is then
-    computed again from the same inputs in float64, as a float64 model computes it."""
+    covariance in the model's transformed space. An exact model's covariance is formed from float64 kernel values,
+    whatever the inputs' dtype: from float32 ones it can be indefinite far beyond a jitter (a small region, a tiny
+    noise: float32 kernel values round at 10⁻⁷ of the prior)."""
     X_tf = model.transform_inputs(choices)
-    mean, cov = model.engine.joint(X_tf)  # (A,), (A, A): centered, transformed outcomes
-    L = _jittered_cholesky(cov)
     state = model.engine.exact_state
-    if L is None and state is not None and X_tf.dtype != torch.float64:
+    if state is not None and X_tf.dtype != torch.float64:  # the same inputs in float64: a float64 model's covariance
         f64 = [t.to(torch.float64) for t in (state.train_X, state.train_y, state.train_noise)]
         mean, cov = ExactGPState(state.kernel, *f64).joint(X_tf.to(torch.float64))
-        L = _jittered_cholesky(cov)
+    else:
+        mean, cov = model.engine.joint(X_tf)  # (A,), (A, A): centered, transformed outcomes
+    L = _jittered_cholesky(cov)
     if L is None:
         raise NumericsError(f"joint draws: expected a positive semidefinite posterior covariance over {len(choices)} "
                             "candidates, got one that fails with a jitter of 1e-4 of its mean variance")
