@@ -222,3 +222,40 @@ def test_the_users_model_modules_are_copied_for_each_model_and_never_fitted_in_p
     assert all(torch.equal(v, modules["covar_module"].state_dict()[k]) for k, v in before.items())
     if num_regions == 2:
         assert given.models[0].covar_module is not given.models[1].covar_module
+
+
+def test_a_fit_from_the_defaults_whose_line_searches_stall_is_kept_where_it_stopped(monkeypatch):
+    """Without priors BoTorch's retries repeat the same start, so one ``ABNORMAL`` line search (float32 evidence at
+    its rounding floor: Levy-20 in float32 at evaluation 940) failed every attempt and stopped the loop with
+    ``ModelFittingError``. The fit is then redone accepting such stops, with a warning, and the loop goes on."""
+    import warnings as w
+
+    from botorch.exceptions.errors import ModelFittingError
+    from botorch.exceptions.warnings import OptimizationWarning
+
+    import torchbkb.botorch.trust_region_loop as trl
+    from torchbkb.botorch.trust_region import accept_stalled_line_search
+    from torchbkb.errors import NumericsWarning
+
+    def message(text, category=OptimizationWarning):
+        return w.WarningMessage(text, category, "f.py", 1)
+
+    abnormal = "`scipy_minimize` terminated with status OptimizationStatus.FAILURE, displaying original message " \
+               "from `scipy.optimize.minimize`: ABNORMAL: "
+    assert accept_stalled_line_search(message(abnormal)) and accept_stalled_line_search(message("x", UserWarning))
+    assert not accept_stalled_line_search(message("terminated with status OptimizationStatus.FAILURE: NaN"))
+
+    fit, handlers = trl.fit_gpytorch_mll, []
+
+    def stalled(mll, **kw):
+        handlers.append(kw.get("warning_handler"))
+        if len(handlers) == 3 and kw.get("warning_handler") is None:  # the third fit's line searches stall
+            raise ModelFittingError("All attempts to fit the model have failed.")
+        return fit(mll, **kw)
+
+    monkeypatch.setattr(trl, "fit_gpytorch_mll", stalled)
+    loop = TrustRegionBKB(torch.tensor([[0.0] * 3, [1.0] * 3], dtype=F64), batch_size=5, seed=0, warm_start=False)
+    with pytest.warns(NumericsWarning, match="region 0: its fit from the defaults ended in L-BFGS-B line searches"):
+        loop.optimize(_sphere, 40)
+    assert loop.Y.numel() == 40 and handlers[3] is accept_stalled_line_search
+    assert all(h is None for i, h in enumerate(handlers) if i != 3)

@@ -28,6 +28,7 @@ from __future__ import annotations
 import math
 
 import torch
+from botorch.fit import DEFAULT_WARNING_HANDLER
 from gpytorch.constraints import Interval
 from gpytorch.kernels import MaternKernel, ScaleKernel
 from gpytorch.likelihoods import GaussianLikelihood
@@ -36,7 +37,7 @@ from torch.quasirandom import SobolEngine
 
 from torchbkb.errors import InputDataError, check_finite
 
-__all__ = ["TrustRegion", "num_candidates", "turbo_modules", "model_lengthscale"]
+__all__ = ["TrustRegion", "num_candidates", "turbo_modules", "model_lengthscale", "accept_stalled_line_search"]
 
 
 def num_candidates(dim: int) -> int:
@@ -49,6 +50,13 @@ def turbo_modules(dim: int) -> dict:
     and a noise in ``[1e-8, 1e-3]`` (standardized outcomes): ``BKBModel(X, Y, **turbo_modules(d))``."""
     kernel = ScaleKernel(MaternKernel(nu=2.5, ard_num_dims=int(dim), lengthscale_constraint=Interval(0.005, 4.0)))
     return {"covar_module": kernel, "likelihood": GaussianLikelihood(noise_constraint=Interval(1e-8, 1e-3))}
+
+
+def accept_stalled_line_search(w) -> bool:
+    """``fit_gpytorch_mll``'s ``warning_handler``, but for an L-BFGS-B line search that could not improve
+    (``ABNORMAL``: in float32, an evidence at its rounding floor), which ends the fit where it stopped instead of
+    failing it (without priors to draw from, BoTorch's retries repeat the same failed start)."""
+    return DEFAULT_WARNING_HANDLER(w) or "ABNORMAL" in str(w.message)
 
 
 def model_lengthscale(model, like: Tensor) -> Tensor:

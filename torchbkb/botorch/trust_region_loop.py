@@ -7,9 +7,9 @@ at most ``local_points`` of them, the nearest to the region's centre in the regi
 costs the same at 10³ and at 10⁵ evaluations and the hyperparameters come from the exact evidence
 (:data:`~torchbkb.botorch.defaults.EXACT_FIT`) -- once, warm from the region's previous hyperparameters or, now
 and then, from the kernel's defaults (:data:`FIT_FTOL`, :data:`COLD_EVERY`), draws TuRBO's candidates in the
-region and picks ``q``
-of them by Thompson sampling (:func:`~torchbkb.botorch.optimize_acqf_thompson`: distinct exact joint draws over the
-candidates, as TuRBO draws them) or by a fixed-``q`` BBKB batch (:func:`~torchbkb.botorch.optimize_acqf_bbkb`).
+region and picks ``q`` of them by Thompson sampling (:func:`~torchbkb.botorch.optimize_acqf_thompson`: distinct
+exact joint draws over the candidates, as TuRBO draws them) or by a fixed-``q`` BBKB batch
+(:func:`~torchbkb.botorch.optimize_acqf_bbkb`).
 With several regions the ``q`` best picks across regions are taken (their values are in the objective's units).
 
 Example:
@@ -27,6 +27,7 @@ from __future__ import annotations
 import copy
 import math
 import os
+import warnings
 from collections.abc import Callable
 
 import torch
@@ -40,9 +41,10 @@ from torchbkb.botorch.defaults import EXACT_FIT
 from torchbkb.botorch.marginal_likelihood import DTCMarginalLogLikelihood
 from torchbkb.botorch.model import BKBModel
 from torchbkb.botorch.thompson import optimize_acqf_thompson
-from torchbkb.botorch.trust_region import TrustRegion, model_lengthscale, num_candidates, turbo_modules
-from torchbkb.botorch.trust_region_state import check_loop_state
-from torchbkb.errors import CheckpointError, InputDataError, ObjectiveError, check_finite, check_int
+from torchbkb.botorch.trust_region import (TrustRegion, accept_stalled_line_search, model_lengthscale, num_candidates,
+                                           turbo_modules)
+from torchbkb.botorch.trust_region_state import check_loop_state, loop_settings
+from torchbkb.errors import CheckpointError, InputDataError, NumericsWarning, ObjectiveError, check_finite, check_int
 from torchbkb.experiment.checkpoint import check_checkpoint_path, read_checkpoint, save_checkpoint
 
 __all__ = ["TrustRegionBKB", "LOCAL_POINTS", "COLD_EVERY", "WARM_MAXITER", "FIT_FTOL", "turbo_modules"]
@@ -253,7 +255,7 @@ class TrustRegionBKB:
                     "cold_at": self._cold_at[r], "fits": self._fits[r], "cold_cost": self._cold_cost[r],
                     "fit_rows": None if self._fit_rows[r] is None else list(self._fit_rows[r]),
                     "fit_seed": self._fit_seed[r]} for r, region in enumerate(self.regions)]
-        return {"settings": self._settings(), "X": self.X.clone(), "Y": self.Y.clone(), "draws": self._draws,
+        return {"settings": loop_settings(self), "X": self.X.clone(), "Y": self.Y.clone(), "draws": self._draws,
                 "pending": None if self._pending is None else list(self._pending), "regions": regions,
                 "asked": None if self._asked is None else self._asked.clone(), "X_failed": self.X_failed.clone()}
 
@@ -261,7 +263,7 @@ class TrustRegionBKB:
         """Resume from :meth:`state_dict` (of a loop with the same settings): the next batches are those the saved
         loop would have asked. A state that does not fit raises :class:`~torchbkb.errors.CheckpointError` and
         changes nothing."""
-        state = check_loop_state(state, self._settings())
+        state = check_loop_state(state, loop_settings(self))
         X, Y, saved = state["X"].to(self.bounds), state["Y"].to(self.bounds), state["regions"]
         models = [self._rebuilt(X, Y, s, r) for r, s in enumerate(saved)]
         regions = [TrustRegion(self.bounds.shape[1], self.batch_size) for _ in saved]
@@ -271,20 +273,13 @@ class TrustRegionBKB:
         self._owned = [list(s["owned"]) for s in saved]
         self._hyper = [None if s["hyper"] is None else {k: v.to(self.bounds.device) for k, v in s["hyper"].items()}
                        for s in saved]
-        self._cold_at, self._fits = [s["cold_at"] for s in saved], [s["fits"] for s in saved]
-        self._cold_cost = [s["cold_cost"] for s in saved]
+        self._cold_at, self._fits, self._cold_cost = ([s[k] for s in saved] for k in ("cold_at", "fits", "cold_cost"))
         self._fit_rows = [None if s["fit_rows"] is None else list(s["fit_rows"]) for s in saved]
         self._fit_seed = [s["fit_seed"] for s in saved]
         self._pending = None if state["pending"] is None else list(state["pending"])
         self._asked = None if state["asked"] is None else state["asked"].to(self.bounds)
         self.X_failed = state["X_failed"].to(self.bounds)
         self._draws = state["draws"]
-
-    def _settings(self) -> dict:
-        return {"bounds": self.bounds.detach().cpu().clone(), "batch_size": self.batch_size,
-                "num_regions": len(self.regions), "acquisition": self.acquisition, "beta": self.beta,
-                "n_init": self.n_init, "n_candidates": self.n_candidates, "local_points": self.local_points,
-                "warm_start": self.warm_start, "sampler": self.sampler, "seed": self.seed}
 
     def _rebuilt(self, X: Tensor, Y: Tensor, saved: dict, r: int) -> BKBModel | None:
         """Region ``r``'s last model, built again on its rows with its seed and hyperparameters."""
@@ -353,7 +348,12 @@ class TrustRegionBKB:
                 self._cold_cost[r] = cost = 0  # warm starts do not pay in this region
             model = warm
         if cold or model is None:
-            model, evaluations = self._fit_from(U, Y, None, None)
+            try:
+                model, evaluations = self._fit_from(U, Y, None, None)
+            except ModelFittingError:  # every attempt stopped by its line search: the fit kept where it stopped
+                model, evaluations = self._fit_from(U, Y, None, None, handler=accept_stalled_line_search)
+                warnings.warn(f"region {r}: its fit from the defaults ended in L-BFGS-B line searches that could not "
+                              "improve (float32?); kept where they stopped", NumericsWarning, stacklevel=3)
             self._cold_at[r] = U.shape[0]
             if cost or prev is None:
                 self._cold_cost[r] = max(evaluations, 1)
@@ -362,12 +362,14 @@ class TrustRegionBKB:
         self.models[r] = model
         return model
 
-    def _fit_from(self, U: Tensor, Y: Tensor, start: dict | None, maxfun: int | None) -> tuple[BKBModel | None, int]:
+    def _fit_from(self, U: Tensor, Y: Tensor, start: dict | None, maxfun: int | None,
+                  handler: Callable | None = None) -> tuple[BKBModel | None, int]:
         """A model fitted from ``start`` (hyperparameters; ``None``: the kernel's defaults) with at most ``maxfun``
-        evaluations, and the evaluations it took; ``(None, evaluations)`` when a warm fit fails."""
+        evaluations (and ``fit_gpytorch_mll``'s ``warning_handler``, unless ``fit_kwargs`` has one), and the
+        evaluations it took; ``(None, evaluations)`` when a warm fit fails."""
         kwargs = self._model_kwargs(U.shape[1])
         model = BKBModel(U, Y.unsqueeze(-1), seed=self._seed(), **kwargs)
-        fit_kwargs = dict(self.fit_kwargs)
+        fit_kwargs = dict(self.fit_kwargs) if handler is None else {"warning_handler": handler, **self.fit_kwargs}
         options = {"ftol": FIT_FTOL} if maxfun is None else {"ftol": FIT_FTOL, "maxiter": maxfun, "maxfun": maxfun}
         fit_kwargs.setdefault("optimizer_kwargs", {"options": options})
         if start is not None:

@@ -27,13 +27,22 @@ from torch import Tensor
 from torchbkb.botorch.trust_region import TrustRegion
 from torchbkb.errors import CheckpointError, InputDataError
 
-__all__ = ["LOOP_FIELDS", "REGION_FIELDS", "check_loop_state"]
+__all__ = ["LOOP_FIELDS", "REGION_FIELDS", "check_loop_state", "loop_settings"]
 
 #: the fields of a loop's state.
 LOOP_FIELDS = ("settings", "X", "Y", "draws", "pending", "regions", "asked", "X_failed")
 #: the fields of one region's state: its TuRBO state, its points since its restart (indices into ``X``), its last
 #: hyperparameters, its fit counters, and the rows and seed of its last model (``None`` before its first fit).
 REGION_FIELDS = ("trust_region", "owned", "hyper", "cold_at", "fits", "cold_cost", "fit_rows", "fit_seed")
+
+
+def loop_settings(loop) -> dict:
+    """The settings a state must share with the loop that loads it: the box (on the CPU), the batch size, the
+    regions' number and every choice of the proposals."""
+    return {"bounds": loop.bounds.detach().cpu().clone(), "batch_size": loop.batch_size,
+            "num_regions": len(loop.regions), "acquisition": loop.acquisition, "beta": loop.beta,
+            "n_init": loop.n_init, "n_candidates": loop.n_candidates, "local_points": loop.local_points,
+            "warm_start": loop.warm_start, "sampler": loop.sampler, "seed": loop.seed}
 
 
 def check_loop_state(state: Any, settings: dict) -> dict:
