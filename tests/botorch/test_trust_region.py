@@ -80,6 +80,9 @@ def test_bad_states_raise_and_change_nothing():
             r.update(bad)
     with pytest.raises(InputDataError):
         r.load_state_dict({"length": 1.0})
+    for field, value in (("length", float("nan")), ("best_value", "1"), ("restart_triggered", 0), ("restarts", -1)):
+        with pytest.raises(InputDataError, match=field):
+            r.load_state_dict({**before, field: value})
     assert r.state_dict() == before
     for kw in (dict(dim=0, batch_size=1), dict(dim=2, batch_size=2.5), dict(dim=2, batch_size=2, length_min=2.0)):
         with pytest.raises(InputDataError):

@@ -35,7 +35,7 @@ from gpytorch.likelihoods import GaussianLikelihood
 from torch import Tensor
 from torch.quasirandom import SobolEngine
 
-from torchbkb.errors import InputDataError, check_finite
+from torchbkb.errors import InputDataError, check_finite, check_int
 
 __all__ = ["TrustRegion", "num_candidates", "turbo_modules", "model_lengthscale", "accept_stalled_line_search"]
 
@@ -157,11 +157,22 @@ class TrustRegion:
         return {k: getattr(self, k) for k in keys}
 
     def load_state_dict(self, state: dict) -> None:
-        """Restore :meth:`state_dict`; a wrong or incomplete one raises and changes nothing."""
+        """Restore :meth:`state_dict`; a wrong or incomplete one (a key missing or extra, a length that is not a
+        finite float > 0, a best value that is not a finite float or ``-inf``, counters that are not integers >= 0)
+        raises and changes nothing."""
         keys = ("length", "success_counter", "failure_counter", "best_value", "restart_triggered", "restarts")
         if not isinstance(state, dict) or set(state) != set(keys):
             got = sorted(state) if isinstance(state, dict) else repr(state)
             raise InputDataError(f"state: expected the keys {sorted(keys)}, got {got}")
+        length, best = state["length"], state["best_value"]
+        if not (isinstance(length, float) and math.isfinite(length) and length > 0):
+            raise InputDataError(f"state: expected a finite length > 0, got {length!r}")
+        if not (isinstance(best, float) and (math.isfinite(best) or best == -math.inf)):
+            raise InputDataError(f"state: expected best_value as a finite float or -inf, got {best!r}")
+        if not isinstance(state["restart_triggered"], bool):
+            raise InputDataError(f"state: expected restart_triggered as a bool, got {state['restart_triggered']!r}")
+        for k in ("success_counter", "failure_counter", "restarts"):
+            check_int(state[k], f"state: {k}", 0)
         for k in keys:
             setattr(self, k, state[k])
 

@@ -121,8 +121,7 @@ class TrustRegionBKB:
         self._hyper: list[dict | None] = [None] * num_regions  # each region's last hyperparameters
         self._cold_at, self._fits = [0] * num_regions, [0] * num_regions  # points at its last fit from the defaults
         self._cold_cost = [0] * num_regions  # evaluations of its last fit from the defaults (0: warm starts off)
-        self._fit_rows: list[list[int] | None] = [None] * num_regions  # the points of its last model, and its seed
-        self._fit_seed: list[int | None] = [None] * num_regions
+        self._fit_rows: list[list[int] | None] = [None] * num_regions  # the points of its last model
         self._pending: list[int] | None = None  # the region of each asked point
         self._asked: Tensor | None = None  # the asked batch, until told
         self._draws = 0
@@ -239,7 +238,7 @@ class TrustRegionBKB:
             if region.restart_triggered:
                 region.restart()
                 self._owned[r], self._hyper[r], self.models[r] = [], None, None
-                self._fit_rows[r] = self._fit_seed[r] = None
+                self._fit_rows[r] = None
                 self._cold_at[r] = self._fits[r] = self._cold_cost[r] = 0
         self._pending = self._asked = None
 
@@ -254,7 +253,8 @@ class TrustRegionBKB:
                     "hyper": None if self._hyper[r] is None else {k: v.clone() for k, v in self._hyper[r].items()},
                     "cold_at": self._cold_at[r], "fits": self._fits[r], "cold_cost": self._cold_cost[r],
                     "fit_rows": None if self._fit_rows[r] is None else list(self._fit_rows[r]),
-                    "fit_seed": self._fit_seed[r]} for r, region in enumerate(self.regions)]
+                    "fit_seed": None if self.models[r] is None else self.models[r].seed}
+                   for r, region in enumerate(self.regions)]
         return {"settings": loop_settings(self), "X": self.X.clone(), "Y": self.Y.clone(), "draws": self._draws,
                 "pending": None if self._pending is None else list(self._pending), "regions": regions,
                 "asked": None if self._asked is None else self._asked.clone(), "X_failed": self.X_failed.clone()}
@@ -275,7 +275,6 @@ class TrustRegionBKB:
                        for s in saved]
         self._cold_at, self._fits, self._cold_cost = ([s[k] for s in saved] for k in ("cold_at", "fits", "cold_cost"))
         self._fit_rows = [None if s["fit_rows"] is None else list(s["fit_rows"]) for s in saved]
-        self._fit_seed = [s["fit_seed"] for s in saved]
         self._pending = None if state["pending"] is None else list(state["pending"])
         self._asked = None if state["asked"] is None else state["asked"].to(self.bounds)
         self.X_failed = state["X_failed"].to(self.bounds)
@@ -309,7 +308,6 @@ class TrustRegionBKB:
         local = self._local(U, center, r)
         model = self._fit(U[local], Y[local], r)
         self._fit_rows[r] = [self._owned[r][i] for i in local.tolist()]
-        self._fit_seed[r] = model.seed
         ls = model_lengthscale(model, center)
         cand = self.regions[r].candidates(center, ls, self.n_candidates, seed=self._seed())
         q = min(self.batch_size, cand.shape[0])
